@@ -1,0 +1,52 @@
+#pragma once
+/// \file generic/tile.hpp
+/// Portable tile traits and tile products. Correct on every Kokkos backend; the host and
+/// CUDA backends specialise the traits (and may replace the products) where they know better.
+///
+/// Names follow the FlashAttention-2 paper: Br query rows and Bc keys per tile; a team owns one
+/// query tile Q_i and walks the key/value tiles K_j, V_j staged in team scratch.
+
+#include <kfa/backends/portability.hpp>
+
+namespace kfa::backends {
+
+/// Tile shapes and launch shape of the attention kernels on ExecSpace for value type T.
+/// The primary template is the portable choice; see host/traits.hpp for the host one.
+template <class ExecSpace, class T, class Enable = void>
+struct TileTraits {
+  /// Query rows per team (Br) and keys per staged tile (Bc), for a given head_dim.
+  static constexpr int block_q(int /*head_dim*/) { return 64; }
+  static constexpr int block_k(int head_dim) { return head_dim <= 128 ? 64 : 32; }
+  /// Team size; 0 lets Kokkos choose (Kokkos::AUTO).
+  static constexpr int team_size = 0;
+  /// Vector lanes per thread; each thread owns query rows, its lanes share the keys or head_dim.
+  static constexpr int vector_length = 1;
+};
+
+/// s[c] = sum_d q[d] * kt[d * ldk + c] for c in [c0, c1): one row of S = Q_i K_j^T, with the
+/// key tile stored transposed (kt is head_dim x Bc) so the inner loop is unit stride in c.
+template <class Member, class Acc>
+KOKKOS_INLINE_FUNCTION void row_scores(const Member& member, const Acc* q, const Acc* kt, int ldk,
+                                       int head_dim, int c0, int c1, Acc* s) {
+  Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, c0, c1), [&](int c) { s[c] = Acc(0); });
+  for (int d = 0; d < head_dim; ++d) {
+    const Acc qd = q[d];
+    const Acc* kd = kt + d * ldk;
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, c0, c1),
+                         [&](int c) { s[c] += qd * kd[c]; });
+  }
+}
+
+/// o[d] += sum_{c in [c0, c1)} p[c] * v[c * ldv + d]: one row of O += P_ij V_j.
+template <class Member, class Acc>
+KOKKOS_INLINE_FUNCTION void row_pv(const Member& member, const Acc* p, const Acc* v, int ldv,
+                                   int head_dim, int c0, int c1, Acc* o) {
+  for (int c = c0; c < c1; ++c) {
+    const Acc pc = p[c];
+    const Acc* vc = v + c * ldv;
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, head_dim),
+                         [&](int d) { o[d] += pc * vc[d]; });
+  }
+}
+
+}  // namespace kfa::backends

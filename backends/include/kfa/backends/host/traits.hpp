@@ -1,0 +1,23 @@
+#pragma once
+/// \file host/traits.hpp
+/// Tile traits for execution spaces that run on the host (Serial, OpenMP, Threads): those
+/// that can access HostSpace.
+/// One thread per team and no vector lanes: the compiler vectorises the unit-stride inner
+/// loops of the tile products itself. Tiles are sized to stay in L2 for head_dim <= 128
+/// (Q_i, O_i, K_j, V_j and S_ij about 80 KiB in float at Br = Bc = 64).
+
+#include <kfa/backends/generic/tile.hpp>
+
+namespace kfa::backends {
+
+template <class ExecSpace, class T>
+struct TileTraits<
+    ExecSpace, T,
+    std::enable_if_t<Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible>> {
+  static constexpr int block_q(int /*head_dim*/) { return 64; }
+  static constexpr int block_k(int head_dim) { return head_dim <= 128 ? 64 : 32; }
+  static constexpr int team_size = 1;
+  static constexpr int vector_length = 1;
+};
+
+}  // namespace kfa::backends

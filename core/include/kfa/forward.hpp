@@ -1,0 +1,63 @@
+#pragma once
+/// \file forward.hpp
+/// kfa::forward: exact attention O = softmax(scale * Q K^T + mask) V and its log-sum-exp.
+
+#include <kfa/impl/forward_kernel.hpp>
+#include <kfa/impl/profiling.hpp>
+#include <kfa/impl/validate.hpp>
+#include <kfa/params.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <type_traits>
+
+namespace kfa {
+
+/// FlashAttention-2 forward pass on `space`.
+///
+/// \param space execution space the kernel runs on (asynchronously; fence before reading o, lse).
+/// \param q     (batch, heads_q, seqlen_q, head_dim)
+/// \param k, v  (batch, heads_k, seqlen_k, head_dim); heads_q must be a multiple of heads_k
+///              (grouped-query attention: query head h uses key/value head h / (heads_q/heads_k)).
+/// \param o     output like q. Any layout whose head_dim stride is 1.
+/// \param lse   output (batch, heads_q, seqlen_q): natural log of the softmax denominator of the
+///              scaled, masked scores; -inf (with o = 0) for a query that sees no key.
+/// \param params scale, masks, softcap (see kfa::Params).
+/// q, k, v share one value type (float or double); o has the same type; lse is float or wider.
+/// Accumulation is in float for float inputs and in double for double.
+/// \throws kfa::Error on the host, before any launch, for shapes that disagree, head_dim outside
+///         [1, 256], a non-unit head_dim stride or invalid params.
+template <class ExecSpace, class Q, class K, class V, class O, class Lse>
+void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
+             const Params& params = {}) {
+  static_assert(Kokkos::is_execution_space<ExecSpace>::value,
+                "kfa::forward: the first argument must be a Kokkos execution space");
+  impl::static_check_tensor<Q>();
+  impl::static_check_tensor<K>();
+  impl::static_check_tensor<V>();
+  impl::static_check_tensor<O>();
+  static_assert(Kokkos::is_view<Lse>::value && Lse::rank == 3,
+                "kfa::forward: lse must be a rank-3 View (batch, heads_q, seqlen_q)");
+  using T = typename Q::non_const_value_type;
+  static_assert(std::is_same_v<T, typename K::non_const_value_type> &&
+                    std::is_same_v<T, typename V::non_const_value_type> &&
+                    std::is_same_v<T, typename O::value_type>,
+                "kfa::forward: q, k, v and o must share one value type (o non-const)");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "kfa::forward: value type must be float or double");
+  using L = typename Lse::value_type;
+  static_assert(std::is_floating_point_v<L> && sizeof(L) >= sizeof(float),
+                "kfa::forward: lse must be non-const float or wider");
+  impl::static_check_accessible<ExecSpace, Q>();
+  impl::static_check_accessible<ExecSpace, K>();
+  impl::static_check_accessible<ExecSpace, V>();
+  impl::static_check_accessible<ExecSpace, O>();
+  impl::static_check_accessible<ExecSpace, Lse>();
+
+  impl::ScopedRegion region("kfa::forward");
+  impl::validate_params("forward", params);
+  impl::validate_shapes("forward", q, k, v, o, lse);
+  impl::ForwardKernel<ExecSpace, Q, K, V, O, Lse>(q, k, v, o, lse, params).launch(space);
+}
+
+}  // namespace kfa

@@ -1,0 +1,199 @@
+#pragma once
+/// \file impl/forward_kernel.hpp
+/// The FlashAttention-2 forward as a Kokkos team kernel.
+///
+/// One team per (batch, query head, query tile of Br rows). The team stages Q_i once, then
+/// walks the key/value tiles K_j, V_j (Bc keys) that the mask leaves visible, staging each in
+/// team scratch. Each query row keeps a running maximum m, a running sum l and an unnormalised
+/// output row O~; a tile updates them with the online-softmax rule
+///   m' = max(m, rowmax(S_ij)),  P = exp(S_ij - m'),  l' = e^(m - m') l + rowsum(P),
+///   O~' = e^(m - m') O~ + P V_j,
+/// and at the end O = O~ / l and LSE = m + log l (O = 0, LSE = -inf for a row that saw nothing).
+/// Threads own query rows; vector lanes share the keys of a tile or the head_dim.
+
+#include <kfa/backends/traits.hpp>
+#include <kfa/impl/mask.hpp>
+#include <kfa/impl/validate.hpp>
+#include <kfa/params.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+
+namespace kfa::impl {
+
+template <class ExecSpace, class Q, class K, class V, class O, class Lse>
+struct ForwardKernel {
+  using value_type = typename Q::non_const_value_type;
+  using acc_t = backends::accum_t<value_type>;
+  using traits = backends::TileTraits<ExecSpace, value_type>;
+  using policy_t = Kokkos::TeamPolicy<ExecSpace>;
+  using member_t = typename policy_t::member_type;
+  using scratch_view =
+      Kokkos::View<acc_t*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+
+  Q q;
+  K k;
+  V v;
+  O o;
+  Lse lse;
+  int heads_q, group, seqlen_q, seqlen_k, head_dim;
+  int Br, Bc, q_tiles;
+  acc_t scale, softcap;
+  Mask mask;
+  int scratch_level;  // 0 when the tiles fit the fast scratch, else 1
+
+  ForwardKernel(const Q& q_, const K& k_, const V& v_, const O& o_, const Lse& lse_,
+                const Params& p)
+      : q(q_), k(k_), v(v_), o(o_), lse(lse_) {
+    heads_q = static_cast<int>(q.extent(1));
+    group = heads_q / static_cast<int>(k.extent(1));
+    seqlen_q = static_cast<int>(q.extent(2));
+    seqlen_k = static_cast<int>(k.extent(2));
+    head_dim = static_cast<int>(q.extent(3));
+    Br = traits::block_q(head_dim);
+    Bc = traits::block_k(head_dim);
+    q_tiles = (seqlen_q + Br - 1) / Br;
+    scale =
+        static_cast<acc_t>(p.scale < 0 ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : p.scale);
+    softcap = static_cast<acc_t>(p.softcap);
+    mask = make_mask(p, seqlen_q, seqlen_k);
+    scratch_level = scratch_bytes() > std::size_t(policy_t::scratch_size_max(0)) ? 1 : 0;
+  }
+
+  /// Team scratch: Q_i, O~_i (Br x D), K_j^T (D x Bc), V_j (Bc x D), S_ij (Br x Bc), m, l (Br).
+  std::size_t scratch_bytes() const {
+    const std::size_t n[] = {std::size_t(Br) * head_dim,
+                             std::size_t(Br) * head_dim,
+                             std::size_t(head_dim) * Bc,
+                             std::size_t(Bc) * head_dim,
+                             std::size_t(Br) * Bc,
+                             std::size_t(Br),
+                             std::size_t(Br)};
+    std::size_t bytes = 0;
+    for (std::size_t e : n)
+      bytes += scratch_view::shmem_size(e);
+    return bytes;
+  }
+
+  void launch(const ExecSpace& space) const {
+    const long long league = static_cast<long long>(q.extent(0)) * heads_q * q_tiles;
+    if (league == 0) return;
+    if (league > 2147483647LL)
+      fail("forward", "batch * heads_q * ceil(seqlen_q / ", Br, ") = ", league,
+           " query tiles exceeds the league size limit");
+    const std::size_t bytes = scratch_bytes();
+    const int level = scratch_level;
+    if (bytes > static_cast<std::size_t>(policy_t::scratch_size_max(level)))
+      fail("forward", "head_dim = ", head_dim, " needs ", bytes,
+           " bytes of team scratch (Br = ", Br, ", Bc = ", Bc,
+           "), more than this execution space offers (", policy_t::scratch_size_max(level), ")");
+    const int vl = traits::vector_length;
+    policy_t policy = traits::team_size > 0
+                          ? policy_t(space, static_cast<int>(league), traits::team_size, vl)
+                          : policy_t(space, static_cast<int>(league), Kokkos::AUTO, vl);
+    policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
+    const int team_max = policy.team_size_max(*this, Kokkos::ParallelForTag());
+    if (traits::team_size > team_max)
+      fail("forward", "tile traits ask for team_size = ", traits::team_size,
+           " but this execution space allows at most ", team_max, " for head_dim = ", head_dim);
+    Kokkos::parallel_for("kfa::forward", policy, *this);
+  }
+
+  KOKKOS_FUNCTION void operator()(const member_t& team) const {
+    const int qt = team.league_rank() % q_tiles;
+    const int bh = team.league_rank() / q_tiles;
+    const int h = bh % heads_q, b = bh / heads_q, hk = h / group;
+    const int q0 = qt * Br;
+    const int nr = seqlen_q - q0 < Br ? seqlen_q - q0 : Br;
+    const int D = head_dim;
+
+    const auto& scr = team.team_scratch(scratch_level);
+    acc_t* qs = scratch_view(scr, std::size_t(Br) * D).data();
+    acc_t* os = scratch_view(scr, std::size_t(Br) * D).data();
+    acc_t* kt = scratch_view(scr, std::size_t(D) * Bc).data();
+    acc_t* vs = scratch_view(scr, std::size_t(Bc) * D).data();
+    acc_t* s = scratch_view(scr, std::size_t(Br) * Bc).data();
+    acc_t* m = scratch_view(scr, std::size_t(Br)).data();
+    acc_t* l = scratch_view(scr, std::size_t(Br)).data();
+
+    // Q_i is loaded once, pre-multiplied by the scale.
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr * D), [&](int idx) {
+      qs[idx] = scale * static_cast<acc_t>(q(b, h, q0 + idx / D, idx % D));
+      os[idx] = acc_t(0);
+    });
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr), [&](int r) {
+      m[r] = -backends::infinity<acc_t>();
+      l[r] = acc_t(0);
+    });
+
+    // Keys visible to any row of this tile; tiles outside are never touched.
+    const int kbeg = mask.lo(q0), kend = mask.hi(q0 + nr - 1) + 1;
+    for (int k0 = (kbeg / Bc) * Bc; k0 < kend; k0 += Bc) {
+      const int nc = seqlen_k - k0 < Bc ? seqlen_k - k0 : Bc;
+      team.team_barrier();  // the previous tile is no longer read
+      Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nc * D), [&](int idx) {
+        const int c = idx / D, d = idx % D;
+        kt[d * Bc + c] = static_cast<acc_t>(k(b, hk, k0 + c, d));
+        vs[idx] = static_cast<acc_t>(v(b, hk, k0 + c, d));
+      });
+      team.team_barrier();
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
+        update_row(team, r, q0 + r, k0, nc, qs, kt, vs, s, os, m, l);
+      });
+    }
+    team.team_barrier();
+
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
+      const acc_t lr = l[r];
+      const acc_t inv = lr > acc_t(0) ? acc_t(1) / lr : acc_t(0);
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
+                           [&](int d) { o(b, h, q0 + r, d) = os[r * D + d] * inv; });
+      Kokkos::single(Kokkos::PerThread(team), [&]() {
+        lse(b, h, q0 + r) = lr > acc_t(0) ? m[r] + backends::log(lr) : -backends::infinity<acc_t>();
+      });
+    });
+  }
+
+  /// Online-softmax update of query row r (global index i) with the key tile at k0.
+  KOKKOS_INLINE_FUNCTION void update_row(const member_t& team, int r, int i, int k0, int nc,
+                                         const acc_t* qs, const acc_t* kt, const acc_t* vs,
+                                         acc_t* s, acc_t* os, acc_t* m, acc_t* l) const {
+    const int lo = mask.lo(i) - k0, hi = mask.hi(i) + 1 - k0;
+    const int c0 = lo > 0 ? lo : 0, c1 = hi < nc ? hi : nc;
+    if (c0 >= c1) return;  // this row sees no key of this tile
+    const int D = head_dim;
+    acc_t* srow = s + r * Bc;
+    backends::row_scores(team, qs + r * D, kt, Bc, D, c0, c1, srow);
+    if (softcap > acc_t(0)) {
+      const acc_t inv_cap = acc_t(1) / softcap;
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c0, c1),
+                           [&](int c) { srow[c] = softcap * backends::tanh(srow[c] * inv_cap); });
+    }
+    acc_t tile_max;
+    Kokkos::parallel_reduce(
+        Kokkos::ThreadVectorRange(team, c0, c1),
+        [&](int c, acc_t& mx) { mx = srow[c] > mx ? srow[c] : mx; }, Kokkos::Max<acc_t>(tile_max));
+    const acc_t m_old = m[r];
+    const acc_t m_new = tile_max > m_old ? tile_max : m_old;
+    const acc_t alpha = backends::exp(m_old - m_new);  // 0 on the first visible tile
+    acc_t row_sum = 0;
+    Kokkos::parallel_reduce(
+        Kokkos::ThreadVectorRange(team, c0, c1),
+        [&](int c, acc_t& sum) {
+          const acc_t p = backends::exp(srow[c] - m_new);
+          srow[c] = p;
+          sum += p;
+        },
+        row_sum);
+    acc_t* orow = os + r * D;
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D), [&](int d) { orow[d] *= alpha; });
+    backends::row_pv(team, srow, vs, D, D, c0, c1, orow);
+    Kokkos::single(Kokkos::PerThread(team), [&]() {
+      m[r] = m_new;
+      l[r] = alpha * l[r] + row_sum;
+    });
+  }
+};
+
+}  // namespace kfa::impl

@@ -1,0 +1,48 @@
+#pragma once
+/// \file impl/mask.hpp
+/// Causal and sliding-window masks as a visible key interval per query row.
+///
+/// Every mask kfa supports leaves each query row i a contiguous interval of keys
+/// [lo(i), hi(i)], and both ends grow with i. A query tile therefore sees the keys
+/// [lo(first row), hi(last row)], so key tiles outside that range are skipped, and inside a
+/// tile each row only tests its two ends.
+
+#include <kfa/params.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+
+namespace kfa::impl {
+
+struct Mask {
+  int seqlen_k = 0;
+  long long shift = 0;   // key index on the diagonal of query 0
+  long long left = -1;   // keys visible left of the diagonal, -1 = unbounded
+  long long right = -1;  // keys visible right of the diagonal, -1 = unbounded
+
+  /// First visible key of query i (may exceed hi(i): nothing visible).
+  KOKKOS_INLINE_FUNCTION int lo(int i) const {
+    if (left < 0) return 0;
+    const long long l = i + shift - left;
+    return l < 0 ? 0 : (l > seqlen_k ? seqlen_k : static_cast<int>(l));
+  }
+  /// Last visible key of query i (may be below lo(i), or -1).
+  KOKKOS_INLINE_FUNCTION int hi(int i) const {
+    if (right < 0) return seqlen_k - 1;
+    const long long h = i + shift + right;
+    return h < -1 ? -1 : (h > seqlen_k - 1 ? seqlen_k - 1 : static_cast<int>(h));
+  }
+};
+
+inline Mask make_mask(const Params& p, int seqlen_q, int seqlen_k) {
+  Mask m;
+  m.seqlen_k = seqlen_k;
+  m.shift = p.align == Align::bottom_right ? static_cast<long long>(seqlen_k) - seqlen_q : 0;
+  m.left = p.window_left;
+  m.right = p.window_right;
+  if (p.causal) m.right = m.right < 0 ? 0 : std::min<long long>(m.right, 0);
+  return m;
+}
+
+}  // namespace kfa::impl

@@ -1,0 +1,6 @@
+#pragma once
+/// \file kfa.hpp
+/// Umbrella header of kfa, exact FlashAttention-2 attention on Kokkos.
+
+#include <kfa/forward.hpp>
+#include <kfa/params.hpp>

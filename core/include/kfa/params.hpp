@@ -1,0 +1,53 @@
+#pragma once
+/// \file params.hpp
+/// Parameters shared by every kfa pass, and the error type kfa throws.
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace kfa {
+
+/// Thrown on the host, before any kernel is launched, when an argument is invalid.
+/// The message names the argument and, for shapes, both sizes that disagree.
+class Error : public std::invalid_argument {
+ public:
+  explicit Error(const std::string& what) : std::invalid_argument("kfa: " + what) {}
+};
+
+/// Where the diagonal of causal and sliding-window masks sits when seqlen_q != seqlen_k.
+enum class Align {
+  /// Query i sees key j when j <= i + (seqlen_k - seqlen_q): the last query sees the last key.
+  /// flash-attn >= 2.1's convention, and kfa's default.
+  bottom_right,
+  /// Query i sees key j when j <= i: PyTorch SDPA's convention for is_causal.
+  top_left
+};
+
+/// Options of an attention pass. Masks combine: a key is visible to a query when every
+/// enabled mask lets it through. With d = j - i - shift (shift = seqlen_k - seqlen_q for
+/// bottom_right, 0 for top_left), key j is visible to query i when
+///   -window_left <= d (if window_left >= 0), d <= window_right (if window_right >= 0),
+///   and d <= 0 (if causal).
+/// A query that sees no key at all gets O = 0 and LSE = -inf.
+struct Params {
+  /// Multiplies Q K^T; any value < 0 means 1/sqrt(head_dim). Must be finite.
+  double scale = -1;
+  /// Causal mask (equivalent to window_right = 0, combinable with a window).
+  bool causal = false;
+  /// Alignment of causal and window masks when seqlen_q != seqlen_k.
+  Align align = Align::bottom_right;
+  /// Sliding window, in keys left and right of the diagonal; -1 means unbounded.
+  int window_left = -1;
+  int window_right = -1;
+  /// Soft-capping of the scaled scores, S <- softcap * tanh(S / softcap); 0 turns it off.
+  double softcap = 0;
+  /// Dropout probability on P, in [0, 1). Reserved: only 0 is accepted until dropout lands.
+  double dropout = 0;
+  /// Philox key and counter offset for dropout.
+  std::uint64_t seed = 0, offset = 0;
+  /// Backward without atomics, bitwise repeatable.
+  bool deterministic = false;
+};
+
+}  // namespace kfa

@@ -1,0 +1,101 @@
+// Google Benchmark of kfa::forward. Manual time: fence before and after each timed call.
+// FLOPs follow flash-attn's convention (PERF.md): 4 * B * Hq * Nq * Nk * D for the forward,
+// counting only the visible (query, key) pairs when a mask is on.
+#include <kfa/kfa.hpp>
+#include <kfa/reference.hpp>
+
+#include <benchmark/benchmark.h>
+#include <Kokkos_Core.hpp>
+
+#include <chrono>
+#include <random>
+#include <sstream>
+
+#ifndef KFA_GIT_REVISION
+#define KFA_GIT_REVISION "unknown"
+#endif
+
+namespace {
+
+using Exec = Kokkos::DefaultExecutionSpace;
+
+// Visible (query, key) pairs of one head, counted from the mask definition.
+double visible_pairs(const kfa::Params& p, int nq, int nk) {
+  double pairs = 0;
+  for (int i = 0; i < nq; ++i) {
+    int first = -1, last = -2;
+    for (int j = 0; j < nk; ++j)
+      if (kfa::reference::visible(p, i, j, nq, nk)) {
+        if (first < 0) first = j;
+        last = j;
+      }
+    pairs += first < 0 ? 0 : last - first + 1;
+  }
+  return pairs;
+}
+
+template <class T>
+void BM_forward(benchmark::State& state) {
+  const int B = 1, H = state.range(0), N = state.range(1), D = state.range(2);
+  kfa::Params p;
+  p.causal = state.range(3) != 0;
+  Kokkos::View<T****, Exec::memory_space> q("q", B, H, N, D), k("k", B, H, N, D),
+      v("v", B, H, N, D), o("o", B, H, N, D);
+  Kokkos::View<float***, Exec::memory_space> lse("lse", B, H, N);
+  {
+    auto h = Kokkos::create_mirror_view(q);
+    std::mt19937 gen(1);
+    std::uniform_real_distribution<T> dist(-1, 1);
+    for (auto* t : {&q, &k, &v}) {
+      for (std::size_t e = 0; e < h.span(); ++e)
+        h.data()[e] = dist(gen);
+      Kokkos::deep_copy(*t, h);
+    }
+  }
+  kfa::forward(Exec(), q, k, v, o, lse, p);  // warm-up
+  Kokkos::fence();
+  for (auto _ : state) {
+    Kokkos::fence();
+    const auto t0 = std::chrono::steady_clock::now();
+    kfa::forward(Exec(), q, k, v, o, lse, p);
+    Kokkos::fence();
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  const double flops = 4.0 * B * H * visible_pairs(p, N, N) * D;
+  state.counters["FLOP/s"] = benchmark::Counter(
+      flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+  state.counters["N"] = N;
+  state.counters["D"] = D;
+}
+
+void shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"H", "N", "D", "causal"});
+  for (int causal : {0, 1})
+    for (int d : {64, 128})
+      for (int n : {512, 1024, 2048, 4096})
+        b->Args({4, n, d, causal});
+  b->UseManualTime()->Unit(benchmark::kMillisecond);
+}
+
+BENCHMARK_TEMPLATE(BM_forward, float)->Apply(shapes);
+BENCHMARK_TEMPLATE(BM_forward, double)->Apply(shapes);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Kokkos::initialize(argc, argv);
+  {
+    std::ostringstream cfg;
+    Kokkos::print_configuration(cfg);
+    benchmark::AddCustomContext("kfa_git_revision", KFA_GIT_REVISION);
+    benchmark::AddCustomContext("kokkos_version", std::to_string(KOKKOS_VERSION));
+    benchmark::AddCustomContext("kokkos_execution_space", Exec::name());
+    benchmark::AddCustomContext("kokkos_configuration", cfg.str());
+    benchmark::Initialize(&argc, argv);
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+  }
+  Kokkos::finalize();
+  return 0;
+}

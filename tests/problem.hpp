@@ -1,0 +1,105 @@
+#pragma once
+// Random attention problems for the tests: inputs drawn in double on the host from a printed
+// seed, copied to the default execution space in the precision under test, and the kernel's
+// outputs copied back as double for comparison with kfa::reference.
+
+#include <kfa/kfa.hpp>
+#include <kfa/reference.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <limits>
+#include <ostream>
+#include <random>
+#include <string>
+
+namespace kfa_test {
+
+using kfa::reference::Tensor3;
+using kfa::reference::Tensor4;
+using Exec = Kokkos::DefaultExecutionSpace;
+
+struct Shape {
+  int batch = 1, heads_q = 1, heads_k = 1, seqlen_q = 1, seqlen_k = 1, head_dim = 16;
+};
+
+inline std::ostream& operator<<(std::ostream& os, const Shape& s) {
+  return os << "B=" << s.batch << " Hq=" << s.heads_q << " Hk=" << s.heads_k << " Nq=" << s.seqlen_q
+            << " Nk=" << s.seqlen_k << " D=" << s.head_dim;
+}
+
+/// Uniform(-amp, amp) entries from a seeded generator.
+inline Tensor4 random_tensor(const char* label, int b, int h, int n, int d, std::mt19937_64& gen,
+                             double amp = 1.0) {
+  Tensor4 t(std::string(label), b, h, n, d);
+  std::uniform_real_distribution<double> dist(-amp, amp);
+  for (std::size_t e = 0; e < t.span(); ++e)
+    t.data()[e] = dist(gen);
+  return t;
+}
+
+struct Problem {
+  Shape shape;
+  Tensor4 q, k, v;
+  Problem(const Shape& s, std::uint64_t seed, double amp_qk = 1.0) : shape(s) {
+    std::mt19937_64 gen(seed);
+    q = random_tensor("q", s.batch, s.heads_q, s.seqlen_q, s.head_dim, gen, amp_qk);
+    k = random_tensor("k", s.batch, s.heads_k, s.seqlen_k, s.head_dim, gen, amp_qk);
+    v = random_tensor("v", s.batch, s.heads_k, s.seqlen_k, s.head_dim, gen);
+  }
+};
+
+/// Copies a double host tensor to a device View of T (same extents, LayoutRight).
+template <class T, class Src>
+auto to_device(const Src& src) {
+  Kokkos::View<T****, Exec::memory_space> dst("kfa_test::tensor", src.extent(0), src.extent(1),
+                                              src.extent(2), src.extent(3));
+  auto h = Kokkos::create_mirror_view(dst);
+  for (std::size_t e = 0; e < src.span(); ++e)
+    h.data()[e] = static_cast<T>(src.data()[e]);
+  Kokkos::deep_copy(dst, h);
+  return dst;
+}
+
+/// Copies any device View back to a double host tensor of the same rank.
+template <class HostDouble, class Dev>
+HostDouble to_host(const Dev& dev, const char* label) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dev);
+  HostDouble out(Kokkos::view_alloc(std::string(label)), dev.layout());
+  for (std::size_t e = 0; e < out.span(); ++e)
+    out.data()[e] = static_cast<double>(h.data()[e]);
+  return out;
+}
+
+template <class T>
+struct Outputs {
+  Tensor4 o;
+  Tensor3 lse;
+};
+
+/// Runs kfa::forward in precision T with outputs poisoned by NaN beforehand.
+template <class T>
+Outputs<T> run_forward(const Problem& pb, const kfa::Params& params) {
+  auto q = to_device<T>(pb.q);
+  auto k = to_device<T>(pb.k);
+  auto v = to_device<T>(pb.v);
+  const auto& s = pb.shape;
+  Kokkos::View<T****, Exec::memory_space> o("o", s.batch, s.heads_q, s.seqlen_q, s.head_dim);
+  Kokkos::View<T***, Exec::memory_space> lse("lse", s.batch, s.heads_q, s.seqlen_q);
+  Kokkos::deep_copy(o, std::numeric_limits<T>::quiet_NaN());
+  Kokkos::deep_copy(lse, std::numeric_limits<T>::quiet_NaN());
+  kfa::forward(Exec(), q, k, v, o, lse, params);
+  Kokkos::fence();
+  return {to_host<Tensor4>(o, "o"), to_host<Tensor3>(lse, "lse")};
+}
+
+/// True when no element is NaN: the kernel wrote every poisoned output.
+template <class View>
+bool all_written(const View& v) {
+  for (std::size_t e = 0; e < v.span(); ++e)
+    if (std::isnan(v.data()[e])) return false;
+  return true;
+}
+
+}  // namespace kfa_test

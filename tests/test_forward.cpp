@@ -1,0 +1,246 @@
+// kfa::forward against the double-precision reference over TESTING.md's matrix, with the
+// tolerance rule of kfa::reference::check_forward.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "problem.hpp"
+
+namespace {
+
+using namespace kfa_test;
+namespace ref = kfa::reference;
+
+std::uint64_t seed_of(const Shape& s, int salt) {
+  return 0x9E3779B97F4A7C15ULL ^ (std::uint64_t(s.seqlen_q) << 40) ^
+         (std::uint64_t(s.seqlen_k) << 20) ^ (std::uint64_t(s.head_dim) << 8) ^
+         std::uint64_t(s.heads_q * 31 + s.heads_k * 7 + salt);
+}
+
+std::string describe(const kfa::Params& p) {
+  std::string s = p.causal ? "causal" : "no-causal";
+  s += p.align == kfa::Align::bottom_right ? "/bottom-right" : "/top-left";
+  s += " window=(" + std::to_string(p.window_left) + "," + std::to_string(p.window_right) + ")";
+  if (p.softcap > 0) s += " softcap=" + std::to_string(p.softcap);
+  return s;
+}
+
+// Runs one case in precision T and applies the rule; every output must have been written.
+template <class T>
+void check_case(const Shape& s, const kfa::Params& p, int salt = 0, double amp_qk = 1.0) {
+  const std::uint64_t seed = seed_of(s, salt);
+  SCOPED_TRACE(::testing::Message() << s << " " << describe(p) << " seed=" << seed
+                                    << (std::is_same_v<T, float> ? " float" : " double"));
+  Problem pb(s, seed, amp_qk);
+  auto out = run_forward<T>(pb, p);
+  // Poisoned with NaN before the call: a NaN left means an element was not written
+  // (the reference itself never produces NaN for finite inputs).
+  ASSERT_TRUE(all_written(out.o)) << "o has unwritten (NaN) elements";
+  ASSERT_TRUE(all_written(out.lse)) << "lse has unwritten (NaN) elements";
+  const auto c = ref::check_forward<T>(pb.q, pb.k, pb.v, p, out.o, out.lse);
+  EXPECT_TRUE(c.o.ok()) << "O: err " << c.o.err << " > bound " << c.o.bound
+                        << " (naive same-precision err " << c.o.naive_err << ")";
+  EXPECT_TRUE(c.lse.ok()) << "LSE: err " << c.lse.err << " > bound " << c.lse.bound
+                          << " (naive same-precision err " << c.lse.naive_err << ")";
+}
+
+const std::vector<std::pair<int, int>> kSeqlens = {
+    {1, 1}, {1, 239}, {3, 799}, {17, 17}, {113, 203}, {128, 217}, {1023, 1024}, {1024, 1023}};
+const std::vector<int> kHeadDims = {16, 32, 40, 59, 64, 80, 96, 111, 128, 256};
+
+// Every head_dim against every odd seqlen pair, no mask, float.
+class HeadDimSeqlen : public ::testing::TestWithParam<std::tuple<int, std::pair<int, int>>> {};
+
+TEST_P(HeadDimSeqlen, Float) {
+  const auto [d, n] = GetParam();
+  check_case<float>({1, 1, 1, n.first, n.second, d}, kfa::Params{});
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, HeadDimSeqlen,
+                         ::testing::Combine(::testing::ValuesIn(kHeadDims),
+                                            ::testing::ValuesIn(kSeqlens)));
+
+std::vector<kfa::Params> masks() {
+  std::vector<kfa::Params> out;
+  auto add = [&](bool causal, kfa::Align a, int wl, int wr, double cap = 0) {
+    kfa::Params p;
+    p.causal = causal;
+    p.align = a;
+    p.window_left = wl;
+    p.window_right = wr;
+    p.softcap = cap;
+    out.push_back(p);
+  };
+  const auto br = kfa::Align::bottom_right, tl = kfa::Align::top_left;
+  add(false, br, -1, -1);
+  add(true, br, -1, -1);
+  add(true, tl, -1, -1);
+  add(false, br, 37, -1);       // left only
+  add(false, tl, -1, 5);        // right only
+  add(false, br, 50, 9);        // both
+  add(false, tl, 0, 0);         // window 0: the diagonal only
+  add(true, br, 64, -1);        // causal + left window
+  add(false, br, -1, -1, 5.0);  // softcap
+  add(true, tl, 20, -1, 2.0);   // softcap + causal + window
+  return out;
+}
+
+const std::vector<std::pair<int, int>> kMaskSeqlens = {{1, 1},     {1, 239},   {3, 799},  {17, 17},
+                                                       {113, 203}, {203, 113}, {128, 217}};
+
+class Masks : public ::testing::TestWithParam<std::tuple<int, std::pair<int, int>>> {};
+
+TEST_P(Masks, FloatAndDouble) {
+  const auto [mi, n] = GetParam();
+  const kfa::Params p = masks()[mi];
+  const Shape s{2, 3, 3, n.first, n.second, 64};
+  check_case<float>(s, p, mi);
+  check_case<double>(s, p, mi);
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, Masks,
+                         ::testing::Combine(::testing::Range(0, int(masks().size())),
+                                            ::testing::ValuesIn(kMaskSeqlens)));
+
+TEST(Forward, DoubleHeadDims) {
+  for (int d : kHeadDims)
+    check_case<double>({1, 2, 1, 77, 131, d}, kfa::Params{});
+}
+
+TEST(Forward, GroupedAndMultiQuery) {
+  for (int hk : {2, 1}) {
+    kfa::Params causal;
+    causal.causal = true;
+    for (const auto& p : {kfa::Params{}, causal}) {
+      check_case<float>({2, 4, hk, 70, 150, 32}, p);
+      check_case<double>({2, 4, hk, 150, 70, 40}, p);
+    }
+  }
+}
+
+// Rows that see no key: O = 0 and LSE = -inf exactly, never NaN.
+TEST(Forward, FullyMaskedRows) {
+  kfa::Params causal;  // bottom-right with seqlen_q > seqlen_k: the first 60 rows see nothing
+  causal.causal = true;
+  kfa::Params diag;  // top-left diagonal window: rows >= seqlen_k see nothing
+  diag.align = kfa::Align::top_left;
+  diag.window_left = diag.window_right = 0;
+  for (const auto& p : {causal, diag}) {
+    Problem pb({1, 2, 1, 100, 40, 32}, 77);
+    auto out = run_forward<float>(pb, p);
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 100; ++i) {
+        bool sees = false;
+        for (int j = 0; j < 40; ++j)
+          sees = sees || ref::visible(p, i, j, 100, 40);
+        if (sees) continue;
+        EXPECT_EQ(out.lse(0, h, i), -std::numeric_limits<double>::infinity()) << "row " << i;
+        for (int d = 0; d < 32; ++d)
+          ASSERT_EQ(out.o(0, h, i, d), 0.0) << "row " << i;
+      }
+    check_case<float>(pb.shape, p);
+  }
+}
+
+// Scores whose magnitude reaches ~1e4 in float: no overflow, rule still holds.
+TEST(Forward, LargeLogits) {
+  for (bool causal : {false, true}) {
+    kfa::Params p;
+    p.causal = causal;
+    const Shape s{1, 2, 2, 97, 300, 64};
+    double smax = 0;
+    // q and k of amplitude 60: |scale * q.k| reaches the thousands to ten-thousands.
+    Problem big(s, 4242, 60.0);
+    for (int i = 0; i < 97; ++i)
+      for (int j = 0; j < 300; ++j) {
+        double dot = 0;
+        for (int d = 0; d < 64; ++d)
+          dot += big.q(0, 0, i, d) * big.k(0, 0, j, d);
+        smax = std::max(smax, std::fabs(dot / 8));
+      }
+    EXPECT_GT(smax, 5e3);
+    check_case<float>(s, p, 0, 60.0);
+  }
+}
+
+TEST(Forward, BitwiseRepeatable) {
+  kfa::Params p;
+  p.causal = true;
+  Problem pb({2, 2, 1, 150, 260, 64}, 31);
+  auto a = run_forward<float>(pb, p);
+  auto b = run_forward<float>(pb, p);
+  EXPECT_EQ(ref::max_abs_diff(a.o, b.o), 0.0);
+  EXPECT_EQ(ref::max_abs_diff(a.lse, b.lse), 0.0);
+}
+
+TEST(Forward, DefaultScaleIsInverseSqrtHeadDim) {
+  Problem pb({1, 1, 1, 33, 45, 48}, 8);
+  kfa::Params explicit_scale;
+  explicit_scale.scale = 1.0 / std::sqrt(48.0);
+  auto a = run_forward<double>(pb, kfa::Params{});
+  auto b = run_forward<double>(pb, explicit_scale);
+  EXPECT_EQ(ref::max_abs_diff(a.o, b.o), 0.0);
+  kfa::Params other = explicit_scale;
+  other.scale = 0.3;
+  check_case<double>(pb.shape, other);
+}
+
+// (batch, seqlen, heads, head_dim) storage seen through a LayoutStride view, without a copy:
+// the result must equal the LayoutRight one bit for bit.
+TEST(Forward, StridedLayoutMatchesContiguous) {
+  const int B = 2, H = 3, N = 70, D = 32;
+  Problem pb({B, H, H, N, N, D}, 12);
+  kfa::Params p;
+  p.causal = true;
+  auto contiguous = run_forward<float>(pb, p);
+
+  using Strided = Kokkos::View<float****, Kokkos::LayoutStride, Exec::memory_space>;
+  auto bshd = [&](const Tensor4& t) {
+    Kokkos::View<float****, Exec::memory_space> store("bshd", B, N, H, D);
+    auto h = Kokkos::create_mirror_view(store);
+    for (int b = 0; b < B; ++b)
+      for (int hh = 0; hh < H; ++hh)
+        for (int n = 0; n < N; ++n)
+          for (int d = 0; d < D; ++d)
+            h(b, n, hh, d) = float(t(b, hh, n, d));
+    Kokkos::deep_copy(store, h);
+    return store;
+  };
+  auto q = bshd(pb.q), k = bshd(pb.k), v = bshd(pb.v);
+  Kokkos::View<float****, Exec::memory_space> ostore("o", B, N, H, D);
+  const Kokkos::LayoutStride layout(B, N * H * D, H, D, N, H * D, D, 1);
+  Strided qs(q.data(), layout), ks(k.data(), layout), vs(v.data(), layout),
+      os(ostore.data(), layout);
+  Kokkos::View<float***, Exec::memory_space> lse("lse", B, H, N);
+  kfa::forward(Exec(), qs, ks, vs, os, lse, p);
+  Kokkos::fence();
+  auto oh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ostore);
+  double diff = 0;
+  for (int b = 0; b < B; ++b)
+    for (int hh = 0; hh < H; ++hh)
+      for (int n = 0; n < N; ++n)
+        for (int d = 0; d < D; ++d)
+          diff = std::max(diff, std::fabs(double(oh(b, n, hh, d)) - contiguous.o(b, hh, n, d)));
+  EXPECT_EQ(diff, 0.0);
+}
+
+// seqlen_k = 0: every row is empty.
+TEST(Forward, NoKeys) {
+  Kokkos::View<float****, Exec::memory_space> q("q", 1, 1, 5, 16), k("k", 1, 1, 0, 16),
+      v("v", 1, 1, 0, 16), o("o", 1, 1, 5, 16);
+  Kokkos::View<float***, Exec::memory_space> lse("lse", 1, 1, 5);
+  Kokkos::deep_copy(o, std::numeric_limits<float>::quiet_NaN());
+  kfa::forward(Exec(), q, k, v, o, lse);
+  auto oh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), o);
+  auto lh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), lse);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(lh(0, 0, i), -std::numeric_limits<float>::infinity());
+    for (int d = 0; d < 16; ++d)
+      EXPECT_EQ(oh(0, 0, i, d), 0.0f);
+  }
+}
+
+}  // namespace

@@ -1,0 +1,125 @@
+// Checks the oracle itself, on tiny sizes, against things it did not compute: central finite
+// differences of its LSE, closed forms, and the mask definitions written out by hand.
+#include <kfa/reference.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "problem.hpp"
+
+namespace {
+
+using namespace kfa_test;
+namespace ref = kfa::reference;
+
+// d LSE_i / d q_i = scale * sum_j P_ij k_j, which is the reference's own O computed with V := K.
+// A finite-difference derivative of its LSE therefore checks its softmax weights and its P V.
+TEST(Reference, LseGradientMatchesFiniteDifferences) {
+  for (bool causal : {false, true}) {
+    kfa::Params p;
+    p.causal = causal;
+    p.softcap = 0;
+    Problem pb({1, 2, 1, 5, 7, 6}, 1234);
+    const double scale = 1.0 / std::sqrt(6.0);
+    Tensor4 o("o", 1, 2, 5, 6);
+    Tensor3 lse("lse", 1, 2, 5);
+    ref::forward<double>(pb.q, pb.k, pb.k, p, o, lse);  // O with V = K
+    const double h = 1e-5;
+    for (int hq = 0; hq < 2; ++hq)
+      for (int i = 0; i < 5; ++i)
+        for (int d = 0; d < 6; ++d) {
+          Tensor4 o2("o2", 1, 2, 5, 6);
+          Tensor3 lp("lp", 1, 2, 5), lm("lm", 1, 2, 5);
+          const double q0 = pb.q(0, hq, i, d);
+          pb.q(0, hq, i, d) = q0 + h;
+          ref::forward<double>(pb.q, pb.k, pb.v, p, o2, lp);
+          pb.q(0, hq, i, d) = q0 - h;
+          ref::forward<double>(pb.q, pb.k, pb.v, p, o2, lm);
+          pb.q(0, hq, i, d) = q0;
+          const double fd = (lp(0, hq, i) - lm(0, hq, i)) / (2 * h);
+          EXPECT_NEAR(fd, scale * o(0, hq, i, d), 1e-8) << "causal=" << causal << " i=" << i;
+        }
+  }
+}
+
+// With q = 0 every visible score is 0: O is the mean of the visible values, LSE = log(count).
+TEST(Reference, ZeroQueryGivesMeanOfVisibleValues) {
+  kfa::Params p;
+  p.window_left = 2;
+  p.window_right = 1;
+  Problem pb({1, 1, 1, 6, 9, 4}, 99);
+  Kokkos::deep_copy(pb.q, 0.0);
+  Tensor4 o("o", 1, 1, 6, 4);
+  Tensor3 lse("lse", 1, 1, 6);
+  ref::forward<double>(pb.q, pb.k, pb.v, p, o, lse);
+  for (int i = 0; i < 6; ++i) {
+    const int lo = std::max(0, i + 3 - 2), hi = std::min(8, i + 3 + 1);  // shift = 9 - 6
+    for (int d = 0; d < 4; ++d) {
+      double mean = 0;
+      for (int j = lo; j <= hi; ++j)
+        mean += pb.v(0, 0, j, d);
+      EXPECT_NEAR(o(0, 0, i, d), mean / (hi - lo + 1), 1e-14);
+    }
+    EXPECT_NEAR(lse(0, 0, i), std::log(hi - lo + 1.0), 1e-14);
+  }
+}
+
+// A single key: O = v_0 and LSE is the (soft-capped) score itself.
+TEST(Reference, SingleKeyClosedForm) {
+  kfa::Params p;
+  p.softcap = 3.0;
+  p.scale = 2.5;
+  Problem pb({1, 1, 1, 3, 1, 5}, 7, 2.0);
+  Tensor4 o("o", 1, 1, 3, 5);
+  Tensor3 lse("lse", 1, 1, 3);
+  ref::forward<double>(pb.q, pb.k, pb.v, p, o, lse);
+  for (int i = 0; i < 3; ++i) {
+    double dot = 0;
+    for (int d = 0; d < 5; ++d)
+      dot += pb.q(0, 0, i, d) * pb.k(0, 0, 0, d);
+    EXPECT_NEAR(lse(0, 0, i), 3.0 * std::tanh(2.5 * dot / 3.0), 1e-14);
+    for (int d = 0; d < 5; ++d)
+      EXPECT_EQ(o(0, 0, i, d), pb.v(0, 0, 0, d));
+  }
+}
+
+// The mask conventions, spelled out for seqlen_q = 2, seqlen_k = 4.
+TEST(Reference, MaskConventions) {
+  kfa::Params br;
+  br.causal = true;  // bottom-right: row 0 sees keys 0..2, row 1 sees 0..3
+  EXPECT_TRUE(ref::visible(br, 0, 2, 2, 4));
+  EXPECT_FALSE(ref::visible(br, 0, 3, 2, 4));
+  EXPECT_TRUE(ref::visible(br, 1, 3, 2, 4));
+  kfa::Params tl = br;
+  tl.align = kfa::Align::top_left;  // row 0 sees key 0, row 1 sees 0..1
+  EXPECT_TRUE(ref::visible(tl, 0, 0, 2, 4));
+  EXPECT_FALSE(ref::visible(tl, 0, 1, 2, 4));
+  EXPECT_TRUE(ref::visible(tl, 1, 1, 2, 4));
+  EXPECT_FALSE(ref::visible(tl, 1, 2, 2, 4));
+  kfa::Params w;
+  w.window_left = 1;
+  w.window_right = 0;  // bottom-right window: row 1 sees keys 2..3
+  EXPECT_FALSE(ref::visible(w, 1, 1, 2, 4));
+  EXPECT_TRUE(ref::visible(w, 1, 2, 2, 4));
+  EXPECT_TRUE(ref::visible(w, 1, 3, 2, 4));
+  // seqlen_q > seqlen_k, bottom-right causal: the first rows see nothing.
+  EXPECT_FALSE(ref::visible(br, 0, 0, 4, 2));
+  EXPECT_FALSE(ref::visible(br, 1, 0, 4, 2));
+  EXPECT_TRUE(ref::visible(br, 2, 0, 4, 2));
+}
+
+// The tolerance rule must fail a wrong answer: perturb one element of a correct result.
+TEST(Reference, ToleranceRuleRejectsAPerturbedResult) {
+  Problem pb({1, 1, 1, 9, 11, 8}, 5);
+  kfa::Params p;
+  Tensor4 o("o", 1, 1, 9, 8);
+  Tensor3 lse("lse", 1, 1, 9);
+  ref::forward<float>(pb.q, pb.k, pb.v, p, o, lse);
+  EXPECT_TRUE(ref::check_forward<float>(pb.q, pb.k, pb.v, p, o, lse).ok());
+  o(0, 0, 4, 3) += 1e-3;
+  EXPECT_FALSE(ref::check_forward<float>(pb.q, pb.k, pb.v, p, o, lse).ok());
+}
+
+}  // namespace
