@@ -2,7 +2,6 @@
 // FLOPs follow flash-attn's convention (PERF.md): 4 * B * Hq * Nq * Nk * D for the forward,
 // counting only the visible (query, key) pairs when a mask is on.
 #include <kfa/kfa.hpp>
-#include <kfa/reference.hpp>
 
 #include <benchmark/benchmark.h>
 #include <Kokkos_Core.hpp>
@@ -18,21 +17,6 @@
 namespace {
 
 using Exec = Kokkos::DefaultExecutionSpace;
-
-// Visible (query, key) pairs of one head, counted from the mask definition.
-double visible_pairs(const kfa::Params& p, int nq, int nk) {
-  double pairs = 0;
-  for (int i = 0; i < nq; ++i) {
-    int first = -1, last = -2;
-    for (int j = 0; j < nk; ++j)
-      if (kfa::reference::visible(p, i, j, nq, nk)) {
-        if (first < 0) first = j;
-        last = j;
-      }
-    pairs += first < 0 ? 0 : last - first + 1;
-  }
-  return pairs;
-}
 
 template <class T>
 void BM_forward(benchmark::State& state) {
@@ -62,7 +46,7 @@ void BM_forward(benchmark::State& state) {
     state.SetIterationTime(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  const double flops = 4.0 * B * H * visible_pairs(p, N, N) * D;
+  const double flops = kfa::forward_flops(B, H, N, N, D, p);
   state.counters["FLOP/s"] = benchmark::Counter(
       flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
   state.counters["N"] = N;

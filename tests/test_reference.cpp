@@ -1,5 +1,6 @@
 // Checks the oracle itself, on tiny sizes, against things it did not compute: central finite
 // differences of its LSE, closed forms, and the mask definitions written out by hand.
+#include <kfa/flops.hpp>
 #include <kfa/reference.hpp>
 
 #include <gtest/gtest.h>
@@ -120,6 +121,31 @@ TEST(Reference, ToleranceRuleRejectsAPerturbedResult) {
   EXPECT_TRUE(ref::check_forward<float>(pb.q, pb.k, pb.v, p, o, lse).ok());
   o(0, 0, 4, 3) += 1e-3;
   EXPECT_FALSE(ref::check_forward<float>(pb.q, pb.k, pb.v, p, o, lse).ok());
+}
+
+}  // namespace
+
+namespace {
+
+// kfa::visible_pairs (used for FLOP counts) against a pair-by-pair count of the definition.
+TEST(Reference, VisiblePairsMatchesDefinition) {
+  for (auto [nq, nk] : {std::pair{1, 1}, {7, 19}, {19, 7}, {64, 64}}) {
+    for (int variant = 0; variant < 6; ++variant) {
+      kfa::Params p;
+      p.causal = variant % 2 == 1;
+      p.align = variant / 2 == 1 ? kfa::Align::top_left : kfa::Align::bottom_right;
+      if (variant >= 4) {
+        p.window_left = 3;
+        p.window_right = 1;
+      }
+      double count = 0;
+      for (int i = 0; i < nq; ++i)
+        for (int j = 0; j < nk; ++j)
+          count += kfa::reference::visible(p, i, j, nq, nk);
+      EXPECT_EQ(kfa::visible_pairs(p, nq, nk), count) << nq << "x" << nk << " variant " << variant;
+    }
+  }
+  EXPECT_EQ(kfa::forward_flops(2, 3, 5, 7, 8), 4.0 * 2 * 3 * 35 * 8);
 }
 
 }  // namespace

@@ -2,5 +2,6 @@
 /// \file kfa.hpp
 /// Umbrella header of kfa, exact FlashAttention-2 attention on Kokkos.
 
+#include <kfa/flops.hpp>
 #include <kfa/forward.hpp>
 #include <kfa/params.hpp>

@@ -1,0 +1,58 @@
+#pragma once
+// Whole-dataset HDF5 I/O for the kfa programs: tensors of float32 or float64, read into
+// double (exact for both) and written back in their own type. Files are written under a
+// temporary name and renamed, so an output file exists only when everything was written.
+
+#include <hdf5.h>
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kfa_apps {
+
+/// A failure the user can fix (bad file, bad flag); main prints it as one line and exits 2.
+struct InputError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+enum class DType { f32, f64 };
+inline const char* name(DType t) {
+  return t == DType::f32 ? "float32" : "float64";
+}
+
+struct Dataset {
+  std::vector<hsize_t> dims;
+  DType dtype = DType::f32;
+  std::vector<double> data;  // row-major
+  std::size_t size() const {
+    std::size_t n = 1;
+    for (auto d : dims)
+      n *= d;
+    return n;
+  }
+};
+
+class H5File {
+ public:
+  /// Opens an existing file read-only; throws InputError if missing, unreadable or not HDF5.
+  explicit H5File(const std::string& path);
+  ~H5File();
+  H5File(const H5File&) = delete;
+  H5File& operator=(const H5File&) = delete;
+
+  bool has(const std::string& dataset) const;
+  /// Reads a float32 or float64 dataset of the given rank; throws InputError otherwise.
+  Dataset read(const std::string& dataset, int rank) const;
+
+ private:
+  std::string path_;
+  hid_t id_ = -1;
+};
+
+/// Writes the datasets to path atomically (temporary file, then rename).
+void write_atomic(const std::string& path,
+                  const std::vector<std::pair<std::string, const Dataset*>>& datasets);
+
+}  // namespace kfa_apps

@@ -1,0 +1,409 @@
+// kfa: command-line driver of the kfa library.
+//
+//   kfa forward --in IN.h5 --out OUT.h5 [mask flags]
+//   kfa forward --random B,H,N,D [--heads-kv H] [--seqlen-k N] [--dtype float|double]
+//               [--seed S] [--repeat R] [--json] [--check] [mask flags]
+//   mask flags: [--causal] [--align bottom-right|top-left] [--window LEFT,RIGHT]
+//               [--scale S] [--softcap C]
+//
+// Exit status: 0 success; 1 when --check finds the tolerance rule broken; 2 bad input or usage
+// (one line "kfa: error: ..." on stderr). The output file appears only when the run succeeds.
+#include <kfa/kfa.hpp>
+#include <kfa/reference.hpp>
+
+#include <unistd.h>
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <new>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "h5io.hpp"
+
+namespace {
+
+using kfa_apps::Dataset;
+using kfa_apps::DType;
+using kfa_apps::InputError;
+using Exec = Kokkos::DefaultExecutionSpace;
+
+const char* kUsage =
+    "usage: kfa forward (--in IN.h5 --out OUT.h5 | --random B,H,N,D [--heads-kv H]\n"
+    "                   [--seqlen-k N] [--dtype float|double] [--seed S])\n"
+    "                   [--repeat R] [--json] [--check]\n"
+    "                   [--causal] [--align bottom-right|top-left] [--window LEFT,RIGHT]\n"
+    "                   [--scale S] [--softcap C]\n";
+
+// ---- Command line -------------------------------------------------------------------------
+
+struct Options {
+  std::string in, out;
+  std::vector<long long> random;  // B,H,N,D
+  std::optional<long long> heads_kv, seqlen_k;
+  DType dtype = DType::f32;
+  unsigned long long seed = 0;
+  long long repeat = 1;
+  bool json = false, check = false;
+  kfa::Params params;
+};
+
+long long parse_int(const std::string& flag, const std::string& text, long long min) {
+  std::size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size())
+    throw InputError(flag + " expects an integer, got '" + text + "'");
+  if (v < min) throw InputError(flag + " must be >= " + std::to_string(min) + ", got " + text);
+  return v;
+}
+
+double parse_double(const std::string& flag, const std::string& text) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || !std::isfinite(v))
+    throw InputError(flag + " expects a finite number, got '" + text + "'");
+  return v;
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> parts;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    parts.push_back(item);
+  if (!s.empty() && s.back() == ',') parts.push_back("");
+  return parts;
+}
+
+Options parse(int argc, char** argv) {
+  if (argc < 2) throw InputError("missing command\n" + std::string(kUsage));
+  const std::string command = argv[1];
+  if (command != "forward")
+    throw InputError("unknown command '" + command + "' (expected: forward)");
+  Options o;
+  for (int a = 2; a < argc; ++a) {
+    const std::string flag = argv[a];
+    if (flag.rfind("--kokkos-", 0) == 0) continue;  // Kokkos' own flags, read by Kokkos
+    auto value = [&]() -> std::string {
+      if (a + 1 >= argc) throw InputError(flag + " expects a value");
+      return argv[++a];
+    };
+    if (flag == "--in") {
+      o.in = value();
+    } else if (flag == "--out") {
+      o.out = value();
+    } else if (flag == "--random") {
+      const auto parts = split(value());
+      if (parts.size() != 4)
+        throw InputError("--random expects B,H,N,D (four integers), got " +
+                         std::to_string(parts.size()) + " values");
+      const char* names[] = {"batch", "heads", "seqlen", "head_dim"};
+      for (int i = 0; i < 4; ++i)
+        o.random.push_back(parse_int("--random " + std::string(names[i]), parts[i], 1));
+    } else if (flag == "--heads-kv") {
+      o.heads_kv = parse_int(flag, value(), 1);
+    } else if (flag == "--seqlen-k") {
+      o.seqlen_k = parse_int(flag, value(), 1);
+    } else if (flag == "--dtype") {
+      const std::string t = value();
+      if (t == "float" || t == "float32")
+        o.dtype = DType::f32;
+      else if (t == "double" || t == "float64")
+        o.dtype = DType::f64;
+      else
+        throw InputError("--dtype expects float or double, got '" + t + "'");
+    } else if (flag == "--seed") {
+      o.seed = static_cast<unsigned long long>(parse_int(flag, value(), 0));
+    } else if (flag == "--repeat") {
+      o.repeat = parse_int(flag, value(), 1);
+    } else if (flag == "--json") {
+      o.json = true;
+    } else if (flag == "--check") {
+      o.check = true;
+    } else if (flag == "--causal") {
+      o.params.causal = true;
+    } else if (flag == "--align") {
+      const std::string t = value();
+      if (t == "bottom-right")
+        o.params.align = kfa::Align::bottom_right;
+      else if (t == "top-left")
+        o.params.align = kfa::Align::top_left;
+      else
+        throw InputError("--align expects bottom-right or top-left, got '" + t + "'");
+    } else if (flag == "--window") {
+      const auto parts = split(value());
+      if (parts.size() != 2)
+        throw InputError("--window expects LEFT,RIGHT (two integers, -1 = unbounded)");
+      o.params.window_left = static_cast<int>(parse_int("--window LEFT", parts[0], -1));
+      o.params.window_right = static_cast<int>(parse_int("--window RIGHT", parts[1], -1));
+    } else if (flag == "--scale") {
+      o.params.scale = parse_double(flag, value());
+      if (o.params.scale <= 0) throw InputError("--scale must be > 0, got " + std::string(argv[a]));
+    } else if (flag == "--softcap") {
+      o.params.softcap = parse_double(flag, value());
+      if (o.params.softcap < 0)
+        throw InputError("--softcap must be >= 0 (0 = off), got " + std::string(argv[a]));
+    } else if (flag == "--help" || flag == "-h") {
+      std::cout << kUsage;
+      std::exit(0);
+    } else {
+      throw InputError("unknown option '" + flag + "'\n" + std::string(kUsage));
+    }
+  }
+  const bool file_mode = !o.in.empty() || !o.out.empty();
+  if (file_mode && !o.random.empty())
+    throw InputError("--random cannot be combined with --in/--out");
+  if (!file_mode && o.random.empty())
+    throw InputError("give --in IN.h5 --out OUT.h5 or --random B,H,N,D");
+  if (file_mode && (o.in.empty() || o.out.empty()))
+    throw InputError(o.in.empty() ? "--out needs --in" : "--in needs --out");
+  if (!o.random.empty() && o.heads_kv && o.random[1] % *o.heads_kv != 0)
+    throw InputError("--heads-kv " + std::to_string(*o.heads_kv) +
+                     " must divide the heads of --random (" + std::to_string(o.random[1]) + ")");
+  if (file_mode && (o.heads_kv || o.seqlen_k))
+    throw InputError("--heads-kv and --seqlen-k apply to --random only");
+  return o;
+}
+
+// ---- The problem ----------------------------------------------------------------------------
+
+struct Problem {
+  Dataset q, k, v;
+};
+
+void check_file_shapes(const Problem& p) {
+  const char* names[] = {"batch", "heads", "seqlen", "head_dim"};
+  for (const auto* d : {&p.q, &p.k, &p.v}) {
+    const char* ds = d == &p.q ? "/q" : d == &p.k ? "/k" : "/v";
+    for (int i = 0; i < 4; ++i)
+      if (d->dims[i] == 0)
+        throw InputError(std::string("dataset ") + ds + " has " + names[i] + " 0");
+    if (d->dtype != p.q.dtype)
+      throw InputError(std::string("dataset ") + ds + " is " + name(d->dtype) + " but /q is " +
+                       name(p.q.dtype) + "; all inputs must share one type");
+  }
+}
+
+Dataset random_tensor(std::vector<hsize_t> dims, DType t, std::mt19937_64& gen) {
+  Dataset d;
+  d.dims = std::move(dims);
+  d.dtype = t;
+  d.data.resize(d.size());
+  std::uniform_real_distribution<double> dist(-1, 1);
+  for (auto& x : d.data)
+    x = t == DType::f32 ? double(float(dist(gen))) : dist(gen);
+  return d;
+}
+
+// Refuses problems that cannot fit in this machine's memory before allocating anything.
+void check_memory(const Options& o, const Problem& p) {
+  const double elem = o.dtype == DType::f32 ? 4 : 8;
+  // inputs and output in the kernel's type, plus the double copies the program keeps
+  const double bytes =
+      (p.q.size() * 2 + p.k.size() + p.v.size()) * (elem + 8) + p.q.size() / p.q.dims[3] * 16;
+  const double phys = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (phys > 0 && bytes > 0.9 * phys) {
+    std::ostringstream os;
+    os.precision(3);
+    os << "the problem needs about " << bytes / (1 << 30) << " GiB but this machine has "
+       << phys / (1 << 30) << " GiB of memory";
+    throw InputError(os.str());
+  }
+}
+
+template <class T>
+using DeviceTensor = Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space>;
+
+template <class T>
+DeviceTensor<T> to_device(const Dataset& d, const char* label) {
+  DeviceTensor<T> v(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), d.dims[0],
+                    d.dims[1], d.dims[2], d.dims[3]);
+  auto h = Kokkos::create_mirror_view(v);
+  for (std::size_t e = 0; e < d.data.size(); ++e)
+    h.data()[e] = static_cast<T>(d.data[e]);
+  Kokkos::deep_copy(v, h);
+  return v;
+}
+
+template <class View>
+Dataset to_dataset(const View& v, DType t) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  Dataset d;
+  d.dtype = t;
+  for (unsigned r = 0; r < View::rank; ++r)
+    d.dims.push_back(v.extent(r));
+  d.data.assign(h.data(), h.data() + h.span());
+  return d;
+}
+
+kfa::reference::Tensor4 to_reference(const Dataset& d) {
+  kfa::reference::Tensor4 t("kfa::ref", d.dims[0], d.dims[1], d.dims[2], d.dims[3]);
+  std::copy(d.data.begin(), d.data.end(), t.data());
+  return t;
+}
+
+struct Timing {
+  double median_s = 0, min_s = 0;
+};
+
+struct CheckResult {
+  bool ran = false, ok = true;
+  kfa::reference::ForwardCheck c;
+};
+
+template <class T>
+int run(const Options& o, const Problem& p) {
+  const DType t = o.dtype;
+  auto q = to_device<T>(p.q, "kfa::q");
+  auto k = to_device<T>(p.k, "kfa::k");
+  auto v = to_device<T>(p.v, "kfa::v");
+  DeviceTensor<T> out(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::o")),
+                      q.extent(0), q.extent(1), q.extent(2), q.extent(3));
+  Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> lse(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::lse")), q.extent(0),
+      q.extent(1), q.extent(2));
+
+  // Warm-up (also the run whose output is written), then the timed repeats.
+  kfa::forward(Exec(), q, k, v, out, lse, o.params);
+  Kokkos::fence();
+  std::vector<double> times;
+  for (long long r = 0; r < o.repeat; ++r) {
+    Kokkos::fence();
+    const auto t0 = std::chrono::steady_clock::now();
+    kfa::forward(Exec(), q, k, v, out, lse, o.params);
+    Kokkos::fence();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  Timing tm{times[times.size() / 2], times.front()};
+  if (times.size() % 2 == 0)
+    tm.median_s = 0.5 * (times[times.size() / 2 - 1] + times[times.size() / 2]);
+
+  const Dataset o_ds = to_dataset(out, t), lse_ds = to_dataset(lse, t);
+
+  CheckResult chk;
+  if (o.check) {
+    chk.ran = true;
+    kfa::reference::Tensor3 lse_h("kfa::lse", lse_ds.dims[0], lse_ds.dims[1], lse_ds.dims[2]);
+    std::copy(lse_ds.data.begin(), lse_ds.data.end(), lse_h.data());
+    chk.c =
+        kfa::reference::check_forward<T>(to_reference(p.q), to_reference(p.k), to_reference(p.v),
+                                         o.params, to_reference(o_ds), lse_h);
+    chk.ok = chk.c.ok();
+  }
+  if (!o.out.empty()) kfa_apps::write_atomic(o.out, {{"/o", &o_ds}, {"/lse", &lse_ds}});
+
+  const int B = q.extent(0), Hq = q.extent(1), Hk = k.extent(1), Nq = q.extent(2), Nk = k.extent(2),
+            D = q.extent(3);
+  const double gflops = kfa::forward_flops(B, Hq, Nq, Nk, D, o.params) / tm.median_s * 1e-9;
+  const auto& pr = o.params;
+  std::printf(
+      "kfa forward: B=%d Hq=%d Hkv=%d Nq=%d Nk=%d D=%d %s causal=%s align=%s window=(%d,%d)%s on "
+      "%s\n",
+      B, Hq, Hk, Nq, Nk, D, name(t), pr.causal ? "yes" : "no",
+      pr.align == kfa::Align::bottom_right ? "bottom-right" : "top-left", pr.window_left,
+      pr.window_right, pr.softcap > 0 ? (" softcap=" + std::to_string(pr.softcap)).c_str() : "",
+      Exec::name());
+  std::printf("time: median %.6f s, min %.6f s over %lld runs; %.2f GFLOP/s\n", tm.median_s,
+              tm.min_s, o.repeat, gflops);
+  if (chk.ran)
+    std::printf(
+        "check against the float64 reference: O err %.3g (bound %.3g), LSE err %.3g (bound %.3g): "
+        "%s\n",
+        chk.c.o.err, chk.c.o.bound, chk.c.lse.err, chk.c.lse.bound, chk.ok ? "PASS" : "FAIL");
+  if (!o.out.empty()) std::printf("wrote /o and /lse to %s\n", o.out.c_str());
+  if (o.json) {
+    std::printf(
+        "{\"command\":\"forward\",\"dtype\":\"%s\",\"batch\":%d,\"heads_q\":%d,\"heads_kv\":%d,"
+        "\"seqlen_q\":%d,\"seqlen_k\":%d,\"head_dim\":%d,\"causal\":%s,\"align\":\"%s\","
+        "\"window_left\":%d,\"window_right\":%d,\"softcap\":%g,\"repeat\":%lld,"
+        "\"median_s\":%.9g,\"min_s\":%.9g,\"gflops\":%.6g,\"execution_space\":\"%s\","
+        "\"check\":\"%s\"",
+        name(t), B, Hq, Hk, Nq, Nk, D, pr.causal ? "true" : "false",
+        pr.align == kfa::Align::bottom_right ? "bottom-right" : "top-left", pr.window_left,
+        pr.window_right, pr.softcap, o.repeat, tm.median_s, tm.min_s, gflops, Exec::name(),
+        !chk.ran ? "not run"
+        : chk.ok ? "pass"
+                 : "fail");
+    if (chk.ran)
+      std::printf(",\"err_o\":%.6g,\"bound_o\":%.6g,\"err_lse\":%.6g,\"bound_lse\":%.6g",
+                  chk.c.o.err, chk.c.o.bound, chk.c.lse.err, chk.c.lse.bound);
+    std::printf("}\n");
+  }
+  return chk.ok ? 0 : 1;
+}
+
+int main_forward(Options o) {
+  Problem p;
+  if (!o.random.empty()) {
+    const hsize_t B = o.random[0], H = o.random[1], N = o.random[2], D = o.random[3];
+    const hsize_t Hk = o.heads_kv.value_or(H), Nk = o.seqlen_k.value_or(N);
+    std::mt19937_64 gen(o.seed);
+    Problem sized;
+    sized.q.dims = {B, H, N, D};
+    sized.k.dims = sized.v.dims = {B, Hk, Nk, D};
+    check_memory(o, sized);
+    p.q = random_tensor({B, H, N, D}, o.dtype, gen);
+    p.k = random_tensor({B, Hk, Nk, D}, o.dtype, gen);
+    p.v = random_tensor({B, Hk, Nk, D}, o.dtype, gen);
+  } else {
+    kfa_apps::H5File in(o.in);
+    p.q = in.read("/q", 4);
+    p.k = in.read("/k", 4);
+    p.v = in.read("/v", 4);
+    check_file_shapes(p);
+    o.dtype = p.q.dtype;
+  }
+  return o.dtype == DType::f32 ? run<float>(o, p) : run<double>(o, p);
+}
+
+void fail(const std::string& msg) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "kfa: error: %s\n", msg.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opts;
+  try {
+    opts = parse(argc, argv);  // before Kokkos, so usage errors print nothing else
+  } catch (const InputError& e) {
+    fail(e.what());
+    return 2;
+  }
+  Kokkos::ScopeGuard kokkos(argc, argv);
+  try {
+    return main_forward(opts);
+  } catch (const kfa::Error& e) {
+    const std::string msg = e.what();
+    fail(msg.rfind("kfa: ", 0) == 0 ? msg.substr(5) : msg);
+  } catch (const InputError& e) {
+    fail(e.what());
+  } catch (const std::bad_alloc&) {
+    fail("out of memory: the problem is too large for this machine");
+  } catch (const std::exception& e) {
+    // Kokkos reports allocation failures as std::runtime_error.
+    fail(std::string("cannot run the problem: ") + e.what());
+  }
+  return 2;
+}
