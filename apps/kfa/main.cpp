@@ -95,8 +95,12 @@ std::vector<std::string> split(const std::string& s) {
 }
 
 Options parse(int argc, char** argv) {
-  if (argc < 2) throw InputError("missing command\n" + std::string(kUsage));
+  if (argc < 2) throw InputError("missing command (see kfa --help)");
   const std::string command = argv[1];
+  if (command == "--help" || command == "-h") {
+    std::cout << kUsage;
+    std::exit(0);
+  }
   if (command != "forward")
     throw InputError("unknown command '" + command + "' (expected: forward)");
   Options o;
@@ -166,7 +170,7 @@ Options parse(int argc, char** argv) {
       std::cout << kUsage;
       std::exit(0);
     } else {
-      throw InputError("unknown option '" + flag + "'\n" + std::string(kUsage));
+      throw InputError("unknown option '" + flag + "' (see kfa --help)");
     }
   }
   const bool file_mode = !o.in.empty() || !o.out.empty();

@@ -1,0 +1,263 @@
+// The kfa program through its contract: HDF5 round trips checked against the reference, the
+// --random/--json/--check mode, and every bad-input class exiting 2 with one clear line and
+// no output file.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "h5io.hpp"
+#include "problem.hpp"
+
+#ifndef KFA_CLI_PATH
+#error "KFA_CLI_PATH must name the kfa executable"
+#endif
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace kfa_test;
+using kfa_apps::Dataset;
+using kfa_apps::DType;
+
+struct CliRun {
+  int status = -1;
+  std::string out, err;
+};
+
+fs::path work_dir() {
+  static fs::path dir = [] {
+    fs::path d = fs::temp_directory_path() / ("kfa_cli_test_" + std::to_string(getpid()));
+    fs::create_directories(d);
+    return d;
+  }();
+  return dir;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+CliRun run_cli(const std::string& args) {
+  const fs::path out = work_dir() / "stdout.txt", err = work_dir() / "stderr.txt";
+  const std::string cmd =
+      std::string(KFA_CLI_PATH) + " " + args + " >" + out.string() + " 2>" + err.string();
+  const int raw = std::system(cmd.c_str());
+  CliRun r;
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+Dataset from_tensor(const Tensor4& t, DType dtype) {
+  Dataset d;
+  d.dtype = dtype;
+  for (int r = 0; r < 4; ++r) d.dims.push_back(t.extent(r));
+  d.data.assign(t.data(), t.data() + t.span());
+  if (dtype == DType::f32)
+    for (auto& x : d.data) x = double(float(x));
+  return d;
+}
+
+Tensor4 to_tensor(const Dataset& d) {
+  Tensor4 t("t", d.dims[0], d.dims[1], d.dims[2], d.dims[3]);
+  std::copy(d.data.begin(), d.data.end(), t.data());
+  return t;
+}
+
+fs::path write_inputs(const std::string& name, const Dataset& q, const Dataset& k,
+                      const Dataset& v) {
+  const fs::path p = work_dir() / name;
+  kfa_apps::write_atomic(p.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}});
+  return p;
+}
+
+void round_trip(DType dtype, const std::string& flags, const kfa::Params& params) {
+  SCOPED_TRACE(flags + (dtype == DType::f32 ? " float32" : " float64"));
+  Problem pb({2, 4, 2, 37, 91, 40}, 2024);
+  const Dataset q = from_tensor(pb.q, dtype), k = from_tensor(pb.k, dtype),
+                v = from_tensor(pb.v, dtype);
+  const fs::path in = write_inputs("in.h5", q, k, v), out = work_dir() / "out.h5";
+  fs::remove(out);
+  const CliRun r = run_cli("forward --in " + in.string() + " --out " + out.string() + " " + flags);
+  ASSERT_EQ(r.status, 0) << r.err;
+  kfa_apps::H5File f(out.string());
+  const Dataset o = f.read("/o", 4), lse = f.read("/lse", 3);
+  EXPECT_EQ(o.dtype, dtype);
+  EXPECT_EQ(lse.dtype, dtype);
+  EXPECT_EQ(o.dims, q.dims);
+  Tensor3 lse_t("lse", lse.dims[0], lse.dims[1], lse.dims[2]);
+  std::copy(lse.data.begin(), lse.data.end(), lse_t.data());
+  const Tensor4 qt = to_tensor(q), kt = to_tensor(k), vt = to_tensor(v);
+  const auto c = dtype == DType::f32
+                     ? kfa::reference::check_forward<float>(qt, kt, vt, params, to_tensor(o), lse_t)
+                     : kfa::reference::check_forward<double>(qt, kt, vt, params, to_tensor(o), lse_t);
+  EXPECT_TRUE(c.ok()) << "O err " << c.o.err << " (bound " << c.o.bound << "), LSE err "
+                      << c.lse.err << " (bound " << c.lse.bound << ")";
+}
+
+TEST(Cli, RoundTripThroughHdf5) {
+  round_trip(DType::f32, "", kfa::Params{});
+  round_trip(DType::f64, "", kfa::Params{});
+  kfa::Params p;
+  p.causal = true;
+  p.align = kfa::Align::top_left;
+  p.window_left = 20;
+  p.scale = 0.3;
+  p.softcap = 4;
+  round_trip(DType::f32, "--causal --align top-left --window 20,-1 --scale 0.3 --softcap 4", p);
+  round_trip(DType::f64, "--causal --align top-left --window 20,-1 --scale 0.3 --softcap 4", p);
+}
+
+TEST(Cli, RandomWithJsonAndCheck) {
+  const CliRun r = run_cli("forward --random 2,4,150,64 --heads-kv 2 --seqlen-k 222 --causal "
+                        "--repeat 3 --json --check");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string last = r.out.substr(r.out.rfind('{'));
+  for (const char* key : {"\"median_s\":", "\"min_s\":", "\"gflops\":", "\"seqlen_k\":222",
+                          "\"heads_kv\":2", "\"check\":\"pass\""})
+    EXPECT_NE(last.find(key), std::string::npos) << key << " missing in " << last;
+  EXPECT_EQ(last.back(), '\n');
+  EXPECT_TRUE(r.err.empty()) << r.err;
+  const CliRun d = run_cli("forward --random 1,2,64,32 --dtype double --check --json");
+  ASSERT_EQ(d.status, 0) << d.err;
+  EXPECT_NE(d.out.find("\"dtype\":\"float64\""), std::string::npos);
+}
+
+// Bad input: exit 2, exactly one line "kfa: error: ..." containing `expect`, no output file.
+void expect_bad(const std::string& args, const std::string& expect) {
+  SCOPED_TRACE(args);
+  const fs::path out = work_dir() / "bad_out.h5";
+  fs::remove(out);
+  // File-mode cases also name an output, which must not appear.
+  const bool file_mode = args.find("--in ") != std::string::npos;
+  const CliRun r = run_cli(file_mode ? args + " --out " + out.string() : args);
+  EXPECT_EQ(r.status, 2) << r.out << r.err;
+  EXPECT_EQ(r.err.rfind("kfa: error: ", 0), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find(expect), std::string::npos) << "stderr: " << r.err;
+  EXPECT_FALSE(fs::exists(out)) << "output written despite the error";
+  for (const auto& e : fs::directory_iterator(work_dir()))
+    EXPECT_EQ(e.path().filename().string().find("bad_out.h5.tmp"), std::string::npos);
+}
+
+TEST(Cli, BadFiles) {
+  Problem pb({1, 2, 2, 10, 12, 16}, 1);
+  const Dataset q = from_tensor(pb.q, DType::f32), k = from_tensor(pb.k, DType::f32),
+                v = from_tensor(pb.v, DType::f32);
+  const std::string good = write_inputs("good.h5", q, k, v).string();
+  expect_bad("forward --in " + (work_dir() / "missing.h5").string(), "cannot open input file");
+  expect_bad("forward --in " + work_dir().string(), "is not a readable HDF5 file");
+
+  {  // corrupted: garbage, and a real file cut in half
+    std::ofstream(work_dir() / "garbage.h5") << "this is not HDF5 at all";
+    expect_bad("forward --in " + (work_dir() / "garbage.h5").string(), "HDF5");
+    const auto size = fs::file_size(good);
+    fs::copy_file(good, work_dir() / "cut.h5", fs::copy_options::overwrite_existing);
+    fs::resize_file(work_dir() / "cut.h5", size / 2);
+    expect_bad("forward --in " + (work_dir() / "cut.h5").string(), "corrupted");
+  }
+  {
+    const fs::path p = work_dir() / "nov.h5";
+    kfa_apps::write_atomic(p.string(), {{"/q", &q}, {"/k", &k}});
+    expect_bad("forward --in " + p.string(), "missing dataset /v");
+  }
+  {
+    Dataset q3 = q;
+    q3.dims = {2, 10, 16};
+    expect_bad("forward --in " + write_inputs("rank.h5", q3, k, v).string(),
+               "dataset /q in '" + (work_dir() / "rank.h5").string() + "' has rank 3, expected 4");
+  }
+  {
+    Dataset k64 = k;
+    k64.dtype = DType::f64;
+    expect_bad("forward --in " + write_inputs("mixed.h5", q, k64, v).string(),
+               "/k is float64 but /q is float32");
+  }
+  {  // an integer dataset, written with the HDF5 API directly
+    const fs::path p = work_dir() / "int.h5";
+    const hid_t f = H5Fcreate(p.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    const hsize_t dims[4] = {1, 1, 2, 2};
+    const int data[4] = {1, 2, 3, 4};
+    for (const char* name : {"/q", "/k", "/v"}) {
+      const hid_t s = H5Screate_simple(4, dims, nullptr);
+      const hid_t d = H5Dcreate2(f, name, H5T_STD_I32LE, s, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+      H5Dwrite(d, H5T_NATIVE_INT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
+      H5Dclose(d);
+      H5Sclose(s);
+    }
+    H5Fclose(f);
+    expect_bad("forward --in " + p.string(), "expected float32 or float64");
+  }
+  {
+    Dataset kb = k, vb = v;
+    kb.dims[0] = vb.dims[0] = 2;
+    kb.data.resize(kb.size());
+    vb.data.resize(vb.size());
+    expect_bad("forward --in " + write_inputs("shape.h5", q, kb, vb).string(),
+               "k has batch = 2 (k.extent(0)) but q has batch = 1");
+  }
+  {
+    Dataset q0 = q, k0 = k, v0 = v;
+    q0.dims[3] = k0.dims[3] = v0.dims[3] = 0;
+    q0.data.clear();
+    k0.data.clear();
+    v0.data.clear();
+    expect_bad("forward --in " + write_inputs("d0.h5", q0, k0, v0).string(), "head_dim 0");
+  }
+  {
+    Dataset q0 = q;
+    q0.dims[2] = 0;
+    q0.data.clear();
+    expect_bad("forward --in " + write_inputs("n0.h5", q0, k, v).string(), "/q has seqlen 0");
+  }
+  {
+    Problem big({1, 1, 1, 3, 3, 300}, 3);
+    expect_bad("forward --in " +
+                   write_inputs("d300.h5", from_tensor(big.q, DType::f32),
+                                from_tensor(big.k, DType::f32), from_tensor(big.v, DType::f32))
+                       .string(),
+               "head_dim = 300");
+  }
+}
+
+TEST(Cli, BadFlags) {
+  Problem pb({1, 1, 1, 4, 4, 16}, 1);
+  const std::string in = "forward --in " +
+                         write_inputs("flags.h5", from_tensor(pb.q, DType::f32),
+                                      from_tensor(pb.k, DType::f32), from_tensor(pb.v, DType::f32))
+                             .string();
+  expect_bad(in + " --window -2,3", "--window LEFT must be >= -1, got -2");
+  expect_bad(in + " --window 3,-7", "--window RIGHT must be >= -1, got -7");
+  expect_bad(in + " --window 3", "--window expects LEFT,RIGHT");
+  expect_bad(in + " --scale abc", "--scale expects a finite number, got 'abc'");
+  expect_bad(in + " --scale -1", "--scale must be > 0");
+  expect_bad(in + " --softcap -3", "--softcap must be >= 0");
+  expect_bad(in + " --repeat 0", "--repeat must be >= 1, got 0");
+  expect_bad(in + " --repeat x1", "--repeat expects an integer, got 'x1'");
+  expect_bad(in + " --align middle", "--align expects bottom-right or top-left");
+  expect_bad(in + " --frobnicate", "unknown option '--frobnicate'");
+  expect_bad("forward --random 1,2,0,64", "--random seqlen must be >= 1, got 0");
+  expect_bad("forward --random 1,2,-5,64", "--random seqlen must be >= 1, got -5");
+  expect_bad("forward --random 1,2,64", "--random expects B,H,N,D");
+  expect_bad("forward --random 1,2,64,0", "--random head_dim must be >= 1, got 0");
+  expect_bad("forward --random 1,2,64,512", "head_dim = 512");
+  expect_bad("forward --random 1,4,64,64 --heads-kv 3", "--heads-kv 3 must divide");
+  expect_bad("forward --random 1000,1000,100000,256", "GiB but this machine has");
+  expect_bad("backward", "unknown command 'backward'");
+  expect_bad("forward --in", "--in expects a value");
+  const CliRun none = run_cli("");
+  EXPECT_EQ(none.status, 2);
+  EXPECT_EQ(none.err.rfind("kfa: error: missing command", 0), 0u) << none.err;
+}
+
+}  // namespace
