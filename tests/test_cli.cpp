@@ -61,10 +61,12 @@ CliRun run_cli(const std::string& args) {
 Dataset from_tensor(const Tensor4& t, DType dtype) {
   Dataset d;
   d.dtype = dtype;
-  for (int r = 0; r < 4; ++r) d.dims.push_back(t.extent(r));
+  for (int r = 0; r < 4; ++r)
+    d.dims.push_back(t.extent(r));
   d.data.assign(t.data(), t.data() + t.span());
   if (dtype == DType::f32)
-    for (auto& x : d.data) x = double(float(x));
+    for (auto& x : d.data)
+      x = double(float(x));
   return d;
 }
 
@@ -98,9 +100,10 @@ void round_trip(DType dtype, const std::string& flags, const kfa::Params& params
   Tensor3 lse_t("lse", lse.dims[0], lse.dims[1], lse.dims[2]);
   std::copy(lse.data.begin(), lse.data.end(), lse_t.data());
   const Tensor4 qt = to_tensor(q), kt = to_tensor(k), vt = to_tensor(v);
-  const auto c = dtype == DType::f32
-                     ? kfa::reference::check_forward<float>(qt, kt, vt, params, to_tensor(o), lse_t)
-                     : kfa::reference::check_forward<double>(qt, kt, vt, params, to_tensor(o), lse_t);
+  const auto c =
+      dtype == DType::f32
+          ? kfa::reference::check_forward<float>(qt, kt, vt, params, to_tensor(o), lse_t)
+          : kfa::reference::check_forward<double>(qt, kt, vt, params, to_tensor(o), lse_t);
   EXPECT_TRUE(c.ok()) << "O err " << c.o.err << " (bound " << c.o.bound << "), LSE err "
                       << c.lse.err << " (bound " << c.lse.bound << ")";
 }
@@ -119,8 +122,9 @@ TEST(Cli, RoundTripThroughHdf5) {
 }
 
 TEST(Cli, RandomWithJsonAndCheck) {
-  const CliRun r = run_cli("forward --random 2,4,150,64 --heads-kv 2 --seqlen-k 222 --causal "
-                        "--repeat 3 --json --check");
+  const CliRun r = run_cli(
+      "forward --random 2,4,150,64 --heads-kv 2 --seqlen-k 222 --causal "
+      "--repeat 3 --json --check");
   ASSERT_EQ(r.status, 0) << r.err;
   const std::string last = r.out.substr(r.out.rfind('{'));
   for (const char* key : {"\"median_s\":", "\"min_s\":", "\"gflops\":", "\"seqlen_k\":222",
@@ -222,20 +226,20 @@ TEST(Cli, BadFiles) {
   }
   {
     Problem big({1, 1, 1, 3, 3, 300}, 3);
-    expect_bad("forward --in " +
-                   write_inputs("d300.h5", from_tensor(big.q, DType::f32),
-                                from_tensor(big.k, DType::f32), from_tensor(big.v, DType::f32))
-                       .string(),
+    expect_bad("forward --in " + write_inputs("d300.h5", from_tensor(big.q, DType::f32),
+                                              from_tensor(big.k, DType::f32),
+                                              from_tensor(big.v, DType::f32))
+                                     .string(),
                "head_dim = 300");
   }
 }
 
 TEST(Cli, BadFlags) {
   Problem pb({1, 1, 1, 4, 4, 16}, 1);
-  const std::string in = "forward --in " +
-                         write_inputs("flags.h5", from_tensor(pb.q, DType::f32),
-                                      from_tensor(pb.k, DType::f32), from_tensor(pb.v, DType::f32))
-                             .string();
+  const std::string in =
+      "forward --in " + write_inputs("flags.h5", from_tensor(pb.q, DType::f32),
+                                     from_tensor(pb.k, DType::f32), from_tensor(pb.v, DType::f32))
+                            .string();
   expect_bad(in + " --window -2,3", "--window LEFT must be >= -1, got -2");
   expect_bad(in + " --window 3,-7", "--window RIGHT must be >= -1, got -7");
   expect_bad(in + " --window 3", "--window expects LEFT,RIGHT");

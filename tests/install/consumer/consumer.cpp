@@ -24,14 +24,16 @@ int main(int argc, char** argv) {
   double w[N], sum = 0;
   for (int j = 0; j < N; ++j) {
     double s = 0;
-    for (int d = 0; d < D; ++d) s += q(0, 0, N - 1, d) * k(0, 0, j, d);
+    for (int d = 0; d < D; ++d)
+      s += q(0, 0, N - 1, d) * k(0, 0, j, d);
     w[j] = std::exp(s / std::sqrt(double(D)));
     sum += w[j];
   }
   double err = std::fabs(lse(0, 0, N - 1) - std::log(sum));
   for (int d = 0; d < D; ++d) {
     double ref = 0;
-    for (int j = 0; j < N; ++j) ref += w[j] / sum * v(0, 0, j, d);
+    for (int j = 0; j < N; ++j)
+      ref += w[j] / sum * v(0, 0, j, d);
     err = std::fmax(err, std::fabs(o(0, 0, N - 1, d) - ref));
   }
   std::printf("consumer: max error %.3g\n", err);
