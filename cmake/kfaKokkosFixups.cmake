@@ -33,7 +33,15 @@ if(TARGET Kokkos::kokkos)
   endif()
 endif()
 
-if(TARGET trilinos_kokkoskernels AND NOT TARGET Kokkos::kokkoskernels)
+# 3. With a Kokkos 4 chosen by Kokkos_ROOT, find_package(KokkosKernels) may still find Debian's
+#    Trilinos build under /usr, made for Kokkos 3.4: linking both fails, so it is ignored.
+if(TARGET trilinos_kokkoskernels AND Kokkos_VERSION VERSION_GREATER_EQUAL 4)
+  if(NOT _kfa_warned_trilinos_kk)
+    message(STATUS "kfa: ignoring Trilinos' Kokkos Kernels (built for Kokkos 3.4, not "
+                   "${Kokkos_VERSION}); pass -DKokkosKernels_ROOT=... for a matching one")
+    set(_kfa_warned_trilinos_kk TRUE)
+  endif()
+elseif(TARGET trilinos_kokkoskernels AND NOT TARGET Kokkos::kokkoskernels)
   add_library(Kokkos::kokkoskernels INTERFACE IMPORTED)
   set_property(TARGET Kokkos::kokkoskernels PROPERTY INTERFACE_LINK_LIBRARIES
                                                      trilinos_kokkoskernels Kokkos::kokkos)

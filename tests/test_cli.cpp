@@ -78,7 +78,7 @@ Tensor4 to_tensor(const Dataset& d) {
 
 fs::path write_inputs(const std::string& name, const Dataset& q, const Dataset& k,
                       const Dataset& v) {
-  const fs::path p = work_dir() / name;
+  fs::path p = work_dir() / name;
   kfa_apps::write_atomic(p.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}});
   return p;
 }

@@ -211,7 +211,8 @@ TEST(Forward, StridedLayoutMatchesContiguous) {
   };
   auto q = bshd(pb.q), k = bshd(pb.k), v = bshd(pb.v);
   Kokkos::View<float****, Exec::memory_space> ostore("o", B, N, H, D);
-  const Kokkos::LayoutStride layout(B, N * H * D, H, D, N, H * D, D, 1);
+  const std::size_t sb = std::size_t(N) * H * D, sn = std::size_t(H) * D;
+  const Kokkos::LayoutStride layout(B, sb, H, D, N, sn, D, 1);
   Strided qs(q.data(), layout), ks(k.data(), layout), vs(v.data(), layout),
       os(ostore.data(), layout);
   Kokkos::View<float***, Exec::memory_space> lse("lse", B, H, N);

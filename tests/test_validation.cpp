@@ -21,7 +21,7 @@ struct Args {
 
 // Calls forward, expects kfa::Error whose message contains every fragment, and checks that
 // the poisoned output was not touched.
-void expect_error(Args a, const std::vector<std::string>& fragments) {
+void expect_error(const Args& a, const std::vector<std::string>& fragments) {
   Kokkos::deep_copy(a.o, std::numeric_limits<float>::quiet_NaN());
   try {
     kfa::forward(Exec(), a.q, a.k, a.v, a.o, a.lse, a.p);

@@ -222,8 +222,8 @@ Dataset random_tensor(std::vector<hsize_t> dims, DType t, std::mt19937_64& gen) 
 void check_memory(const Options& o, const Problem& p) {
   const double elem = o.dtype == DType::f32 ? 4 : 8;
   // inputs and output in the kernel's type, plus the double copies the program keeps
-  const double bytes =
-      (p.q.size() * 2 + p.k.size() + p.v.size()) * (elem + 8) + p.q.size() / p.q.dims[3] * 16;
+  const double bytes = (p.q.size() * 2 + p.k.size() + p.v.size()) * (elem + 8) +
+                       double(p.q.size()) / double(p.q.dims[3]) * 16;
   const double phys = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   if (phys > 0 && bytes > 0.9 * phys) {
     std::ostringstream os;
