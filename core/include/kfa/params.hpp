@@ -12,6 +12,7 @@ namespace kfa {
 /// The message names the argument and, for shapes, both sizes that disagree.
 class Error : public std::invalid_argument {
  public:
+  /// \param what the argument and what is wrong with it; prefixed with "kfa: ".
   explicit Error(const std::string& what) : std::invalid_argument("kfa: " + what) {}
 };
 
@@ -37,15 +38,18 @@ struct Params {
   bool causal = false;
   /// Alignment of causal and window masks when seqlen_q != seqlen_k.
   Align align = Align::bottom_right;
-  /// Sliding window, in keys left and right of the diagonal; -1 means unbounded.
+  /// Sliding window: keys visible left of the diagonal; -1 means unbounded, 0 none.
   int window_left = -1;
+  /// Sliding window: keys visible right of the diagonal; -1 means unbounded, 0 none.
   int window_right = -1;
   /// Soft-capping of the scaled scores, S <- softcap * tanh(S / softcap); 0 turns it off.
   double softcap = 0;
   /// Dropout probability on P, in [0, 1). Reserved: only 0 is accepted until dropout lands.
   double dropout = 0;
-  /// Philox key and counter offset for dropout.
-  std::uint64_t seed = 0, offset = 0;
+  /// Philox key for dropout.
+  std::uint64_t seed = 0;
+  /// Philox counter offset for dropout (advance it between calls that need fresh masks).
+  std::uint64_t offset = 0;
   /// Backward without atomics, bitwise repeatable.
   bool deterministic = false;
 };

@@ -20,8 +20,9 @@
 
 namespace kfa::reference {
 
-/// Host tensors of the reference, (batch, heads, seqlen, head_dim) and (batch, heads, seqlen).
+/// Host tensor of the reference, (batch, heads, seqlen, head_dim).
 using Tensor4 = Kokkos::View<double****, Kokkos::LayoutRight, Kokkos::HostSpace>;
+/// Host tensor of the reference, (batch, heads, seqlen): the LSE.
 using Tensor3 = Kokkos::View<double***, Kokkos::LayoutRight, Kokkos::HostSpace>;
 
 /// Whether query i sees key j, straight from the definition in kfa::Params.
@@ -94,15 +95,18 @@ double max_abs_diff(const A& a, const B& b) {
 
 /// Outcome of the tolerance rule on one output.
 struct Check {
-  double err = 0;        // max |tested - ref64|
-  double naive_err = 0;  // max |naive in the tested precision - ref64|
-  double bound = 0;      // what err may reach
+  double err = 0;        ///< max |tested - ref64|
+  double naive_err = 0;  ///< max |naive in the tested precision - ref64| (0 for double)
+  double bound = 0;      ///< what err may reach
+  /// Whether the rule holds.
   bool ok() const { return err <= bound; }
 };
 
 /// Result of check_forward: the rule applied to O and to LSE.
 struct ForwardCheck {
-  Check o, lse;
+  Check o;    ///< the rule on O
+  Check lse;  ///< the rule on LSE
+  /// Whether the rule holds on both.
   bool ok() const { return o.ok() && lse.ok(); }
 };
 

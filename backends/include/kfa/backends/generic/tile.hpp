@@ -14,8 +14,9 @@ namespace kfa::backends {
 /// The primary template is the portable choice; see host/traits.hpp for the host one.
 template <class ExecSpace, class T, class Enable = void>
 struct TileTraits {
-  /// Query rows per team (Br) and keys per staged tile (Bc), for a given head_dim.
+  /// Query rows per team (Br) for a given head_dim.
   static constexpr int block_q(int /*head_dim*/) { return 64; }
+  /// Keys per staged tile (Bc) for a given head_dim.
   static constexpr int block_k(int head_dim) { return head_dim <= 128 ? 64 : 32; }
   /// Team size; 0 lets Kokkos choose (Kokkos::AUTO).
   static constexpr int team_size = 0;

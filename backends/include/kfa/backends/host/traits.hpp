@@ -10,14 +10,16 @@
 
 namespace kfa::backends {
 
+/// Host tile traits: one thread per team, Br = 64, Bc = 64 (32 above head_dim 128).
 template <class ExecSpace, class T>
 struct TileTraits<
     ExecSpace, T,
     std::enable_if_t<Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible>> {
-  static constexpr int block_q(int /*head_dim*/) { return 64; }
+  static constexpr int block_q(int /*head_dim*/) { return 64; }  ///< Br
+  /// Bc: K_j^T and V_j stay in L2 next to Q_i and O_i.
   static constexpr int block_k(int head_dim) { return head_dim <= 128 ? 64 : 32; }
-  static constexpr int team_size = 1;
-  static constexpr int vector_length = 1;
+  static constexpr int team_size = 1;      ///< host teams are one thread
+  static constexpr int vector_length = 1;  ///< the compiler vectorises instead
 };
 
 }  // namespace kfa::backends
