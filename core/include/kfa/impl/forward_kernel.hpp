@@ -8,10 +8,12 @@
 /// output row O~; a tile updates them with the online-softmax rule
 ///   m' = max(m, rowmax(S_ij)),  P = exp(S_ij - m'),  l' = e^(m - m') l + rowsum(P),
 ///   O~' = e^(m - m') O~ + P V_j,
+/// (the combiner of kfa/combine.hpp, merging the tile's partial into the row's),
 /// and at the end O = O~ / l and LSE = m + log l (O = 0, LSE = -inf for a row that saw nothing).
 /// Threads own query rows; vector lanes share the keys of a tile or the head_dim.
 
 #include <kfa/backends/traits.hpp>
+#include <kfa/combine.hpp>
 #include <kfa/impl/mask.hpp>
 #include <kfa/impl/validate.hpp>
 #include <kfa/params.hpp>
@@ -150,7 +152,7 @@ struct ForwardKernel {
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
                            [&](int d) { o(b, h, q0 + r, d) = os[r * D + d] * inv; });
       Kokkos::single(Kokkos::PerThread(team), [&]() {
-        lse(b, h, q0 + r) = lr > acc_t(0) ? m[r] + backends::log(lr) : -backends::infinity<acc_t>();
+        lse(b, h, q0 + r) = kfa::lse(Partial<acc_t>{m[r], lr});
       });
     });
   }
@@ -174,9 +176,10 @@ struct ForwardKernel {
     Kokkos::parallel_reduce(
         Kokkos::ThreadVectorRange(team, c0, c1),
         [&](int c, acc_t& mx) { mx = srow[c] > mx ? srow[c] : mx; }, Kokkos::Max<acc_t>(tile_max));
-    const acc_t m_old = m[r];
-    const acc_t m_new = tile_max > m_old ? tile_max : m_old;
-    const acc_t alpha = backends::exp(m_old - m_new);  // 0 on the first visible tile
+    // Merge the tile's partial into the row's with the combiner (kfa/combine.hpp). The tile's
+    // P is formed relative to the merged maximum, which folds the combiner's beta into P.
+    const Rescale<acc_t> merge = rescale(m[r], tile_max);
+    const acc_t m_new = merge.m, alpha = merge.alpha;  // alpha = 0 on the first visible tile
     acc_t row_sum = 0;
     Kokkos::parallel_reduce(
         Kokkos::ThreadVectorRange(team, c0, c1),
