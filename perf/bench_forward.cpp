@@ -11,8 +11,10 @@
 #endif
 
 #include <chrono>
+#include <cstdint>
 #include <random>
 #include <sstream>
+#include <string>
 
 #ifndef KFA_GIT_REVISION
 #define KFA_GIT_REVISION "unknown"
@@ -67,6 +69,60 @@ void shapes(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK_TEMPLATE(BM_forward, float)->Apply(shapes);
+
+// Decoding: a few queries against a long key/value cache (B = 1, H = 32, D = 128), unsplit,
+// with the automatic split count (num_splits = 0) and with forced counts. Inputs are filled on
+// the device by a hash: the cache reaches 8 GiB at Nk = 262144.
+template <class View>
+void fill_hash(const View& t, unsigned salt) {
+  const std::size_t n = t.span();
+  auto* p = t.data();
+  Kokkos::parallel_for(
+      "fill", Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::size_t>>(0, n),
+      KOKKOS_LAMBDA(std::size_t e) {
+        std::uint64_t x = (e + 1) * 0x9E3779B97F4A7C15ULL ^ salt;
+        x ^= x >> 31;
+        x *= 0xBF58476D1CE4E5B9ULL;
+        x ^= x >> 29;
+        p[e] = static_cast<typename View::value_type>(double(x >> 11) * 0x1.0p-52 - 1.0);
+      });
+}
+
+void BM_decode(benchmark::State& state) {
+  const int B = 1, H = 32, D = 128, Nq = state.range(0), Nk = state.range(1);
+  kfa::Params p;
+  p.num_splits = static_cast<int>(state.range(2));
+  Kokkos::View<float****, Exec::memory_space> q("q", B, H, Nq, D), o("o", B, H, Nq, D);
+  Kokkos::View<float****, Exec::memory_space> k(
+      Kokkos::view_alloc(std::string("k"), Kokkos::WithoutInitializing), B, H, Nk, D),
+      v(Kokkos::view_alloc(std::string("v"), Kokkos::WithoutInitializing), B, H, Nk, D);
+  Kokkos::View<float***, Exec::memory_space> lse("lse", B, H, Nq);
+  fill_hash(q, 1);
+  fill_hash(k, 2);
+  fill_hash(v, 3);
+  kfa::forward(Exec(), q, k, v, o, lse, p);  // warm-up
+  Kokkos::fence();
+  for (auto _ : state) {
+    Kokkos::fence();
+    const auto t0 = std::chrono::steady_clock::now();
+    kfa::forward(Exec(), q, k, v, o, lse, p);
+    Kokkos::fence();
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  state.counters["FLOP/s"] = benchmark::Counter(kfa::forward_flops(B, H, Nq, Nk, D, p),
+                                                benchmark::Counter::kIsIterationInvariantRate,
+                                                benchmark::Counter::kIs1000);
+  // K and V are read once per query tile: the bandwidth a decode step draws.
+  state.counters["KV_B/s"] = benchmark::Counter(2.0 * B * H * double(Nk) * D * sizeof(float),
+                                                benchmark::Counter::kIsIterationInvariantRate,
+                                                benchmark::Counter::kIs1024);
+}
+BENCHMARK(BM_decode)
+    ->ArgNames({"Nq", "Nk", "splits"})
+    ->ArgsProduct({{1, 16}, {4096, 16384, 65536, 262144}, {1, 0, 8, 32}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 #ifdef KFA_HAVE_KOKKOSKERNELS
 // The machine's sgemm rate through Kokkos Kernels (a vendor BLAS where one is configured):

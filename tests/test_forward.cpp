@@ -14,39 +14,6 @@ namespace {
 using namespace kfa_test;
 namespace ref = kfa::reference;
 
-std::uint64_t seed_of(const Shape& s, int salt) {
-  return 0x9E3779B97F4A7C15ULL ^ (std::uint64_t(s.seqlen_q) << 40) ^
-         (std::uint64_t(s.seqlen_k) << 20) ^ (std::uint64_t(s.head_dim) << 8) ^
-         std::uint64_t(s.heads_q * 31 + s.heads_k * 7 + salt);
-}
-
-std::string describe(const kfa::Params& p) {
-  std::string s = p.causal ? "causal" : "no-causal";
-  s += p.align == kfa::Align::bottom_right ? "/bottom-right" : "/top-left";
-  s += " window=(" + std::to_string(p.window_left) + "," + std::to_string(p.window_right) + ")";
-  if (p.softcap > 0) s += " softcap=" + std::to_string(p.softcap);
-  return s;
-}
-
-// Runs one case in precision T and applies the rule; every output must have been written.
-template <class T>
-void check_case(const Shape& s, const kfa::Params& p, int salt = 0, double amp_qk = 1.0) {
-  const std::uint64_t seed = seed_of(s, salt);
-  SCOPED_TRACE(::testing::Message() << s << " " << describe(p) << " seed=" << seed
-                                    << (std::is_same_v<T, float> ? " float" : " double"));
-  Problem pb(s, seed, amp_qk);
-  auto out = run_forward<T>(pb, p);
-  // Poisoned with NaN before the call: a NaN left means an element was not written
-  // (the reference itself never produces NaN for finite inputs).
-  ASSERT_TRUE(all_written(out.o)) << "o has unwritten (NaN) elements";
-  ASSERT_TRUE(all_written(out.lse)) << "lse has unwritten (NaN) elements";
-  const auto c = ref::check_forward<T>(pb.q, pb.k, pb.v, p, out.o, out.lse);
-  EXPECT_TRUE(c.o.ok()) << "O: err " << c.o.err << " > bound " << c.o.bound
-                        << " (naive same-precision err " << c.o.naive_err << ")";
-  EXPECT_TRUE(c.lse.ok()) << "LSE: err " << c.lse.err << " > bound " << c.lse.bound
-                          << " (naive same-precision err " << c.lse.naive_err << ")";
-}
-
 const std::vector<std::pair<int, int>> kSeqlens = {
     {1, 1}, {1, 239}, {3, 799}, {17, 17}, {113, 203}, {128, 217}, {1023, 1024}, {1024, 1023}};
 const std::vector<int> kHeadDims = {16, 32, 40, 59, 64, 80, 96, 111, 128, 256};

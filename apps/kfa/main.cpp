@@ -4,7 +4,7 @@
 //   kfa forward --random B,H,N,D [--heads-kv H] [--seqlen-k N] [--dtype float|double]
 //               [--seed S] [--repeat R] [--json] [--check] [mask flags]
 //   mask flags: [--causal] [--align bottom-right|top-left] [--window LEFT,RIGHT]
-//               [--scale S] [--softcap C]
+//               [--scale S] [--softcap C] [--splits N]
 //
 // Exit status: 0 success; 1 when --check finds the tolerance rule broken; 2 bad input or usage
 // (one line "kfa: error: ..." on stderr). The output file appears only when the run succeeds.
@@ -42,7 +42,8 @@ const char* kUsage =
     "                   [--seqlen-k N] [--dtype float|double] [--seed S])\n"
     "                   [--repeat R] [--json] [--check]\n"
     "                   [--causal] [--align bottom-right|top-left] [--window LEFT,RIGHT]\n"
-    "                   [--scale S] [--softcap C]\n";
+    "                   [--scale S] [--softcap C] [--splits N]\n"
+    "  --splits N: split-KV chunks (0 = automatic, 1 = none)\n";
 
 // ---- Command line -------------------------------------------------------------------------
 
@@ -166,6 +167,9 @@ Options parse(int argc, char** argv) {
       o.params.softcap = parse_double(flag, value());
       if (o.params.softcap < 0)
         throw InputError("--softcap must be >= 0 (0 = off), got " + std::string(argv[a]));
+    } else if (flag == "--splits") {
+      // Capped at the number of key tiles by the library; clamp first so the int cannot wrap.
+      o.params.num_splits = static_cast<int>(std::min(parse_int(flag, value(), 0), 1LL << 30));
     } else if (flag == "--help" || flag == "-h") {
       std::cout << kUsage;
       std::exit(0);
@@ -343,12 +347,13 @@ int run(const Options& o, const Problem& p) {
     std::printf(
         "{\"command\":\"forward\",\"dtype\":\"%s\",\"batch\":%d,\"heads_q\":%d,\"heads_kv\":%d,"
         "\"seqlen_q\":%d,\"seqlen_k\":%d,\"head_dim\":%d,\"causal\":%s,\"align\":\"%s\","
-        "\"window_left\":%d,\"window_right\":%d,\"softcap\":%g,\"repeat\":%lld,"
+        "\"window_left\":%d,\"window_right\":%d,\"softcap\":%g,\"num_splits\":%d,\"repeat\":%lld,"
         "\"median_s\":%.9g,\"min_s\":%.9g,\"gflops\":%.6g,\"execution_space\":\"%s\","
         "\"check\":\"%s\"",
         name(t), B, Hq, Hk, Nq, Nk, D, pr.causal ? "true" : "false",
         pr.align == kfa::Align::bottom_right ? "bottom-right" : "top-left", pr.window_left,
-        pr.window_right, pr.softcap, o.repeat, tm.median_s, tm.min_s, gflops, Exec::name(),
+        pr.window_right, pr.softcap, pr.num_splits, o.repeat, tm.median_s, tm.min_s, gflops,
+        Exec::name(),
         !chk.ran ? "not run"
         : chk.ok ? "pass"
                  : "fail");

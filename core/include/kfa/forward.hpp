@@ -57,7 +57,7 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
   impl::ScopedRegion region("kfa::forward");
   impl::validate_params("forward", params);
   impl::validate_shapes("forward", q, k, v, o, lse);
-  impl::ForwardKernel<ExecSpace, Q, K, V, O, Lse>(q, k, v, o, lse, params).launch(space);
+  impl::ForwardKernel<ExecSpace, Q, K, V, O, Lse>(space, q, k, v, o, lse, params).launch(space);
 }
 
 }  // namespace kfa

@@ -52,6 +52,13 @@ struct Params {
   std::uint64_t offset = 0;
   /// Backward without atomics, bitwise repeatable.
   bool deterministic = false;
+  /// Forward split-KV: the keys each query tile sees are cut into this many contiguous chunks,
+  /// computed by separate teams and merged with the combiner. 0 lets kfa choose from the
+  /// problem size and the execution space's concurrency (it splits only when the unsplit
+  /// launch has fewer teams than the space runs at once); 1 never splits; n > 1 forces n,
+  /// capped at the number of key tiles. Any choice gives the same result within rounding
+  /// and is bitwise repeatable.
+  int num_splits = 0;
 };
 
 }  // namespace kfa

@@ -11,10 +11,15 @@
 /// (the combiner of kfa/combine.hpp, merging the tile's partial into the row's),
 /// and at the end O = O~ / l and LSE = m + log l (O = 0, LSE = -inf for a row that saw nothing).
 /// Threads own query rows; vector lanes share the keys of a tile or the head_dim.
+///
+/// Split-KV (impl/split_kv.hpp): with splits > 1 the league has one team per (query tile,
+/// chunk of its visible key tiles); each team ends by writing its unnormalised partial
+/// (m, l, O~) instead of O and LSE, and SplitMerge combines the chunks.
 
 #include <kfa/backends/traits.hpp>
 #include <kfa/combine.hpp>
 #include <kfa/impl/mask.hpp>
+#include <kfa/impl/split_kv.hpp>
 #include <kfa/impl/validate.hpp>
 #include <kfa/params.hpp>
 
@@ -44,9 +49,11 @@ struct ForwardKernel {
   acc_t scale, softcap;
   Mask mask;
   int scratch_level;  // 0 when the tiles fit the fast scratch, else 1
+  int splits = 1;     // chunks of key tiles per query tile (1: no split-KV)
+  SplitPartials<acc_t, typename ExecSpace::memory_space> part;  // allocated when splits > 1
 
-  ForwardKernel(const Q& q_, const K& k_, const V& v_, const O& o_, const Lse& lse_,
-                const Params& p)
+  ForwardKernel(const ExecSpace& space, const Q& q_, const K& k_, const V& v_, const O& o_,
+                const Lse& lse_, const Params& p)
       : q(q_), k(k_), v(v_), o(o_), lse(lse_) {
     heads_q = static_cast<int>(q.extent(1));
     group = heads_q / static_cast<int>(k.extent(1));
@@ -61,6 +68,13 @@ struct ForwardKernel {
     softcap = static_cast<acc_t>(p.softcap);
     mask = make_mask(p, seqlen_q, seqlen_k);
     scratch_level = scratch_bytes() > std::size_t(policy_t::scratch_size_max(0)) ? 1 : 0;
+    const int key_tiles = (seqlen_k + Bc - 1) / Bc;
+    const long long teams = static_cast<long long>(q.extent(0)) * heads_q * q_tiles;
+    splits = p.num_splits > 0 ? p.num_splits
+                              : choose_splits(teams, key_tiles, traits::concurrent_teams(space));
+    if (splits > key_tiles) splits = key_tiles > 1 ? key_tiles : 1;
+    if (splits > 1)
+      part = decltype(part)(splits, static_cast<int>(q.extent(0)), heads_q, seqlen_q, head_dim);
   }
 
   /// Team scratch: Q_i, O~_i (Br x D), K_j^T (D x Bc), V_j (Bc x D), S_ij (Br x Bc), m, l (Br).
@@ -79,11 +93,11 @@ struct ForwardKernel {
   }
 
   void launch(const ExecSpace& space) const {
-    const long long league = static_cast<long long>(q.extent(0)) * heads_q * q_tiles;
+    const long long league = static_cast<long long>(q.extent(0)) * heads_q * q_tiles * splits;
     if (league == 0) return;
     if (league > 2147483647LL)
-      fail("forward", "batch * heads_q * ceil(seqlen_q / ", Br, ") = ", league,
-           " query tiles exceeds the league size limit");
+      fail("forward", "batch * heads_q * ceil(seqlen_q / ", Br, ") * splits (", splits,
+           ") = ", league, " teams exceeds the league size limit");
     const std::size_t bytes = scratch_bytes();
     const int level = scratch_level;
     if (bytes > static_cast<std::size_t>(policy_t::scratch_size_max(level)))
@@ -100,11 +114,13 @@ struct ForwardKernel {
       fail("forward", "tile traits ask for team_size = ", traits::team_size,
            " but this execution space allows at most ", team_max, " for head_dim = ", head_dim);
     Kokkos::parallel_for("kfa::forward", policy, *this);
+    if (splits > 1) SplitMerge<ExecSpace, acc_t, O, Lse>{part, o, lse, head_dim}.launch(space);
   }
 
   KOKKOS_FUNCTION void operator()(const member_t& team) const {
-    const int qt = team.league_rank() % q_tiles;
-    const int bh = team.league_rank() / q_tiles;
+    const int split = team.league_rank() % splits;
+    const int qt = (team.league_rank() / splits) % q_tiles;
+    const int bh = team.league_rank() / splits / q_tiles;
     const int h = bh % heads_q, b = bh / heads_q, hk = h / group;
     const int q0 = qt * Br;
     const int nr = seqlen_q - q0 < Br ? seqlen_q - q0 : Br;
@@ -129,9 +145,13 @@ struct ForwardKernel {
       l[r] = acc_t(0);
     });
 
-    // Keys visible to any row of this tile; tiles outside are never touched.
+    // Keys visible to any row of this tile; tiles outside are never touched. With split-KV
+    // this team takes its chunk of those tiles.
     const int kbeg = mask.lo(q0), kend = mask.hi(q0 + nr - 1) + 1;
-    for (int k0 = (kbeg / Bc) * Bc; k0 < kend; k0 += Bc) {
+    const int t_first = kbeg / Bc, t_count = kend > kbeg ? (kend - 1) / Bc + 1 - t_first : 0;
+    int t_begin = t_first, t_n = t_count;
+    if (splits > 1) split_range(t_first, t_count, splits, split, t_begin, t_n);
+    for (int k0 = t_begin * Bc; k0 < (t_begin + t_n) * Bc; k0 += Bc) {
       const int nc = seqlen_k - k0 < Bc ? seqlen_k - k0 : Bc;
       team.team_barrier();  // the previous tile is no longer read
       Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nc * D), [&](int idx) {
@@ -146,6 +166,18 @@ struct ForwardKernel {
     }
     team.team_barrier();
 
+    if (splits > 1) {  // hand the partial to SplitMerge
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
+        const std::size_t row = part.row(split, b, h, q0 + r);
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
+                             [&](int d) { part.o(row, d) = os[r * D + d]; });
+        Kokkos::single(Kokkos::PerThread(team), [&]() {
+          part.ml(row, 0) = m[r];
+          part.ml(row, 1) = l[r];
+        });
+      });
+      return;
+    }
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
       const acc_t lr = l[r];
       const acc_t inv = lr > acc_t(0) ? acc_t(1) / lr : acc_t(0);

@@ -22,6 +22,12 @@ struct TileTraits {
   static constexpr int team_size = 0;
   /// Vector lanes per thread; each thread owns query rows, its lanes share the keys or head_dim.
   static constexpr int vector_length = 1;
+  /// Teams the space runs at once, for the split-KV heuristic. The portable guess: teams of
+  /// about 256 threads, so a GPU reporting 2048 resident threads per SM holds 8 teams per SM.
+  static int concurrent_teams(const ExecSpace& space) {
+    const int n = space.concurrency() / 256;
+    return n > 1 ? n : 1;
+  }
 };
 
 /// s[c] = sum_d q[d] * kt[d * ldk + c] for c in [c0, c1): one row of S = Q_i K_j^T, with the
