@@ -96,6 +96,43 @@ Outputs<T> run_forward(const Problem& pb, const kfa::Params& params) {
   return {to_host<Tensor4>(o, "o"), to_host<Tensor3>(lse, "lse")};
 }
 
+template <class T>
+struct Gradients {
+  Tensor4 dq, dk, dv;
+};
+
+/// Runs kfa::forward then kfa::backward in precision T (with dlse when it is non-empty); the
+/// gradients are poisoned with NaN beforehand.
+template <class T>
+Gradients<T> run_backward(const Problem& pb, const kfa::Params& params, const Tensor4& dout,
+                          const Tensor3& dlse = {}) {
+  auto q = to_device<T>(pb.q);
+  auto k = to_device<T>(pb.k);
+  auto v = to_device<T>(pb.v);
+  auto dodev = to_device<T>(dout);
+  const auto& s = pb.shape;
+  Kokkos::View<T****, Exec::memory_space> o("o", s.batch, s.heads_q, s.seqlen_q, s.head_dim);
+  Kokkos::View<T***, Exec::memory_space> lse("lse", s.batch, s.heads_q, s.seqlen_q);
+  kfa::forward(Exec(), q, k, v, o, lse, params);
+  Kokkos::View<T****, Exec::memory_space> dq("dq", s.batch, s.heads_q, s.seqlen_q, s.head_dim),
+      dk("dk", s.batch, s.heads_k, s.seqlen_k, s.head_dim),
+      dv("dv", s.batch, s.heads_k, s.seqlen_k, s.head_dim);
+  for (const auto& g : {dq, dk, dv})
+    Kokkos::deep_copy(g, std::numeric_limits<T>::quiet_NaN());
+  if (dlse.span() > 0) {
+    Kokkos::View<T***, Exec::memory_space> gl("dlse", s.batch, s.heads_q, s.seqlen_q);
+    auto h = Kokkos::create_mirror_view(gl);
+    for (std::size_t e = 0; e < h.span(); ++e)
+      h.data()[e] = static_cast<T>(dlse.data()[e]);
+    Kokkos::deep_copy(gl, h);
+    kfa::backward(Exec(), q, k, v, o, lse, dodev, gl, dq, dk, dv, params);
+  } else {
+    kfa::backward(Exec(), q, k, v, o, lse, dodev, dq, dk, dv, params);
+  }
+  Kokkos::fence();
+  return {to_host<Tensor4>(dq, "dq"), to_host<Tensor4>(dk, "dk"), to_host<Tensor4>(dv, "dv")};
+}
+
 /// True when no element is NaN: the kernel wrote every poisoned output.
 template <class View>
 bool all_written(const View& v) {
@@ -138,6 +175,36 @@ void check_case(const Shape& s, const kfa::Params& p, int salt = 0, double amp_q
                         << " (naive same-precision err " << c.o.naive_err << ")";
   EXPECT_TRUE(c.lse.ok()) << "LSE: err " << c.lse.err << " > bound " << c.lse.bound
                           << " (naive same-precision err " << c.lse.naive_err << ")";
+}
+
+/// Runs forward and backward in precision T on a fresh problem with random dO (and dlse when
+/// with_dlse) and applies the tolerance rule to dQ, dK and dV.
+template <class T>
+void check_backward_case(const Shape& s, const kfa::Params& p, bool with_dlse = false, int salt = 0,
+                         double amp_qk = 1.0) {
+  const std::uint64_t seed = seed_of(s, salt + 1000);
+  SCOPED_TRACE(::testing::Message() << s << " " << describe(p) << (with_dlse ? " dlse" : "")
+                                    << (p.deterministic ? " deterministic" : " atomic") << " seed="
+                                    << seed << (std::is_same_v<T, float> ? " float" : " double"));
+  Problem pb(s, seed, amp_qk);
+  std::mt19937_64 gen(seed + 1);
+  const Tensor4 dout = random_tensor("dout", s.batch, s.heads_q, s.seqlen_q, s.head_dim, gen);
+  Tensor3 dlse;
+  if (with_dlse) {
+    dlse = Tensor3(std::string("dlse"), s.batch, s.heads_q, s.seqlen_q);
+    std::uniform_real_distribution<double> dist(-1, 1);
+    for (std::size_t e = 0; e < dlse.span(); ++e)
+      dlse.data()[e] = dist(gen);
+  }
+  const auto g = run_backward<T>(pb, p, dout, dlse);
+  ASSERT_TRUE(all_written(g.dq)) << "dq has unwritten (NaN) elements";
+  ASSERT_TRUE(all_written(g.dk)) << "dk has unwritten (NaN) elements";
+  ASSERT_TRUE(all_written(g.dv)) << "dv has unwritten (NaN) elements";
+  const auto c =
+      kfa::reference::check_backward<T>(pb.q, pb.k, pb.v, p, dout, dlse, g.dq, g.dk, g.dv);
+  for (const auto& [name, r] : {std::pair{"dQ", c.dq}, {"dK", c.dk}, {"dV", c.dv}})
+    EXPECT_TRUE(r.ok()) << name << ": err " << r.err << " > bound " << r.bound
+                        << " (naive same-precision err " << r.naive_err << ")";
 }
 
 }  // namespace kfa_test

@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "problem.hpp"
 
@@ -42,6 +44,54 @@ TEST(Reference, LseGradientMatchesFiniteDifferences) {
           const double fd = (lp(0, hq, i) - lm(0, hq, i)) / (2 * h);
           EXPECT_NEAR(fd, scale * o(0, hq, i, d), 1e-8) << "causal=" << causal << " i=" << i;
         }
+  }
+}
+
+// The reference gradients against central finite differences of the scalar loss
+// L = sum(O * G) + sum(LSE * g), for every element of q, k and v, with masks, softcap and a
+// shared kv head (so dK and dV sum over the group).
+TEST(Reference, GradientsMatchFiniteDifferences) {
+  std::vector<kfa::Params> cases(3);
+  cases[1].causal = true;
+  cases[1].window_left = 2;
+  cases[2].softcap = 0.7;  // tight cap: tanh far from linear
+  cases[2].align = kfa::Align::top_left;
+  cases[2].causal = true;
+  for (const auto& p : cases) {
+    const int B = 1, Hq = 2, Hk = 1, Nq = 4, Nk = 6, D = 3;
+    Problem pb({B, Hq, Hk, Nq, Nk, D}, 99, 2.0);
+    std::mt19937_64 gen(100);
+    const Tensor4 G = random_tensor("G", B, Hq, Nq, D, gen);
+    Tensor3 g(std::string("g"), B, Hq, Nq);
+    std::uniform_real_distribution<double> dist(-1, 1);
+    for (std::size_t e = 0; e < g.span(); ++e)
+      g.data()[e] = dist(gen);
+    auto loss = [&]() {
+      Tensor4 o(std::string("o"), B, Hq, Nq, D);
+      Tensor3 lse(std::string("lse"), B, Hq, Nq);
+      ref::forward<double>(pb.q, pb.k, pb.v, p, o, lse);
+      double l = 0;
+      for (std::size_t e = 0; e < o.span(); ++e)
+        l += o.data()[e] * G.data()[e];
+      for (std::size_t e = 0; e < lse.span(); ++e)
+        l += lse.data()[e] * g.data()[e];
+      return l;
+    };
+    Tensor4 dq(std::string("dq"), B, Hq, Nq, D), dk(std::string("dk"), B, Hk, Nk, D),
+        dv(std::string("dv"), B, Hk, Nk, D);
+    ref::backward<double>(pb.q, pb.k, pb.v, p, G, g, dq, dk, dv);
+    const double h = 1e-6;
+    for (const auto& [x, grad] : {std::pair{pb.q, dq}, std::pair{pb.k, dk}, std::pair{pb.v, dv}})
+      for (std::size_t e = 0; e < x.span(); ++e) {
+        const double x0 = x.data()[e];
+        x.data()[e] = x0 + h;
+        const double lp = loss();
+        x.data()[e] = x0 - h;
+        const double lm = loss();
+        x.data()[e] = x0;
+        EXPECT_NEAR(grad.data()[e], (lp - lm) / (2 * h), 1e-7)
+            << x.label() << " element " << e << " " << describe(p);
+      }
   }
 }
 

@@ -26,4 +26,11 @@ inline double forward_flops(int batch, int heads_q, int seqlen_q, int seqlen_k, 
   return 4.0 * batch * heads_q * visible_pairs(params, seqlen_q, seqlen_k) * head_dim;
 }
 
+/// FLOPs of one backward pass: 2.5 times the forward's (flash-attn's convention: five matrix
+/// products against the forward's two).
+inline double backward_flops(int batch, int heads_q, int seqlen_q, int seqlen_k, int head_dim,
+                             const Params& params = {}) {
+  return 2.5 * forward_flops(batch, heads_q, seqlen_q, seqlen_k, head_dim, params);
+}
+
 }  // namespace kfa

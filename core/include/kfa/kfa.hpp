@@ -2,6 +2,7 @@
 /// \file kfa.hpp
 /// Umbrella header of kfa, exact FlashAttention-2 attention on Kokkos.
 
+#include <kfa/backward.hpp>
 #include <kfa/combine.hpp>
 #include <kfa/flops.hpp>
 #include <kfa/forward.hpp>

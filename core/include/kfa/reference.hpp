@@ -16,6 +16,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 namespace kfa::reference {
@@ -77,6 +79,82 @@ void forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params&
     }
 }
 
+/// Naive gradients computed in precision T from double inputs, stored as double: with
+/// P = softmax(S) recomputed per row, D_i = dO_i . O_i,
+///   dV_j = sum_i P_ij dO_i,  dS_ij = P_ij (dO_i . V_j - D_i + dlse_i) (times 1 - tanh^2 of the
+///   capped score under softcap),  dQ_i = scale sum_j dS_ij K_j,  dK_j = scale sum_i dS_ij Q_i,
+/// dK and dV summed over the query heads sharing a kv head. dlse may be an empty view (no LSE
+/// gradient). Outputs must be allocated with the shapes of q, k and v.
+template <class T>
+void backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params& p,
+              const Tensor4& dout, const Tensor3& dlse, const Tensor4& dq, const Tensor4& dk,
+              const Tensor4& dv) {
+  const int B = q.extent(0), Hq = q.extent(1), Nq = q.extent(2), D = q.extent(3);
+  const int Hk = k.extent(1), Nk = k.extent(2);
+  const T scale = static_cast<T>(p.scale < 0 ? 1.0 / std::sqrt(double(D)) : p.scale);
+  const T cap = static_cast<T>(p.softcap);
+  const bool has_dlse = dlse.span() > 0;
+  std::vector<T> s(Nk), pr(Nk), o(D), gq(D), gk(std::size_t(Hk) * Nk * D), gv(gk.size());
+  for (int b = 0; b < B; ++b) {
+    std::fill(gk.begin(), gk.end(), T(0));
+    std::fill(gv.begin(), gv.end(), T(0));
+    for (int h = 0; h < Hq; ++h) {
+      const int hk = h / (Hq / Hk);
+      for (int i = 0; i < Nq; ++i) {
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int j = 0; j < Nk; ++j) {
+          if (!visible(p, i, j, Nq, Nk)) continue;
+          T dot = 0;
+          for (int d = 0; d < D; ++d)
+            dot += static_cast<T>(q(b, h, i, d)) * static_cast<T>(k(b, hk, j, d));
+          T sj = scale * dot;
+          if (cap > 0) sj = cap * std::tanh(sj / cap);
+          s[j] = sj;
+          mx = std::max(mx, sj);
+        }
+        T sum = 0;
+        for (int j = 0; j < Nk; ++j)
+          if (visible(p, i, j, Nq, Nk)) sum += pr[j] = std::exp(s[j] - mx);
+        std::fill(o.begin(), o.end(), T(0));
+        for (int j = 0; j < Nk; ++j) {
+          if (!visible(p, i, j, Nq, Nk)) continue;
+          pr[j] /= sum;
+          for (int d = 0; d < D; ++d)
+            o[d] += pr[j] * static_cast<T>(v(b, hk, j, d));
+        }
+        T di = 0;
+        for (int d = 0; d < D; ++d)
+          di += static_cast<T>(dout(b, h, i, d)) * o[d];
+        const T gl = has_dlse ? static_cast<T>(dlse(b, h, i)) : T(0);
+        std::fill(gq.begin(), gq.end(), T(0));
+        for (int j = 0; j < Nk; ++j) {
+          if (!visible(p, i, j, Nq, Nk)) continue;
+          T dp = 0;
+          for (int d = 0; d < D; ++d)
+            dp += static_cast<T>(dout(b, h, i, d)) * static_cast<T>(v(b, hk, j, d));
+          T ds = pr[j] * (dp - di + gl);
+          if (cap > 0) ds *= T(1) - (s[j] / cap) * (s[j] / cap);
+          T* gkj = &gk[(std::size_t(hk) * Nk + j) * D];
+          T* gvj = &gv[(std::size_t(hk) * Nk + j) * D];
+          for (int d = 0; d < D; ++d) {
+            gq[d] += scale * ds * static_cast<T>(k(b, hk, j, d));
+            gkj[d] += scale * ds * static_cast<T>(q(b, h, i, d));
+            gvj[d] += pr[j] * static_cast<T>(dout(b, h, i, d));
+          }
+        }
+        for (int d = 0; d < D; ++d)
+          dq(b, h, i, d) = double(gq[d]);
+      }
+    }
+    for (int hk = 0; hk < Hk; ++hk)
+      for (int j = 0; j < Nk; ++j)
+        for (int d = 0; d < D; ++d) {
+          dk(b, hk, j, d) = double(gk[(std::size_t(hk) * Nk + j) * D + d]);
+          dv(b, hk, j, d) = double(gv[(std::size_t(hk) * Nk + j) * D + d]);
+        }
+  }
+}
+
 /// max |a - b| over all elements, where equal infinities differ by 0 and a NaN on either
 /// side (or an infinity against a finite value) counts as an infinite difference.
 template <class A, class B>
@@ -110,6 +188,26 @@ struct ForwardCheck {
   bool ok() const { return o.ok() && lse.ok(); }
 };
 
+/// TESTING.md's rule on one output computed in precision T: `tested` and `naive` (the naive
+/// algorithm in T) against `ref` (the naive algorithm in double).
+///   float:  err <= factor * naive_err + floor, floor = 8 * eps(T) * max(1, max|ref|);
+///   double: err <= 1e-12 * max(1, max|ref|).
+template <class T, class A, class N, class R>
+Check apply_rule(const A& tested, const N& naive, const R& ref, double factor = 2) {
+  double ref_max = 1;
+  for (std::size_t e = 0; e < ref.span(); ++e)
+    if (std::isfinite(ref.data()[e])) ref_max = std::max(ref_max, std::fabs(ref.data()[e]));
+  Check c;
+  c.err = max_abs_diff(tested, ref);
+  if (std::is_same_v<T, double>) {
+    c.bound = 1e-12 * ref_max;
+  } else {
+    c.naive_err = max_abs_diff(naive, ref);
+    c.bound = factor * c.naive_err + 8 * std::numeric_limits<T>::epsilon() * ref_max;
+  }
+  return c;
+}
+
 /// Applies TESTING.md's rule to (o, lse) computed in precision T by the code under test:
 ///   float:  err <= 2 * naive_err + floor, floor = 8 * eps(T) * max(1, max|ref64|);
 ///   double: err <= 1e-12 * max(1, max|ref64|).
@@ -123,23 +221,36 @@ ForwardCheck check_forward(const Tensor4& q, const Tensor4& k, const Tensor4& v,
   forward<double>(q, k, v, p, o64, lse64);
   Tensor4 oT("kfa::ref::oT", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
   Tensor3 lseT("kfa::ref::lseT", q.extent(0), q.extent(1), q.extent(2));
-  const bool is_double = std::is_same_v<T, double>;
-  if (!is_double) forward<T>(q, k, v, p, oT, lseT);
-  auto rule = [&](const auto& tested, const auto& naive, const auto& ref) {
-    double ref_max = 1;
-    for (std::size_t e = 0; e < ref.span(); ++e)
-      if (std::isfinite(ref.data()[e])) ref_max = std::max(ref_max, std::fabs(ref.data()[e]));
-    Check c;
-    c.err = max_abs_diff(tested, ref);
-    if (is_double) {
-      c.bound = 1e-12 * ref_max;
-    } else {
-      c.naive_err = max_abs_diff(naive, ref);
-      c.bound = 2 * c.naive_err + 8 * std::numeric_limits<T>::epsilon() * ref_max;
-    }
-    return c;
+  if (!std::is_same_v<T, double>) forward<T>(q, k, v, p, oT, lseT);
+  return {apply_rule<T>(o, oT, o64), apply_rule<T>(lse, lseT, lse64)};
+}
+
+/// Result of check_backward: the rule applied to dQ, dK and dV.
+struct BackwardCheck {
+  Check dq;  ///< the rule on dQ
+  Check dk;  ///< the rule on dK
+  Check dv;  ///< the rule on dV
+  /// Whether the rule holds on all three.
+  bool ok() const { return dq.ok() && dk.ok() && dv.ok(); }
+};
+
+/// Applies the rule to gradients (dq, dk, dv) computed in precision T by the code under test
+/// from (q, k, v, dout, dlse); dlse may be empty. Same rule as check_forward with the factor
+/// 2: the fused backward rounds the same products as the naive one, in another order.
+template <class T>
+BackwardCheck check_backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params& p,
+                             const Tensor4& dout, const Tensor3& dlse, const Tensor4& dq,
+                             const Tensor4& dk, const Tensor4& dv) {
+  auto like = [](const char* label, const Tensor4& t) {
+    return Tensor4(std::string(label), t.extent(0), t.extent(1), t.extent(2), t.extent(3));
   };
-  return {rule(o, oT, o64), rule(lse, lseT, lse64)};
+  Tensor4 dq64 = like("kfa::ref::dq64", q), dk64 = like("kfa::ref::dk64", k),
+          dv64 = like("kfa::ref::dv64", v);
+  backward<double>(q, k, v, p, dout, dlse, dq64, dk64, dv64);
+  Tensor4 dqT = like("kfa::ref::dqT", q), dkT = like("kfa::ref::dkT", k),
+          dvT = like("kfa::ref::dvT", v);
+  if (!std::is_same_v<T, double>) backward<T>(q, k, v, p, dout, dlse, dqT, dkT, dvT);
+  return {apply_rule<T>(dq, dqT, dq64), apply_rule<T>(dk, dkT, dk64), apply_rule<T>(dv, dvT, dv64)};
 }
 
 }  // namespace kfa::reference

@@ -18,6 +18,9 @@ struct TileTraits {
   static constexpr int block_q(int /*head_dim*/) { return 64; }
   /// Keys per staged tile (Bc) for a given head_dim.
   static constexpr int block_k(int head_dim) { return head_dim <= 128 ? 64 : 32; }
+  /// Backward tile (Br = Bc): the backward keeps K_j, K_j^T, V_j^T, dK_j and dV_j on chip
+  /// next to Q_i, dO_i and dQ_i, so its tiles halve sooner than the forward's.
+  static constexpr int block_bwd(int head_dim) { return head_dim <= 128 ? 64 : 32; }
   /// Team size; 0 lets Kokkos choose (Kokkos::AUTO).
   static constexpr int team_size = 0;
   /// Vector lanes per thread; each thread owns query rows, its lanes share the keys or head_dim.
@@ -44,16 +47,24 @@ KOKKOS_INLINE_FUNCTION void row_scores(const Member& member, const Acc* q, const
   }
 }
 
+/// o[d] += sum_{r in [r0, r1)} w[r * w_stride] * x[r * ldx + d] for d in [0, n): a weighted
+/// sum of rows of x. With w a row of P and x = V_j it is one row of O += P V_j; with w a column
+/// of P (w_stride = Bc) and x = dO_i it is one row of dV_j += P^T dO_i.
+template <class Member, class Acc>
+KOKKOS_INLINE_FUNCTION void accumulate_rows(const Member& member, const Acc* w, int w_stride,
+                                            const Acc* x, int ldx, int n, int r0, int r1, Acc* o) {
+  for (int r = r0; r < r1; ++r) {
+    const Acc wr = w[r * w_stride];
+    const Acc* xr = x + r * ldx;
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, n), [&](int d) { o[d] += wr * xr[d]; });
+  }
+}
+
 /// o[d] += sum_{c in [c0, c1)} p[c] * v[c * ldv + d]: one row of O += P_ij V_j.
 template <class Member, class Acc>
 KOKKOS_INLINE_FUNCTION void row_pv(const Member& member, const Acc* p, const Acc* v, int ldv,
                                    int head_dim, int c0, int c1, Acc* o) {
-  for (int c = c0; c < c1; ++c) {
-    const Acc pc = p[c];
-    const Acc* vc = v + c * ldv;
-    Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, head_dim),
-                         [&](int d) { o[d] += pc * vc[d]; });
-  }
+  accumulate_rows(member, p, 1, v, ldv, head_dim, c0, c1, o);
 }
 
 }  // namespace kfa::backends

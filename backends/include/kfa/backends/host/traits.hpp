@@ -18,6 +18,8 @@ struct TileTraits<
   static constexpr int block_q(int /*head_dim*/) { return 64; }  ///< Br
   /// Bc: K_j^T and V_j stay in L2 next to Q_i and O_i.
   static constexpr int block_k(int head_dim) { return head_dim <= 128 ? 64 : 32; }
+  /// Backward Br = Bc: about 290 KiB of float tiles at head_dim 128, within L2.
+  static constexpr int block_bwd(int head_dim) { return head_dim <= 128 ? 64 : 32; }
   static constexpr int team_size = 1;      ///< host teams are one thread
   static constexpr int vector_length = 1;  ///< the compiler vectorises instead
   /// Teams running at once: one per host thread.

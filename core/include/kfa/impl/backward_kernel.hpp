@@ -1,0 +1,386 @@
+#pragma once
+/// \file impl/backward_kernel.hpp
+/// The FlashAttention-2 backward as Kokkos team kernels.
+///
+/// Nothing of the forward is stored but O and LSE: every tile recomputes
+///   S = scale Q_i K_j^T (softcapped), P = exp(S - LSE), dP = dO_i V_j^T,
+///   dS = P * (dP - delta) (times 1 - tanh^2 under softcap),
+/// where delta = rowsum(dO * O) - dLSE comes from a small preprocessing kernel (the dLSE term
+/// is the gradient through the LSE: dLSE/dS = P). Then
+///   dV_j += P^T dO_i,  dK_j += scale dS^T Q_i,  dQ_i += scale dS K_j.
+///
+/// KeyValueKernel: one team per (batch, kv head, key tile K_j). It keeps K_j, K_j^T, V_j^T and
+/// the accumulators dK_j, dV_j in team scratch and walks the query heads of its group and the
+/// query tiles the mask leaves visible, so dK and dV (summed over the group in a fixed order)
+/// are written once, without atomics. With `atomic_dq` it also adds each tile's dQ_i into dq
+/// with atomics (FlashAttention-2's Algorithm 2); without, QueryKernel recomputes the tiles in
+/// a query-outer pass that owns dQ_i, so all three gradients are bitwise repeatable.
+///
+/// Threads own query rows while S, P, dP and dS are formed, and key rows while dK_j and dV_j
+/// accumulate; vector lanes share the keys or the head_dim as in the forward.
+
+#include <kfa/backends/traits.hpp>
+#include <kfa/impl/mask.hpp>
+#include <kfa/impl/validate.hpp>
+#include <kfa/params.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <cstddef>
+
+namespace kfa::impl {
+
+/// The views of a backward pass, carried as one value by the kernels.
+template <class Q, class K, class V, class DO, class Lse, class DQ, class DK, class DV>
+struct BackwardViews {
+  Q q;
+  K k;
+  V v;
+  DO dout;
+  Lse lse;
+  DQ dq;
+  DK dk;
+  DV dv;
+};
+
+/// What the backward kernels share: the views, the problem sizes, the mask and the row step.
+template <class ExecSpace, class T, class Views>
+struct BackwardCommon {
+  using acc_t = backends::accum_t<T>;
+  using traits = backends::TileTraits<ExecSpace, T>;
+  using policy_t = Kokkos::TeamPolicy<ExecSpace>;
+  using member_t = typename policy_t::member_type;
+  using scratch_view =
+      Kokkos::View<acc_t*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  using delta_view = Kokkos::View<acc_t***, Kokkos::LayoutRight, typename ExecSpace::memory_space>;
+
+  Views t;           // q, k, v, dout, lse, dq, dk, dv
+  delta_view delta;  // rowsum(dO * O) - dLSE, (batch, heads_q, seqlen_q)
+  int heads_q, heads_k, group, seqlen_q, seqlen_k, head_dim;
+  int Bt, q_tiles, k_tiles;  // Br = Bc = Bt
+  acc_t scale, softcap;
+  Mask mask;
+
+  BackwardCommon(const Views& views, const delta_view& delta_, const Params& p)
+      : t(views), delta(delta_) {
+    heads_q = static_cast<int>(t.q.extent(1));
+    heads_k = static_cast<int>(t.k.extent(1));
+    group = heads_q / heads_k;
+    seqlen_q = static_cast<int>(t.q.extent(2));
+    seqlen_k = static_cast<int>(t.k.extent(2));
+    head_dim = static_cast<int>(t.q.extent(3));
+    Bt = traits::block_bwd(head_dim);
+    q_tiles = (seqlen_q + Bt - 1) / Bt;
+    k_tiles = (seqlen_k + Bt - 1) / Bt;
+    scale =
+        static_cast<acc_t>(p.scale < 0 ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : p.scale);
+    softcap = static_cast<acc_t>(p.softcap);
+    mask = make_mask(p, seqlen_q, seqlen_k);
+  }
+
+  /// Whether any row of the query tile at q0 (nr rows) sees any key of the tile at k0 (nc keys):
+  /// mask ends grow with the row, so the first row's lo and the last row's hi bound the tile.
+  KOKKOS_INLINE_FUNCTION bool tiles_meet(int q0, int nr, int k0, int nc) const {
+    return mask.lo(q0) <= k0 + nc - 1 && mask.hi(q0 + nr - 1) >= k0 &&
+           mask.lo(q0) <= mask.hi(q0 + nr - 1);
+  }
+
+  /// Launches `kernel` with `bytes` of team scratch over `league` teams, or throws kfa::Error.
+  template <class Kernel>
+  void launch(const ExecSpace& space, const char* label, const Kernel& kernel, long long league,
+              std::size_t bytes, int level) const {
+    if (league == 0) return;
+    if (league > 2147483647LL)
+      fail("backward", label, " needs ", league, " teams, more than the league size limit");
+    if (bytes > static_cast<std::size_t>(policy_t::scratch_size_max(level)))
+      fail("backward", "head_dim = ", head_dim, " needs ", bytes, " bytes of team scratch (tile ",
+           Bt, "), more than this execution space offers (", policy_t::scratch_size_max(level),
+           ")");
+    const int vl = traits::vector_length;
+    policy_t policy = traits::team_size > 0
+                          ? policy_t(space, static_cast<int>(league), traits::team_size, vl)
+                          : policy_t(space, static_cast<int>(league), Kokkos::AUTO, vl);
+    policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
+    const int team_max = policy.team_size_max(kernel, Kokkos::ParallelForTag());
+    if (traits::team_size > team_max)
+      fail("backward", "tile traits ask for team_size = ", traits::team_size,
+           " but this execution space allows at most ", team_max, " for head_dim = ", head_dim);
+    Kokkos::parallel_for(label, policy, kernel);
+  }
+
+  static int level_for(std::size_t bytes) {
+    return bytes > std::size_t(policy_t::scratch_size_max(0)) ? 1 : 0;
+  }
+
+  /// Stages the query-side rows of tile q0 (nr rows) of head (b, h): Q_i pre-multiplied by the
+  /// scale, dO_i, LSE and delta.
+  KOKKOS_INLINE_FUNCTION void load_query_tile(const member_t& team, int b, int h, int q0, int nr,
+                                              acc_t* qs, acc_t* dos, acc_t* lse_s,
+                                              acc_t* delta_s) const {
+    const int D = head_dim;
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr * D), [&](int idx) {
+      const int r = idx / D, d = idx % D;
+      qs[idx] = scale * static_cast<acc_t>(t.q(b, h, q0 + r, d));
+      dos[idx] = static_cast<acc_t>(t.dout(b, h, q0 + r, d));
+    });
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr), [&](int r) {
+      lse_s[r] = static_cast<acc_t>(t.lse(b, h, q0 + r));
+      delta_s[r] = delta(b, h, q0 + r);
+    });
+  }
+
+  /// Stages key tile k0 (nc keys) of kv head (b, hk): K_j (nc x D), K_j^T and V_j^T (D x Bt).
+  KOKKOS_INLINE_FUNCTION void load_key_tile(const member_t& team, int b, int hk, int k0, int nc,
+                                            acc_t* ks, acc_t* kt, acc_t* vt) const {
+    const int D = head_dim;
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nc * D), [&](int idx) {
+      const int c = idx / D, d = idx % D;
+      const acc_t kv = static_cast<acc_t>(t.k(b, hk, k0 + c, d));
+      ks[idx] = kv;
+      kt[d * Bt + c] = kv;
+      vt[d * Bt + c] = static_cast<acc_t>(t.v(b, hk, k0 + c, d));
+    });
+  }
+
+  /// Row r (query i) of P and dS against the key tile at k0 (nc keys), into prow and dsrow
+  /// (Bt entries; zero for masked keys, and for the whole row when the query saw no key).
+  KOKKOS_INLINE_FUNCTION void row_p_ds(const member_t& team, int i, int k0, int nc,
+                                       const acc_t* qrow, const acc_t* dorow, acc_t lse_i,
+                                       acc_t delta_i, const acc_t* kt, const acc_t* vt, acc_t* prow,
+                                       acc_t* dsrow) const {
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, nc), [&](int c) {
+      prow[c] = acc_t(0);
+      dsrow[c] = acc_t(0);
+    });
+    const int lo = mask.lo(i) - k0, hi = mask.hi(i) + 1 - k0;
+    const int c0 = lo > 0 ? lo : 0, c1 = hi < nc ? hi : nc;
+    // A query that saw no key has LSE = -inf; its P is 0, not exp(+inf).
+    if (c0 >= c1 || !(lse_i > -backends::infinity<acc_t>())) return;
+    const int D = head_dim;
+    backends::row_scores(team, qrow, kt, Bt, D, c0, c1, prow);    // S
+    backends::row_scores(team, dorow, vt, Bt, D, c0, c1, dsrow);  // dP
+    const acc_t cap = softcap, inv_cap = cap > acc_t(0) ? acc_t(1) / cap : acc_t(0);
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c0, c1), [&](int c) {
+      acc_t s = prow[c], dcap = acc_t(1);
+      if (cap > acc_t(0)) {
+        const acc_t th = backends::tanh(s * inv_cap);
+        s = cap * th;
+        dcap = acc_t(1) - th * th;  // d(cap tanh(x / cap))/dx
+      }
+      const acc_t p = backends::exp(s - lse_i);
+      prow[c] = p;
+      dsrow[c] = p * (dsrow[c] - delta_i) * dcap;
+    });
+  }
+};
+
+/// delta = rowsum(dO * O) - dLSE, one work item per (batch, head, query) row; also zeroes the
+/// row of dq when the key-tile teams are to add into it.
+template <class ExecSpace, class Delta, class DO, class O, class DLse, class DQ>
+struct BackwardPreprocess {
+  using acc_t = typename Delta::value_type;
+  Delta delta;
+  DO dout;
+  O o;
+  DLse dlse;  // rank-3 view, or an empty one when there is no LSE gradient
+  bool has_dlse;
+  DQ dq;
+  bool zero_dq;
+
+  void launch(const ExecSpace& space) const {
+    const std::size_t n = delta.size();
+    if (n == 0) return;
+    Kokkos::parallel_for(
+        "kfa::backward::delta",
+        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::size_t>>(space, 0, n), *this);
+  }
+
+  KOKKOS_FUNCTION void operator()(std::size_t idx) const {
+    const int nq = static_cast<int>(delta.extent(2)), hq = static_cast<int>(delta.extent(1));
+    const int i = static_cast<int>(idx % nq);
+    const int h = static_cast<int>(idx / nq % hq);
+    const int b = static_cast<int>(idx / nq / hq);
+    const int D = static_cast<int>(o.extent(3));
+    acc_t sum = 0;
+    for (int d = 0; d < D; ++d)
+      sum += static_cast<acc_t>(dout(b, h, i, d)) * static_cast<acc_t>(o(b, h, i, d));
+    if (has_dlse) sum -= static_cast<acc_t>(dlse(b, h, i));
+    delta(b, h, i) = sum;
+    if (zero_dq)
+      for (int d = 0; d < D; ++d)
+        dq(b, h, i, d) = 0;
+  }
+};
+
+/// dK, dV (and, with atomic_dq, dQ by atomic adds): one team per (batch, kv head, key tile).
+template <class ExecSpace, class T, class Views>
+struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views> {
+  using base = BackwardCommon<ExecSpace, T, Views>;
+  using typename base::acc_t;
+  using typename base::member_t;
+  using typename base::scratch_view;
+  bool atomic_dq;
+  int level;
+
+  KeyValueKernel(const base& common, bool atomic_dq_)
+      : base(common), atomic_dq(atomic_dq_), level(base::level_for(scratch_bytes())) {}
+
+  /// K_j, dK_j, dV_j (Bt x D), K_j^T, V_j^T (D x Bt), Q_i, dO_i, dQ_i row sums (Bt x D),
+  /// P, dS (Bt x Bt), LSE and delta (Bt).
+  std::size_t scratch_bytes() const {
+    const std::size_t tile = std::size_t(this->Bt) * this->head_dim,
+                      sq = std::size_t(this->Bt) * this->Bt, row = std::size_t(this->Bt);
+    std::size_t bytes = 0;
+    for (std::size_t e : {tile, tile, tile, tile, tile, tile, tile, tile, sq, sq, row, row})
+      bytes += scratch_view::shmem_size(e);
+    return bytes;
+  }
+
+  void launch(const ExecSpace& space) const {
+    const long long league =
+        static_cast<long long>(this->t.q.extent(0)) * this->heads_k * this->k_tiles;
+    base::launch(space, "kfa::backward::dkdv", *this, league, scratch_bytes(), level);
+  }
+
+  KOKKOS_FUNCTION void operator()(const member_t& team) const {
+    const int Bt = this->Bt, D = this->head_dim;
+    const int kt_i = team.league_rank() % this->k_tiles;
+    const int bhk = team.league_rank() / this->k_tiles;
+    const int hk = bhk % this->heads_k, b = bhk / this->heads_k;
+    const int k0 = kt_i * Bt;
+    const int nc = this->seqlen_k - k0 < Bt ? this->seqlen_k - k0 : Bt;
+
+    const auto& scr = team.team_scratch(level);
+    const std::size_t tile = std::size_t(Bt) * D, sq = std::size_t(Bt) * Bt;
+    acc_t* ks = scratch_view(scr, tile).data();
+    acc_t* dks = scratch_view(scr, tile).data();
+    acc_t* dvs = scratch_view(scr, tile).data();
+    acc_t* kt = scratch_view(scr, tile).data();
+    acc_t* vt = scratch_view(scr, tile).data();
+    acc_t* qs = scratch_view(scr, tile).data();
+    acc_t* dos = scratch_view(scr, tile).data();
+    acc_t* dqs = scratch_view(scr, tile).data();
+    acc_t* p = scratch_view(scr, sq).data();
+    acc_t* ds = scratch_view(scr, sq).data();
+    acc_t* lse_s = scratch_view(scr, std::size_t(Bt)).data();
+    acc_t* delta_s = scratch_view(scr, std::size_t(Bt)).data();
+
+    this->load_key_tile(team, b, hk, k0, nc, ks, kt, vt);
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nc * D), [&](int idx) {
+      dks[idx] = acc_t(0);
+      dvs[idx] = acc_t(0);
+    });
+
+    for (int h = hk * this->group; h < (hk + 1) * this->group; ++h)
+      for (int qt = 0; qt < this->q_tiles; ++qt) {
+        const int q0 = qt * Bt;
+        const int nr = this->seqlen_q - q0 < Bt ? this->seqlen_q - q0 : Bt;
+        if (!this->tiles_meet(q0, nr, k0, nc)) continue;
+        team.team_barrier();  // the previous query tile is no longer read
+        this->load_query_tile(team, b, h, q0, nr, qs, dos, lse_s, delta_s);
+        team.team_barrier();
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
+          this->row_p_ds(team, q0 + r, k0, nc, qs + r * D, dos + r * D, lse_s[r], delta_s[r], kt,
+                         vt, p + r * Bt, ds + r * Bt);
+          if (!atomic_dq) return;
+          acc_t* dqrow = dqs + r * D;
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
+                               [&](int d) { dqrow[d] = acc_t(0); });
+          backends::accumulate_rows(team, ds + r * Bt, 1, ks, D, D, 0, nc, dqrow);
+          const acc_t sc = this->scale;
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D), [&](int d) {
+            Kokkos::atomic_add(&this->t.dq(b, h, q0 + r, d), static_cast<T>(sc * dqrow[d]));
+          });
+        });
+        team.team_barrier();
+        // dV_j += P^T dO_i and dK_j += dS^T (scale Q_i): key rows, columns of P and dS.
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nc), [&](int c) {
+          backends::accumulate_rows(team, p + c, Bt, dos, D, D, 0, nr, dvs + c * D);
+          backends::accumulate_rows(team, ds + c, Bt, qs, D, D, 0, nr, dks + c * D);
+        });
+      }
+    team.team_barrier();
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nc * D), [&](int idx) {
+      const int c = idx / D, d = idx % D;
+      this->t.dk(b, hk, k0 + c, d) = static_cast<T>(dks[idx]);
+      this->t.dv(b, hk, k0 + c, d) = static_cast<T>(dvs[idx]);
+    });
+  }
+};
+
+/// dQ without atomics: one team per (batch, query head, query tile) owns dQ_i and recomputes
+/// P and dS for every key tile it sees.
+template <class ExecSpace, class T, class Views>
+struct QueryKernel : BackwardCommon<ExecSpace, T, Views> {
+  using base = BackwardCommon<ExecSpace, T, Views>;
+  using typename base::acc_t;
+  using typename base::member_t;
+  using typename base::scratch_view;
+  int level;
+
+  explicit QueryKernel(const base& common)
+      : base(common), level(base::level_for(scratch_bytes())) {}
+
+  /// Q_i, dO_i, dQ_i, K_j (Bt x D), K_j^T, V_j^T (D x Bt), P, dS (Bt x Bt), LSE, delta (Bt).
+  std::size_t scratch_bytes() const {
+    const std::size_t tile = std::size_t(this->Bt) * this->head_dim,
+                      sq = std::size_t(this->Bt) * this->Bt, row = std::size_t(this->Bt);
+    std::size_t bytes = 0;
+    for (std::size_t e : {tile, tile, tile, tile, tile, tile, sq, sq, row, row})
+      bytes += scratch_view::shmem_size(e);
+    return bytes;
+  }
+
+  void launch(const ExecSpace& space) const {
+    const long long league =
+        static_cast<long long>(this->t.q.extent(0)) * this->heads_q * this->q_tiles;
+    base::launch(space, "kfa::backward::dq", *this, league, scratch_bytes(), level);
+  }
+
+  KOKKOS_FUNCTION void operator()(const member_t& team) const {
+    const int Bt = this->Bt, D = this->head_dim;
+    const int qt = team.league_rank() % this->q_tiles;
+    const int bh = team.league_rank() / this->q_tiles;
+    const int h = bh % this->heads_q, b = bh / this->heads_q, hk = h / this->group;
+    const int q0 = qt * Bt;
+    const int nr = this->seqlen_q - q0 < Bt ? this->seqlen_q - q0 : Bt;
+
+    const auto& scr = team.team_scratch(level);
+    const std::size_t tile = std::size_t(Bt) * D, sq = std::size_t(Bt) * Bt;
+    acc_t* qs = scratch_view(scr, tile).data();
+    acc_t* dos = scratch_view(scr, tile).data();
+    acc_t* dqs = scratch_view(scr, tile).data();
+    acc_t* ks = scratch_view(scr, tile).data();
+    acc_t* kt = scratch_view(scr, tile).data();
+    acc_t* vt = scratch_view(scr, tile).data();
+    acc_t* p = scratch_view(scr, sq).data();
+    acc_t* ds = scratch_view(scr, sq).data();
+    acc_t* lse_s = scratch_view(scr, std::size_t(Bt)).data();
+    acc_t* delta_s = scratch_view(scr, std::size_t(Bt)).data();
+
+    this->load_query_tile(team, b, h, q0, nr, qs, dos, lse_s, delta_s);
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr * D),
+                         [&](int idx) { dqs[idx] = acc_t(0); });
+    for (int kt_i = 0; kt_i < this->k_tiles; ++kt_i) {
+      const int k0 = kt_i * Bt;
+      const int nc = this->seqlen_k - k0 < Bt ? this->seqlen_k - k0 : Bt;
+      if (!this->tiles_meet(q0, nr, k0, nc)) continue;
+      team.team_barrier();  // the previous key tile is no longer read
+      this->load_key_tile(team, b, hk, k0, nc, ks, kt, vt);
+      team.team_barrier();
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
+        this->row_p_ds(team, q0 + r, k0, nc, qs + r * D, dos + r * D, lse_s[r], delta_s[r], kt, vt,
+                       p + r * Bt, ds + r * Bt);
+        backends::accumulate_rows(team, ds + r * Bt, 1, ks, D, D, 0, nc, dqs + r * D);
+      });
+    }
+    team.team_barrier();
+    const acc_t sc = this->scale;
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr * D), [&](int idx) {
+      this->t.dq(b, h, q0 + idx / D, idx % D) = static_cast<T>(sc * dqs[idx]);
+    });
+  }
+};
+
+}  // namespace kfa::impl
