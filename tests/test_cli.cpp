@@ -5,9 +5,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 
@@ -137,6 +139,73 @@ TEST(Cli, RandomWithJsonAndCheck) {
   EXPECT_NE(d.out.find("\"dtype\":\"float64\""), std::string::npos);
 }
 
+// kfa backward from a file with /o, /lse from kfa forward, random /do and /dlse: the written
+// gradients pass the tolerance rule against the reference; --deterministic gives the same
+// within rounding; --random --check passes.
+void backward_round_trip(DType dtype, const std::string& flags, const kfa::Params& params) {
+  SCOPED_TRACE(flags + (dtype == DType::f32 ? " float32" : " float64"));
+  Problem pb({1, 4, 2, 45, 70, 32}, 2025);
+  const Dataset q = from_tensor(pb.q, dtype), k = from_tensor(pb.k, dtype),
+                v = from_tensor(pb.v, dtype);
+  const fs::path in = write_inputs("bin.h5", q, k, v), fwd = work_dir() / "bfwd.h5",
+                 bin = work_dir() / "bwd_in.h5", out = work_dir() / "bout.h5";
+  const CliRun f = run_cli("forward --in " + in.string() + " --out " + fwd.string() + " " + flags);
+  ASSERT_EQ(f.status, 0) << f.err;
+  kfa_apps::H5File fo(fwd.string());
+  const Dataset o = fo.read("/o", 4), lse = fo.read("/lse", 3);
+  std::mt19937_64 gen(9);
+  const Dataset dout = from_tensor(random_tensor("do", 1, 4, 45, 32, gen), dtype);
+  Dataset dlse = lse;
+  for (auto& x : dlse.data)
+    x = dtype == DType::f32 ? double(float(0.25 * std::sin(x))) : 0.25 * std::sin(x);
+  kfa_apps::write_atomic(bin.string(), {{"/q", &q},
+                                        {"/k", &k},
+                                        {"/v", &v},
+                                        {"/o", &o},
+                                        {"/lse", &lse},
+                                        {"/do", &dout},
+                                        {"/dlse", &dlse}});
+  fs::remove(out);
+  const CliRun r =
+      run_cli("backward --in " + bin.string() + " --out " + out.string() + " " + flags);
+  ASSERT_EQ(r.status, 0) << r.err;
+  kfa_apps::H5File fb(out.string());
+  const Dataset dq = fb.read("/dq", 4), dk = fb.read("/dk", 4), dv = fb.read("/dv", 4);
+  EXPECT_EQ(dq.dtype, dtype);
+  EXPECT_EQ(dq.dims, q.dims);
+  EXPECT_EQ(dk.dims, k.dims);
+  Tensor3 dlse_t("dlse", 1, 4, 45);
+  std::copy(dlse.data.begin(), dlse.data.end(), dlse_t.data());
+  const Tensor4 qt = to_tensor(q), kt = to_tensor(k), vt = to_tensor(v), dot = to_tensor(dout);
+  const auto c =
+      dtype == DType::f32
+          ? kfa::reference::check_backward<float>(qt, kt, vt, params, dot, dlse_t, to_tensor(dq),
+                                                  to_tensor(dk), to_tensor(dv))
+          : kfa::reference::check_backward<double>(qt, kt, vt, params, dot, dlse_t, to_tensor(dq),
+                                                   to_tensor(dk), to_tensor(dv));
+  EXPECT_TRUE(c.ok()) << "dQ err " << c.dq.err << " (bound " << c.dq.bound << "), dK err "
+                      << c.dk.err << " (bound " << c.dk.bound << "), dV err " << c.dv.err
+                      << " (bound " << c.dv.bound << ")";
+}
+
+TEST(Cli, BackwardRoundTripThroughHdf5) {
+  backward_round_trip(DType::f32, "", kfa::Params{});
+  backward_round_trip(DType::f64, "", kfa::Params{});
+  kfa::Params p;
+  p.causal = true;
+  p.window_left = 20;
+  p.softcap = 4;
+  backward_round_trip(DType::f32, "--causal --window 20,-1 --softcap 4", p);
+  const CliRun r = run_cli(
+      "backward --random 1,4,120,64 --heads-kv 1 --causal --deterministic --repeat 2 --json "
+      "--check");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string last = r.out.substr(r.out.rfind('{'));
+  for (const char* key : {"\"command\":\"backward\"", "\"deterministic\":true",
+                          "\"check\":\"pass\"", "\"err_dq\":", "\"gflops\":"})
+    EXPECT_NE(last.find(key), std::string::npos) << key << " missing in " << last;
+}
+
 // Bad input: exit 2, exactly one line "kfa: error: ..." containing `expect`, no output file.
 void expect_bad(const std::string& args, const std::string& expect) {
   SCOPED_TRACE(args);
@@ -234,6 +303,36 @@ TEST(Cli, BadFiles) {
   }
 }
 
+TEST(Cli, BadBackwardFiles) {
+  Problem pb({1, 2, 2, 10, 12, 16}, 1);
+  const Dataset q = from_tensor(pb.q, DType::f32), k = from_tensor(pb.k, DType::f32),
+                v = from_tensor(pb.v, DType::f32);
+  Dataset lse;
+  lse.dims = {1, 2, 10};
+  lse.data.assign(20, 0.5);
+  {
+    const fs::path p = work_dir() / "nodo.h5";
+    kfa_apps::write_atomic(p.string(),
+                           {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/o", &q}, {"/lse", &lse}});
+    expect_bad("backward --in " + p.string(), "missing dataset /do");
+  }
+  {
+    const fs::path p = work_dir() / "dok.h5";  // /do shaped like /k
+    kfa_apps::write_atomic(
+        p.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/o", &q}, {"/lse", &lse}, {"/do", &k}});
+    expect_bad("backward --in " + p.string(), "dataset /do has seqlen 12 but /q has 10");
+  }
+  {
+    Dataset lse_bad = lse;
+    lse_bad.dims = {1, 1, 20};
+    const fs::path p = work_dir() / "lse.h5";
+    kfa_apps::write_atomic(
+        p.string(),
+        {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/o", &q}, {"/lse", &lse_bad}, {"/do", &q}});
+    expect_bad("backward --in " + p.string(), "dataset /lse has heads 1 but /q has 2");
+  }
+}
+
 TEST(Cli, BadFlags) {
   Problem pb({1, 1, 1, 4, 4, 16}, 1);
   const std::string in =
@@ -257,7 +356,10 @@ TEST(Cli, BadFlags) {
   expect_bad("forward --random 1,2,64,512", "head_dim = 512");
   expect_bad("forward --random 1,4,64,64 --heads-kv 3", "--heads-kv 3 must divide");
   expect_bad("forward --random 1000,1000,100000,256", "GiB but this machine has");
-  expect_bad("backward", "unknown command 'backward'");
+  expect_bad("backprop", "unknown command 'backprop'");
+  expect_bad("forward --random 1,2,64,16 --deterministic", "--deterministic applies to backward");
+  expect_bad("backward --random 1,2,64,16 --splits 2", "--splits applies to forward");
+  expect_bad("forward --random 1,2,64,16 --splits -1", "--splits must be >= 0, got -1");
   expect_bad("forward --in", "--in expects a value");
   const CliRun none = run_cli("");
   EXPECT_EQ(none.status, 2);

@@ -1,10 +1,13 @@
 // kfa: command-line driver of the kfa library.
 //
-//   kfa forward --in IN.h5 --out OUT.h5 [mask flags]
-//   kfa forward --random B,H,N,D [--heads-kv H] [--seqlen-k N] [--dtype float|double]
-//               [--seed S] [--repeat R] [--json] [--check] [mask flags]
+//   kfa forward  --in IN.h5 --out OUT.h5 [mask flags]        reads /q /k /v, writes /o /lse
+//   kfa backward --in IN.h5 --out OUT.h5 [mask flags] [--deterministic]
+//                reads /q /k /v /o /lse /do (and /dlse when present), writes /dq /dk /dv
+//   kfa forward|backward --random B,H,N,D [--heads-kv H] [--seqlen-k N]
+//               [--dtype float|double] [--seed S] [--repeat R] [--json] [--check] [mask flags]
 //   mask flags: [--causal] [--align bottom-right|top-left] [--window LEFT,RIGHT]
-//               [--scale S] [--softcap C] [--splits N]
+//               [--scale S] [--softcap C] [--splits N (forward)]
+// backward --random times the backward alone: the forward it needs runs once, untimed.
 //
 // Exit status: 0 success; 1 when --check finds the tolerance rule broken; 2 bad input or usage
 // (one line "kfa: error: ..." on stderr). The output file appears only when the run succeeds.
@@ -38,16 +41,20 @@ using kfa_apps::InputError;
 using Exec = Kokkos::DefaultExecutionSpace;
 
 const char* kUsage =
-    "usage: kfa forward (--in IN.h5 --out OUT.h5 | --random B,H,N,D [--heads-kv H]\n"
+    "usage: kfa forward|backward (--in IN.h5 --out OUT.h5 | --random B,H,N,D [--heads-kv H]\n"
     "                   [--seqlen-k N] [--dtype float|double] [--seed S])\n"
     "                   [--repeat R] [--json] [--check]\n"
     "                   [--causal] [--align bottom-right|top-left] [--window LEFT,RIGHT]\n"
-    "                   [--scale S] [--softcap C] [--splits N]\n"
-    "  --splits N: split-KV chunks (0 = automatic, 1 = none)\n";
+    "                   [--scale S] [--softcap C] [--splits N] [--deterministic]\n"
+    "  forward:  reads /q /k /v, writes /o /lse\n"
+    "  backward: reads /q /k /v /o /lse /do (and /dlse if present), writes /dq /dk /dv\n"
+    "  --splits N: forward split-KV chunks (0 = automatic, 1 = none)\n"
+    "  --deterministic: backward without atomics, bitwise repeatable\n";
 
 // ---- Command line -------------------------------------------------------------------------
 
 struct Options {
+  std::string command;  // forward or backward
   std::string in, out;
   std::vector<long long> random;  // B,H,N,D
   std::optional<long long> heads_kv, seqlen_k;
@@ -102,9 +109,10 @@ Options parse(int argc, char** argv) {
     std::cout << kUsage;
     std::exit(0);
   }
-  if (command != "forward")
-    throw InputError("unknown command '" + command + "' (expected: forward)");
+  if (command != "forward" && command != "backward")
+    throw InputError("unknown command '" + command + "' (expected: forward or backward)");
   Options o;
+  o.command = command;
   for (int a = 2; a < argc; ++a) {
     const std::string flag = argv[a];
     if (flag.rfind("--kokkos-", 0) == 0) continue;  // Kokkos' own flags, read by Kokkos
@@ -168,8 +176,12 @@ Options parse(int argc, char** argv) {
       if (o.params.softcap < 0)
         throw InputError("--softcap must be >= 0 (0 = off), got " + std::string(argv[a]));
     } else if (flag == "--splits") {
+      if (command != "forward") throw InputError("--splits applies to forward only");
       // Capped at the number of key tiles by the library; clamp first so the int cannot wrap.
       o.params.num_splits = static_cast<int>(std::min(parse_int(flag, value(), 0), 1LL << 30));
+    } else if (flag == "--deterministic") {
+      if (command != "backward") throw InputError("--deterministic applies to backward only");
+      o.params.deterministic = true;
     } else if (flag == "--help" || flag == "-h") {
       std::cout << kUsage;
       std::exit(0);
@@ -196,6 +208,7 @@ Options parse(int argc, char** argv) {
 
 struct Problem {
   Dataset q, k, v;
+  Dataset o, lse, dout, dlse;  // backward from a file: the forward's outputs and the gradients
 };
 
 void check_file_shapes(const Problem& p) {
@@ -211,6 +224,26 @@ void check_file_shapes(const Problem& p) {
   }
 }
 
+// The backward's extra inputs: /o and /do shaped like /q and of its type, /lse and /dlse
+// (batch, heads, seqlen) of /q. The library checks /q against /k and /v.
+void check_backward_shapes(const Problem& p) {
+  const char* names[] = {"batch", "heads", "seqlen", "head_dim"};
+  auto expect = [&](const Dataset& d, const char* ds, int rank) {
+    for (int i = 0; i < rank; ++i)
+      if (d.dims[i] != p.q.dims[i])
+        throw InputError(std::string("dataset ") + ds + " has " + names[i] + " " +
+                         std::to_string(d.dims[i]) + " but /q has " + std::to_string(p.q.dims[i]));
+  };
+  expect(p.o, "/o", 4);
+  expect(p.dout, "/do", 4);
+  expect(p.lse, "/lse", 3);
+  if (!p.dlse.dims.empty()) expect(p.dlse, "/dlse", 3);
+  for (const auto& [d, ds] : {std::pair{&p.o, "/o"}, {&p.dout, "/do"}})
+    if (d->dtype != p.q.dtype)
+      throw InputError(std::string("dataset ") + ds + " is " + name(d->dtype) + " but /q is " +
+                       name(p.q.dtype) + "; all inputs must share one type");
+}
+
 Dataset random_tensor(std::vector<hsize_t> dims, DType t, std::mt19937_64& gen) {
   Dataset d;
   d.dims = std::move(dims);
@@ -223,10 +256,12 @@ Dataset random_tensor(std::vector<hsize_t> dims, DType t, std::mt19937_64& gen) 
 }
 
 // Refuses a random problem that cannot fit in this machine's memory before allocating anything.
-void check_memory(DType dtype, double q_elems, double kv_elems, double head_dim) {
+void check_memory(DType dtype, double q_elems, double kv_elems, double head_dim, bool backward) {
   const double elem = dtype == DType::f32 ? 4 : 8;
-  // q, o, k, v in the kernel's type plus the double copies the program keeps, and the LSE
-  const double bytes = (2 * q_elems + 2 * kv_elems) * (elem + 8) + q_elems / head_dim * 16;
+  // q, o, k, v in the kernel's type plus the double copies the program keeps, and the LSE;
+  // the backward adds dout, dq, dk, dv.
+  const double tensors = backward ? 4 * q_elems + 4 * kv_elems : 2 * q_elems + 2 * kv_elems;
+  const double bytes = tensors * (elem + 8) + q_elems / head_dim * 24;
   const double phys = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   if (phys > 0 && bytes > 0.9 * phys) {
     std::ostringstream os;
@@ -251,6 +286,19 @@ DeviceTensor<T> to_device(const Dataset& d, const char* label) {
   return v;
 }
 
+template <class T>
+Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> to_device3(const Dataset& d,
+                                                                       const char* label) {
+  Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> v(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), d.dims[0], d.dims[1],
+      d.dims[2]);
+  auto h = Kokkos::create_mirror_view(v);
+  for (std::size_t e = 0; e < d.data.size(); ++e)
+    h.data()[e] = static_cast<T>(d.data[e]);
+  Kokkos::deep_copy(v, h);
+  return v;
+}
+
 template <class View>
 Dataset to_dataset(const View& v, DType t) {
   auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
@@ -268,9 +316,70 @@ kfa::reference::Tensor4 to_reference(const Dataset& d) {
   return t;
 }
 
+kfa::reference::Tensor3 to_reference3(const Dataset& d) {
+  if (d.dims.empty()) return {};
+  kfa::reference::Tensor3 t("kfa::ref", d.dims[0], d.dims[1], d.dims[2]);
+  std::copy(d.data.begin(), d.data.end(), t.data());
+  return t;
+}
+
 struct Timing {
   double median_s = 0, min_s = 0;
 };
+
+// Runs pass() once untimed (warm-up; its output is the one written), then `repeat` times
+// between fences, and returns the median and minimum wall time of the repeats.
+template <class Pass>
+Timing time_pass(long long repeat, const Pass& pass) {
+  pass();
+  Kokkos::fence();
+  std::vector<double> times;
+  for (long long r = 0; r < repeat; ++r) {
+    Kokkos::fence();
+    const auto t0 = std::chrono::steady_clock::now();
+    pass();
+    Kokkos::fence();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  Timing tm{times[times.size() / 2], times.front()};
+  if (times.size() % 2 == 0)
+    tm.median_s = 0.5 * (times[times.size() / 2 - 1] + times[times.size() / 2]);
+  return tm;
+}
+
+std::string describe(const Options& o, const char* dtype, int B, int Hq, int Hk, int Nq, int Nk,
+                     int D) {
+  const auto& pr = o.params;
+  std::ostringstream os;
+  os << "kfa " << o.command << ": B=" << B << " Hq=" << Hq << " Hkv=" << Hk << " Nq=" << Nq
+     << " Nk=" << Nk << " D=" << D << " " << dtype << " causal=" << (pr.causal ? "yes" : "no")
+     << " align=" << (pr.align == kfa::Align::bottom_right ? "bottom-right" : "top-left")
+     << " window=(" << pr.window_left << "," << pr.window_right << ")";
+  if (pr.softcap > 0) os << " softcap=" << pr.softcap;
+  if (o.command == "backward") os << (pr.deterministic ? " deterministic" : " atomic-dq");
+  os << " on " << Exec::name();
+  return os.str();
+}
+
+// The fields every --json line starts with.
+std::string json_head(const Options& o, const char* dtype, int B, int Hq, int Hk, int Nq, int Nk,
+                      int D, const Timing& tm, double gflops) {
+  const auto& pr = o.params;
+  char buf[1024];
+  std::snprintf(
+      buf, sizeof buf,
+      "{\"command\":\"%s\",\"dtype\":\"%s\",\"batch\":%d,\"heads_q\":%d,\"heads_kv\":%d,"
+      "\"seqlen_q\":%d,\"seqlen_k\":%d,\"head_dim\":%d,\"causal\":%s,\"align\":\"%s\","
+      "\"window_left\":%d,\"window_right\":%d,\"softcap\":%g,\"num_splits\":%d,"
+      "\"deterministic\":%s,\"repeat\":%lld,\"median_s\":%.9g,\"min_s\":%.9g,\"gflops\":%.6g,"
+      "\"execution_space\":\"%s\"",
+      o.command.c_str(), dtype, B, Hq, Hk, Nq, Nk, D, pr.causal ? "true" : "false",
+      pr.align == kfa::Align::bottom_right ? "bottom-right" : "top-left", pr.window_left,
+      pr.window_right, pr.softcap, pr.num_splits, pr.deterministic ? "true" : "false", o.repeat,
+      tm.median_s, tm.min_s, gflops, Exec::name());
+  return buf;
+}
 
 struct CheckResult {
   bool ran = false, ok = true;
@@ -278,7 +387,7 @@ struct CheckResult {
 };
 
 template <class T>
-int run(const Options& o, const Problem& p) {
+int run_forward(const Options& o, const Problem& p) {
   const DType t = o.dtype;
   auto q = to_device<T>(p.q, "kfa::q");
   auto k = to_device<T>(p.k, "kfa::k");
@@ -289,21 +398,7 @@ int run(const Options& o, const Problem& p) {
       Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::lse")), q.extent(0),
       q.extent(1), q.extent(2));
 
-  // Warm-up (also the run whose output is written), then the timed repeats.
-  kfa::forward(Exec(), q, k, v, out, lse, o.params);
-  Kokkos::fence();
-  std::vector<double> times;
-  for (long long r = 0; r < o.repeat; ++r) {
-    Kokkos::fence();
-    const auto t0 = std::chrono::steady_clock::now();
-    kfa::forward(Exec(), q, k, v, out, lse, o.params);
-    Kokkos::fence();
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(times.begin(), times.end());
-  Timing tm{times[times.size() / 2], times.front()};
-  if (times.size() % 2 == 0)
-    tm.median_s = 0.5 * (times[times.size() / 2 - 1] + times[times.size() / 2]);
+  const Timing tm = time_pass(o.repeat, [&] { kfa::forward(Exec(), q, k, v, out, lse, o.params); });
 
   // The outputs come back to the host only when something reads them.
   Dataset o_ds, lse_ds;
@@ -327,14 +422,7 @@ int run(const Options& o, const Problem& p) {
   const int B = q.extent(0), Hq = q.extent(1), Hk = k.extent(1), Nq = q.extent(2), Nk = k.extent(2),
             D = q.extent(3);
   const double gflops = kfa::forward_flops(B, Hq, Nq, Nk, D, o.params) / tm.median_s * 1e-9;
-  const auto& pr = o.params;
-  std::printf(
-      "kfa forward: B=%d Hq=%d Hkv=%d Nq=%d Nk=%d D=%d %s causal=%s align=%s window=(%d,%d)%s on "
-      "%s\n",
-      B, Hq, Hk, Nq, Nk, D, name(t), pr.causal ? "yes" : "no",
-      pr.align == kfa::Align::bottom_right ? "bottom-right" : "top-left", pr.window_left,
-      pr.window_right, pr.softcap > 0 ? (" softcap=" + std::to_string(pr.softcap)).c_str() : "",
-      Exec::name());
+  std::printf("%s\n", describe(o, name(t), B, Hq, Hk, Nq, Nk, D).c_str());
   std::printf("time: median %.6f s, min %.6f s over %lld runs; %.2f GFLOP/s\n", tm.median_s,
               tm.min_s, o.repeat, gflops);
   if (chk.ran)
@@ -344,19 +432,11 @@ int run(const Options& o, const Problem& p) {
         chk.c.o.err, chk.c.o.bound, chk.c.lse.err, chk.c.lse.bound, chk.ok ? "PASS" : "FAIL");
   if (!o.out.empty()) std::printf("wrote /o and /lse to %s\n", o.out.c_str());
   if (o.json) {
-    std::printf(
-        "{\"command\":\"forward\",\"dtype\":\"%s\",\"batch\":%d,\"heads_q\":%d,\"heads_kv\":%d,"
-        "\"seqlen_q\":%d,\"seqlen_k\":%d,\"head_dim\":%d,\"causal\":%s,\"align\":\"%s\","
-        "\"window_left\":%d,\"window_right\":%d,\"softcap\":%g,\"num_splits\":%d,\"repeat\":%lld,"
-        "\"median_s\":%.9g,\"min_s\":%.9g,\"gflops\":%.6g,\"execution_space\":\"%s\","
-        "\"check\":\"%s\"",
-        name(t), B, Hq, Hk, Nq, Nk, D, pr.causal ? "true" : "false",
-        pr.align == kfa::Align::bottom_right ? "bottom-right" : "top-left", pr.window_left,
-        pr.window_right, pr.softcap, pr.num_splits, o.repeat, tm.median_s, tm.min_s, gflops,
-        Exec::name(),
-        !chk.ran ? "not run"
-        : chk.ok ? "pass"
-                 : "fail");
+    std::printf("%s,\"check\":\"%s\"",
+                json_head(o, name(t), B, Hq, Hk, Nq, Nk, D, tm, gflops).c_str(),
+                !chk.ran ? "not run"
+                : chk.ok ? "pass"
+                         : "fail");
     if (chk.ran)
       std::printf(",\"err_o\":%.6g,\"bound_o\":%.6g,\"err_lse\":%.6g,\"bound_lse\":%.6g",
                   chk.c.o.err, chk.c.o.bound, chk.c.lse.err, chk.c.lse.bound);
@@ -365,25 +445,112 @@ int run(const Options& o, const Problem& p) {
   return chk.ok ? 0 : 1;
 }
 
-int main_forward(Options o) {
+template <class T>
+int run_backward(const Options& o, const Problem& p) {
+  const DType t = o.dtype;
+  auto q = to_device<T>(p.q, "kfa::q");
+  auto k = to_device<T>(p.k, "kfa::k");
+  auto v = to_device<T>(p.v, "kfa::v");
+  auto dout = to_device<T>(p.dout, "kfa::do");
+  const int B = q.extent(0), Hq = q.extent(1), Hk = k.extent(1), Nq = q.extent(2), Nk = k.extent(2),
+            D = q.extent(3);
+  DeviceTensor<T> out, dq, dk, dv;
+  Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> lse, dlse;
+  if (p.o.dims.empty()) {  // --random: the forward it needs, once and untimed
+    out = DeviceTensor<T>(std::string("kfa::o"), B, Hq, Nq, D);
+    lse = decltype(lse)(std::string("kfa::lse"), B, Hq, Nq);
+    kfa::forward(Exec(), q, k, v, out, lse, o.params);
+  } else {
+    out = to_device<T>(p.o, "kfa::o");
+    lse = to_device3<T>(p.lse, "kfa::lse");
+  }
+  if (!p.dlse.dims.empty()) dlse = to_device3<T>(p.dlse, "kfa::dlse");
+  dq = DeviceTensor<T>(std::string("kfa::dq"), B, Hq, Nq, D);
+  dk = DeviceTensor<T>(std::string("kfa::dk"), B, Hk, Nk, D);
+  dv = DeviceTensor<T>(std::string("kfa::dv"), B, Hk, Nk, D);
+  const Timing tm = time_pass(o.repeat, [&] {
+    if (dlse.size() > 0)
+      kfa::backward(Exec(), q, k, v, out, lse, dout, dlse, dq, dk, dv, o.params);
+    else
+      kfa::backward(Exec(), q, k, v, out, lse, dout, dq, dk, dv, o.params);
+  });
+
+  Dataset dq_ds, dk_ds, dv_ds;
+  if (o.check || !o.out.empty()) {
+    dq_ds = to_dataset(dq, t);
+    dk_ds = to_dataset(dk, t);
+    dv_ds = to_dataset(dv, t);
+  }
+  bool ran = false, ok = true;
+  kfa::reference::BackwardCheck c;
+  if (o.check) {
+    // Against the reference gradients of the reference forward: a file whose /o and /lse do
+    // not come from q, k, v fails here rather than passing silently.
+    ran = true;
+    c = kfa::reference::check_backward<T>(
+        to_reference(p.q), to_reference(p.k), to_reference(p.v), o.params, to_reference(p.dout),
+        to_reference3(p.dlse), to_reference(dq_ds), to_reference(dk_ds), to_reference(dv_ds));
+    ok = c.ok();
+  }
+  if (!o.out.empty())
+    kfa_apps::write_atomic(o.out, {{"/dq", &dq_ds}, {"/dk", &dk_ds}, {"/dv", &dv_ds}});
+
+  const double gflops = kfa::backward_flops(B, Hq, Nq, Nk, D, o.params) / tm.median_s * 1e-9;
+  std::printf("%s\n", describe(o, name(t), B, Hq, Hk, Nq, Nk, D).c_str());
+  std::printf("time: median %.6f s, min %.6f s over %lld runs; %.2f GFLOP/s\n", tm.median_s,
+              tm.min_s, o.repeat, gflops);
+  if (ran)
+    std::printf(
+        "check against the float64 reference: dQ err %.3g (bound %.3g), dK err %.3g (bound %.3g), "
+        "dV err %.3g (bound %.3g): %s\n",
+        c.dq.err, c.dq.bound, c.dk.err, c.dk.bound, c.dv.err, c.dv.bound, ok ? "PASS" : "FAIL");
+  if (!o.out.empty()) std::printf("wrote /dq /dk /dv to %s\n", o.out.c_str());
+  if (o.json) {
+    std::printf("%s,\"check\":\"%s\"",
+                json_head(o, name(t), B, Hq, Hk, Nq, Nk, D, tm, gflops).c_str(),
+                !ran ? "not run"
+                : ok ? "pass"
+                     : "fail");
+    if (ran)
+      std::printf(
+          ",\"err_dq\":%.6g,\"bound_dq\":%.6g,\"err_dk\":%.6g,\"bound_dk\":%.6g,\"err_dv\":%.6g,"
+          "\"bound_dv\":%.6g",
+          c.dq.err, c.dq.bound, c.dk.err, c.dk.bound, c.dv.err, c.dv.bound);
+    std::printf("}\n");
+  }
+  return ok ? 0 : 1;
+}
+
+int main_pass(Options o) {
   Problem p;
   if (!o.random.empty()) {
     const hsize_t B = o.random[0], H = o.random[1], N = o.random[2], D = o.random[3];
     const hsize_t Hk = o.heads_kv.value_or(H), Nk = o.seqlen_k.value_or(N);
     std::mt19937_64 gen(o.seed);
-    check_memory(o.dtype, double(B) * H * N * D, double(B) * Hk * Nk * D, double(D));
+    const bool bwd = o.command == "backward";
+    check_memory(o.dtype, double(B) * H * N * D, double(B) * Hk * Nk * D, double(D), bwd);
     p.q = random_tensor({B, H, N, D}, o.dtype, gen);
     p.k = random_tensor({B, Hk, Nk, D}, o.dtype, gen);
     p.v = random_tensor({B, Hk, Nk, D}, o.dtype, gen);
+    if (bwd) p.dout = random_tensor({B, H, N, D}, o.dtype, gen);
   } else {
     kfa_apps::H5File in(o.in);
     p.q = in.read("/q", 4);
     p.k = in.read("/k", 4);
     p.v = in.read("/v", 4);
     check_file_shapes(p);
+    if (o.command == "backward") {
+      p.o = in.read("/o", 4);
+      p.lse = in.read("/lse", 3);
+      p.dout = in.read("/do", 4);
+      if (in.has("/dlse")) p.dlse = in.read("/dlse", 3);
+      check_backward_shapes(p);
+    }
     o.dtype = p.q.dtype;
   }
-  return o.dtype == DType::f32 ? run<float>(o, p) : run<double>(o, p);
+  if (o.command == "backward")
+    return o.dtype == DType::f32 ? run_backward<float>(o, p) : run_backward<double>(o, p);
+  return o.dtype == DType::f32 ? run_forward<float>(o, p) : run_forward<double>(o, p);
 }
 
 void fail(const std::string& msg) {
@@ -403,7 +570,7 @@ int main(int argc, char** argv) {
   }
   Kokkos::ScopeGuard kokkos(argc, argv);
   try {
-    return main_forward(opts);
+    return main_pass(opts);
   } catch (const kfa::Error& e) {
     const std::string msg = e.what();
     fail(msg.rfind("kfa: ", 0) == 0 ? msg.substr(5) : msg);
