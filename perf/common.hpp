@@ -1,0 +1,103 @@
+#pragma once
+// What the kfa benchmarks share: device-side input filling, a timed call between fences, the
+// sgemm ceiling the GFLOP/s are quoted against (PERF.md), and the main that records the
+// revision and the Kokkos configuration in the benchmark context.
+#include <benchmark/benchmark.h>
+#include <Kokkos_Core.hpp>
+
+#ifdef KFA_HAVE_KOKKOSKERNELS
+#include <KokkosBlas3_gemm.hpp>
+#endif
+
+#include <chrono>
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#ifndef KFA_GIT_REVISION
+#define KFA_GIT_REVISION "unknown"
+#endif
+
+namespace kfa_bench {
+
+using Exec = Kokkos::DefaultExecutionSpace;
+
+/// Fills a view with uniform values in [-1, 1) from a hash of the index, on the device: fast
+/// for multi-GiB caches and identical on every backend.
+template <class View>
+void fill_hash(const View& t, unsigned salt) {
+  const std::size_t n = t.span();
+  auto* p = t.data();
+  Kokkos::parallel_for(
+      "fill", Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::size_t>>(0, n),
+      KOKKOS_LAMBDA(std::size_t e) {
+        std::uint64_t x = (e + 1) * 0x9E3779B97F4A7C15ULL ^ salt;
+        x ^= x >> 31;
+        x *= 0xBF58476D1CE4E5B9ULL;
+        x ^= x >> 29;
+        p[e] = static_cast<typename View::value_type>(double(x >> 11) * 0x1.0p-52 - 1.0);
+      });
+  Kokkos::fence();
+}
+
+/// Runs call() once to warm up, then once per benchmark iteration between fences, reporting
+/// the wall time of each as the manual iteration time.
+template <class Call>
+void time_iterations(benchmark::State& state, const Call& call) {
+  call();
+  Kokkos::fence();
+  for (auto _ : state) {
+    Kokkos::fence();
+    const auto t0 = std::chrono::steady_clock::now();
+    call();
+    Kokkos::fence();
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+}
+
+/// A FLOP/s counter for `flops` per iteration.
+inline benchmark::Counter flop_rate(double flops) {
+  return benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate,
+                            benchmark::Counter::kIs1000);
+}
+
+#ifdef KFA_HAVE_KOKKOSKERNELS
+/// The machine's sgemm rate through Kokkos Kernels (a vendor BLAS where one is configured):
+/// the ceiling the attention GFLOP/s are quoted against, measured in the same run.
+inline void BM_sgemm(benchmark::State& state) {
+  const int n = state.range(0);
+  Kokkos::View<float**, Kokkos::LayoutRight, Exec::memory_space> a("a", n, n), b("b", n, n),
+      c("c", n, n);
+  Kokkos::deep_copy(a, 0.5f);
+  Kokkos::deep_copy(b, 0.25f);
+  time_iterations(state, [&] { KokkosBlas::gemm("N", "N", 1.0f, a, b, 0.0f, c); });
+  state.counters["FLOP/s"] = flop_rate(2.0 * n * n * n);
+}
+#endif
+
+/// main() of a kfa benchmark: Kokkos around Google Benchmark, with the context recorded.
+inline int run_main(int argc, char** argv) {
+#ifdef KFA_HAVE_KOKKOSKERNELS
+  benchmark::RegisterBenchmark("BM_sgemm", BM_sgemm)
+      ->Arg(2048)
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond);
+#endif
+  Kokkos::initialize(argc, argv);
+  {
+    std::ostringstream cfg;
+    Kokkos::print_configuration(cfg);
+    benchmark::AddCustomContext("kfa_git_revision", KFA_GIT_REVISION);
+    benchmark::AddCustomContext("kokkos_version", std::to_string(KOKKOS_VERSION));
+    benchmark::AddCustomContext("kokkos_execution_space", Exec::name());
+    benchmark::AddCustomContext("kokkos_configuration", cfg.str());
+    benchmark::Initialize(&argc, argv);
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+  }
+  Kokkos::finalize();
+  return 0;
+}
+
+}  // namespace kfa_bench
