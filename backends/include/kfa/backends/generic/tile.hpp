@@ -8,6 +8,8 @@
 
 #include <kfa/backends/portability.hpp>
 
+#include <cstddef>
+
 namespace kfa::backends {
 
 /// Tile shapes and launch shape of the attention kernels on ExecSpace for value type T.
@@ -41,7 +43,7 @@ KOKKOS_INLINE_FUNCTION void row_scores(const Member& member, const Acc* q, const
   Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, c0, c1), [&](int c) { s[c] = Acc(0); });
   for (int d = 0; d < head_dim; ++d) {
     const Acc qd = q[d];
-    const Acc* kd = kt + d * ldk;
+    const Acc* kd = kt + static_cast<std::ptrdiff_t>(d) * ldk;
     Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, c0, c1),
                          [&](int c) { s[c] += qd * kd[c]; });
   }
@@ -54,8 +56,8 @@ template <class Member, class Acc>
 KOKKOS_INLINE_FUNCTION void accumulate_rows(const Member& member, const Acc* w, int w_stride,
                                             const Acc* x, int ldx, int n, int r0, int r1, Acc* o) {
   for (int r = r0; r < r1; ++r) {
-    const Acc wr = w[r * w_stride];
-    const Acc* xr = x + r * ldx;
+    const Acc wr = w[static_cast<std::ptrdiff_t>(r) * w_stride];
+    const Acc* xr = x + static_cast<std::ptrdiff_t>(r) * ldx;
     Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, n), [&](int d) { o[d] += wr * xr[d]; });
   }
 }

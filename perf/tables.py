@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Markdown tables from Google Benchmark JSON files written by the kfa benchmarks.
+
+  perf/tables.py decode   RESULT.json [RESULT2.json ...] [--plot OUT.png]
+  perf/tables.py backward RESULT.json [RESULT2.json ...] [--plot OUT.png]
+
+decode: the split-KV decode table (BM_decode); backward: dQ strategies and forward+backward
+(BM_backward, BM_forward_backward). Each table quotes the times side by side from one run and
+the GFLOP/s as a fraction of the sgemm rate measured in the same run (PERF.md). --plot draws
+the same figures (needs matplotlib), one panel per JSON file.
+"""
+import json
+import re
+import sys
+
+
+def load(path):
+    with open(path) as f:
+        data = json.load(f)
+    rows = {}
+    sgemm = None
+    for b in data["benchmarks"]:
+        if b.get("run_type") == "aggregate":
+            continue
+        name = b["name"].replace("/manual_time", "")
+        if name.startswith("BM_sgemm"):
+            sgemm = b["FLOP/s"]
+            continue
+        fields = dict(re.findall(r"(\w+):(\d+)", name))
+        if name.startswith("BM_decode"):
+            fields.setdefault("H", "32")  # runs before H became an argument
+        rows[(name.split("/")[0], tuple(sorted((k, int(v)) for k, v in fields.items())))] = b
+    ctx = data["context"]
+    return rows, sgemm, ctx
+
+
+def ms(b):
+    scale = {"ms": 1.0, "us": 1e-3, "ns": 1e-6, "s": 1e3}[b["time_unit"]]
+    return b["real_time"] * scale
+
+
+def header(path, sgemm, ctx):
+    space = ctx.get("kokkos_execution_space", "?")
+    print(f"\n`{path}`: {space}, Kokkos {ctx.get('kokkos_version', '?')}, "
+          f"revision {ctx.get('kfa_git_revision', '?')}, "
+          f"sgemm 2048^3 {sgemm / 1e9:.1f} GFLOP/s in the same run\n" if sgemm else "\n")
+
+
+def decode(path):
+    rows, sgemm, ctx = load(path)
+    header(path, sgemm, ctx)
+    print("| H | Nq | Nk | unsplit ms | auto ms | 8 splits ms | 32 splits ms | "
+          "auto/unsplit | 8/unsplit | 32/unsplit | unsplit K+V GB/s |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for h, nq, nk in [(32, nq, nk) for nq in (1, 16) for nk in (4096, 16384, 65536, 262144)] + \
+            [(1, 1, nk) for nk in (65536, 262144)]:
+        if True:
+            t = {}
+            for s in (1, 0, 8, 32):
+                key = ("BM_decode", tuple(sorted({"H": h, "Nq": nq, "Nk": nk,
+                                                  "splits": s}.items())))
+                if key in rows:
+                    t[s] = rows[key]
+            if 1 not in t:
+                continue
+            base = ms(t[1])
+            cells = [f"{ms(t[s]):.1f}" if s in t else "-" for s in (1, 0, 8, 32)]
+            ratios = [f"{ms(t[s]) / base:.2f}" if s in t else "-" for s in (0, 8, 32)]
+            bw = t[1]["KV_B/s"] / 1e9  # the JSON holds bytes/s
+            print(f"| {h} | {nq} | {nk} | " + " | ".join(cells + ratios) + f" | {bw:.2f} |")
+
+
+def backward(path):
+    rows, sgemm, ctx = load(path)
+    header(path, sgemm, ctx)
+    print("| N | D | causal | atomic dQ ms | deterministic ms | det/atomic | "
+          "atomic GFLOP/s | of sgemm | fwd+bwd ms (atomic) | fwd+bwd GFLOP/s |")
+    print("|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|")
+    for causal in (0, 1):
+        for d in (64, 128):
+            for n in (1024, 2048, 4096, 8192):
+                def get(bench, det):
+                    key = (bench, tuple(sorted({"N": n, "D": d, "causal": causal,
+                                                "deterministic": det}.items())))
+                    return rows.get(key)
+                a, det, fb = get("BM_backward", 0), get("BM_backward", 1), \
+                    get("BM_forward_backward", 0)
+                if not a or not det:
+                    continue
+                g = a["FLOP/s"] / 1e9
+                frac = f"{a['FLOP/s'] / sgemm:.2f}" if sgemm else "-"
+                fbc = f"{ms(fb):.0f} | {fb['FLOP/s'] / 1e9:.1f}" if fb else "- | -"
+                print(f"| {n} | {d} | {'yes' if causal else 'no'} | {ms(a):.1f} | "
+                      f"{ms(det):.1f} | {ms(det) / ms(a):.2f} | {g:.1f} | {frac} | {fbc} |")
+
+
+def plot(kind, paths, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(paths), figsize=(6 * len(paths), 4.2), squeeze=False)
+    for ax, path in zip(axes[0], paths):
+        rows, sgemm, ctx = load(path)
+        title = f"{ctx.get('kokkos_execution_space', '?')} (Kokkos {ctx.get('kokkos_version')})"
+        if kind == "decode":
+            for nq, style in ((1, "-"), (16, "--")):
+                for s, label in ((1, "unsplit"), (0, "auto"), (8, "8 splits"), (32, "32 splits")):
+                    xs, ys = [], []
+                    for nk in (4096, 16384, 65536, 262144):
+                        key = ("BM_decode", tuple(sorted({"H": 32, "Nq": nq, "Nk": nk,
+                                                          "splits": s}.items())))
+                        if key in rows:
+                            xs.append(nk)
+                            ys.append(rows[key]["KV_B/s"] / 1e9)
+                    ax.plot(xs, ys, style, marker="o", label=f"Nq={nq} {label}")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("Nk (B=1, H=32, D=128, float)")
+            ax.set_ylabel("K+V read rate (GB/s)")
+        else:
+            for d in (64, 128):
+                for causal in (0, 1):
+                    for det, style in ((0, "-"), (1, "--")):
+                        xs, ys = [], []
+                        for n in (1024, 2048, 4096, 8192):
+                            key = ("BM_backward", tuple(sorted({"N": n, "D": d, "causal": causal,
+                                                                "deterministic": det}.items())))
+                            if key in rows:
+                                xs.append(n)
+                                ys.append(rows[key]["FLOP/s"] / (sgemm or 1e9))
+                        ax.plot(xs, ys, style, marker="o",
+                                label=f"D={d} {'causal' if causal else 'full'} "
+                                      f"{'deterministic' if det else 'atomic dQ'}")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("N (B=1, H=2, float)")
+            ax.set_ylabel("backward FLOP/s / sgemm FLOP/s" if sgemm else "GFLOP/s")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    out = None
+    if "--plot" in args:
+        i = args.index("--plot")
+        out = args[i + 1]
+        del args[i:i + 2]
+    if len(args) < 2 or args[0] not in ("decode", "backward"):
+        sys.exit(__doc__)
+    for p in args[1:]:
+        {"decode": decode, "backward": backward}[args[0]](p)
+    if out:
+        plot(args[0], args[1:], out)
