@@ -15,6 +15,8 @@
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace kfa_test {
 
@@ -139,6 +141,38 @@ bool all_written(const View& v) {
   for (std::size_t e = 0; e < v.span(); ++e)
     if (std::isnan(v.data()[e])) return false;
   return true;
+}
+
+/// TESTING.md's matrix: seqlen pairs that are not multiples of any tile, and head dims.
+inline const std::vector<std::pair<int, int>> kSeqlens = {
+    {1, 1}, {1, 239}, {3, 799}, {17, 17}, {113, 203}, {128, 217}, {1023, 1024}, {1024, 1023}};
+inline const std::vector<int> kHeadDims = {16, 32, 40, 59, 64, 80, 96, 111, 128, 256};
+
+/// TESTING.md's masks: none, causal in both alignments, windows (left, right, both, 0),
+/// causal with a window, and softcap alone and combined.
+inline std::vector<kfa::Params> masks() {
+  std::vector<kfa::Params> out;
+  auto add = [&](bool causal, kfa::Align a, int wl, int wr, double cap = 0) {
+    kfa::Params p;
+    p.causal = causal;
+    p.align = a;
+    p.window_left = wl;
+    p.window_right = wr;
+    p.softcap = cap;
+    out.push_back(p);
+  };
+  const auto br = kfa::Align::bottom_right, tl = kfa::Align::top_left;
+  add(false, br, -1, -1);
+  add(true, br, -1, -1);
+  add(true, tl, -1, -1);
+  add(false, br, 37, -1);       // left only
+  add(false, tl, -1, 5);        // right only
+  add(false, br, 50, 9);        // both
+  add(false, tl, 0, 0);         // window 0: the diagonal only
+  add(true, br, 64, -1);        // causal + left window
+  add(false, br, -1, -1, 5.0);  // softcap (the backward's chain rule through tanh)
+  add(true, tl, 20, -1, 2.0);   // softcap + causal + window
+  return out;
 }
 
 /// A seed per shape, so every case draws fresh inputs; printed on failure.

@@ -14,10 +14,6 @@ namespace {
 using namespace kfa_test;
 namespace ref = kfa::reference;
 
-const std::vector<std::pair<int, int>> kSeqlens = {
-    {1, 1}, {1, 239}, {3, 799}, {17, 17}, {113, 203}, {128, 217}, {1023, 1024}, {1024, 1023}};
-const std::vector<int> kHeadDims = {16, 32, 40, 59, 64, 80, 96, 111, 128, 256};
-
 // Every head_dim against every odd seqlen pair, no mask, float.
 class HeadDimSeqlen : public ::testing::TestWithParam<std::tuple<int, std::pair<int, int>>> {};
 
@@ -29,31 +25,6 @@ TEST_P(HeadDimSeqlen, Float) {
 INSTANTIATE_TEST_SUITE_P(Matrix, HeadDimSeqlen,
                          ::testing::Combine(::testing::ValuesIn(kHeadDims),
                                             ::testing::ValuesIn(kSeqlens)));
-
-std::vector<kfa::Params> masks() {
-  std::vector<kfa::Params> out;
-  auto add = [&](bool causal, kfa::Align a, int wl, int wr, double cap = 0) {
-    kfa::Params p;
-    p.causal = causal;
-    p.align = a;
-    p.window_left = wl;
-    p.window_right = wr;
-    p.softcap = cap;
-    out.push_back(p);
-  };
-  const auto br = kfa::Align::bottom_right, tl = kfa::Align::top_left;
-  add(false, br, -1, -1);
-  add(true, br, -1, -1);
-  add(true, tl, -1, -1);
-  add(false, br, 37, -1);       // left only
-  add(false, tl, -1, 5);        // right only
-  add(false, br, 50, 9);        // both
-  add(false, tl, 0, 0);         // window 0: the diagonal only
-  add(true, br, 64, -1);        // causal + left window
-  add(false, br, -1, -1, 5.0);  // softcap
-  add(true, tl, 20, -1, 2.0);   // softcap + causal + window
-  return out;
-}
 
 const std::vector<std::pair<int, int>> kMaskSeqlens = {{1, 1},     {1, 239},   {3, 799},  {17, 17},
                                                        {113, 203}, {203, 113}, {128, 217}};
