@@ -37,6 +37,26 @@ inline bool visible(const Params& p, long long i, long long j, long long seqlen_
   return true;
 }
 
+/// Row i of the scaled, softcapped scores of head h (kv head hk) in precision T, into s[j]
+/// for the visible keys j; returns their maximum (-inf when none is visible).
+template <class T>
+T scores_row(const Tensor4& q, const Tensor4& k, const Params& p, int b, int h, int hk, int i,
+             T scale, T cap, std::vector<T>& s) {
+  const int Nq = q.extent(2), Nk = k.extent(2), D = q.extent(3);
+  T mx = -std::numeric_limits<T>::infinity();
+  for (int j = 0; j < Nk; ++j) {
+    if (!visible(p, i, j, Nq, Nk)) continue;
+    T dot = 0;
+    for (int d = 0; d < D; ++d)
+      dot += static_cast<T>(q(b, h, i, d)) * static_cast<T>(k(b, hk, j, d));
+    T sj = scale * dot;
+    if (cap > 0) sj = cap * std::tanh(sj / cap);
+    s[j] = sj;
+    mx = std::max(mx, sj);
+  }
+  return mx;
+}
+
 /// Naive forward computed in precision T from double inputs; results stored as double.
 /// o and lse must be allocated with the shapes of q and (batch, heads_q, seqlen_q).
 template <class T>
@@ -51,17 +71,7 @@ void forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params&
     for (int h = 0; h < Hq; ++h) {
       const int hk = h / (Hq / Hk);
       for (int i = 0; i < Nq; ++i) {
-        T mx = -std::numeric_limits<T>::infinity();
-        for (int j = 0; j < Nk; ++j) {
-          if (!visible(p, i, j, Nq, Nk)) continue;
-          T dot = 0;
-          for (int d = 0; d < D; ++d)
-            dot += static_cast<T>(q(b, h, i, d)) * static_cast<T>(k(b, hk, j, d));
-          T sj = scale * dot;
-          if (cap > 0) sj = cap * std::tanh(sj / cap);
-          s[j] = sj;
-          mx = std::max(mx, sj);
-        }
+        const T mx = scores_row(q, k, p, b, h, hk, i, scale, cap, s);
         T sum = 0;
         std::fill(acc.begin(), acc.end(), T(0));
         for (int j = 0; j < Nk; ++j) {
@@ -101,17 +111,7 @@ void backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params
     for (int h = 0; h < Hq; ++h) {
       const int hk = h / (Hq / Hk);
       for (int i = 0; i < Nq; ++i) {
-        T mx = -std::numeric_limits<T>::infinity();
-        for (int j = 0; j < Nk; ++j) {
-          if (!visible(p, i, j, Nq, Nk)) continue;
-          T dot = 0;
-          for (int d = 0; d < D; ++d)
-            dot += static_cast<T>(q(b, h, i, d)) * static_cast<T>(k(b, hk, j, d));
-          T sj = scale * dot;
-          if (cap > 0) sj = cap * std::tanh(sj / cap);
-          s[j] = sj;
-          mx = std::max(mx, sj);
-        }
+        const T mx = scores_row(q, k, p, b, h, hk, i, scale, cap, s);
         T sum = 0;
         for (int j = 0; j < Nk; ++j)
           if (visible(p, i, j, Nq, Nk)) sum += pr[j] = std::exp(s[j] - mx);
