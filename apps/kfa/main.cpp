@@ -275,28 +275,32 @@ void check_memory(DType dtype, double q_elems, double kv_elems, double head_dim,
 template <class T>
 using DeviceTensor = Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space>;
 
-template <class T>
-DeviceTensor<T> to_device(const Dataset& d, const char* label) {
-  DeviceTensor<T> v(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), d.dims[0],
-                    d.dims[1], d.dims[2], d.dims[3]);
+// Copies a dataset (row-major, as double) into a new device view of its shape: rank 4 for the
+// tensors, rank 3 for LSE and its gradient.
+template <class View>
+View dataset_to_device(const Dataset& d, const char* label) {
+  const auto alloc = Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label));
+  View v;
+  if constexpr (View::rank == 4)
+    v = View(alloc, d.dims[0], d.dims[1], d.dims[2], d.dims[3]);
+  else
+    v = View(alloc, d.dims[0], d.dims[1], d.dims[2]);
   auto h = Kokkos::create_mirror_view(v);
   for (std::size_t e = 0; e < d.data.size(); ++e)
-    h.data()[e] = static_cast<T>(d.data[e]);
+    h.data()[e] = static_cast<typename View::value_type>(d.data[e]);
   Kokkos::deep_copy(v, h);
   return v;
 }
 
 template <class T>
+DeviceTensor<T> to_device(const Dataset& d, const char* label) {
+  return dataset_to_device<DeviceTensor<T>>(d, label);
+}
+
+template <class T>
 Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> to_device3(const Dataset& d,
                                                                        const char* label) {
-  Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> v(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), d.dims[0], d.dims[1],
-      d.dims[2]);
-  auto h = Kokkos::create_mirror_view(v);
-  for (std::size_t e = 0; e < d.data.size(); ++e)
-    h.data()[e] = static_cast<T>(d.data[e]);
-  Kokkos::deep_copy(v, h);
-  return v;
+  return dataset_to_device<Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space>>(d, label);
 }
 
 template <class View>
