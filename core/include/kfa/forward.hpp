@@ -32,10 +32,7 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
              const Params& params = {}) {
   static_assert(Kokkos::is_execution_space<ExecSpace>::value,
                 "kfa::forward: the first argument must be a Kokkos execution space");
-  impl::static_check_tensor<Q>();
-  impl::static_check_tensor<K>();
-  impl::static_check_tensor<V>();
-  impl::static_check_tensor<O>();
+  impl::static_check_tensors<ExecSpace, Q, K, V, O>();
   static_assert(Kokkos::is_view<Lse>::value && Lse::rank == 3,
                 "kfa::forward: lse must be a rank-3 View (batch, heads_q, seqlen_q)");
   using T = typename Q::non_const_value_type;
@@ -48,10 +45,6 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
   using L = typename Lse::value_type;
   static_assert(std::is_floating_point_v<L> && sizeof(L) >= sizeof(float),
                 "kfa::forward: lse must be non-const float or wider");
-  impl::static_check_accessible<ExecSpace, Q>();
-  impl::static_check_accessible<ExecSpace, K>();
-  impl::static_check_accessible<ExecSpace, V>();
-  impl::static_check_accessible<ExecSpace, O>();
   impl::static_check_accessible<ExecSpace, Lse>();
 
   impl::ScopedRegion region("kfa::forward");

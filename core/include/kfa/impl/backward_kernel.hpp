@@ -116,6 +116,39 @@ struct BackwardCommon {
     return bytes > std::size_t(policy_t::scratch_size_max(0)) ? 1 : 0;
   }
 
+  /// Team scratch of a backward kernel: the tiles both kernels stage (K_j (Bt x D), K_j^T and
+  /// V_j^T (D x Bt), Q_i, dO_i and a dQ_i accumulator (Bt x D), P and dS (Bt x Bt), LSE and
+  /// delta (Bt)) plus, for the key-tile kernel, the dK_j and dV_j accumulators (Bt x D).
+  /// Sized and carved in one place so the two cannot drift apart.
+  struct Tiles {
+    acc_t *ks, *kt, *vt, *qs, *dos, *dqs, *p, *ds, *lse_s, *delta_s;
+    acc_t* dks = nullptr;
+    acc_t* dvs = nullptr;
+  };
+
+  std::size_t scratch_bytes(bool with_dkdv) const {
+    const std::size_t tile = std::size_t(Bt) * head_dim, sq = std::size_t(Bt) * Bt;
+    return (with_dkdv ? 8 : 6) * scratch_view::shmem_size(tile) + 2 * scratch_view::shmem_size(sq) +
+           2 * scratch_view::shmem_size(std::size_t(Bt));
+  }
+
+  KOKKOS_INLINE_FUNCTION Tiles carve(const member_t& team, int level, bool with_dkdv) const {
+    const auto& scr = team.team_scratch(level);
+    const std::size_t tile = std::size_t(Bt) * head_dim, sq = std::size_t(Bt) * Bt;
+    Tiles s;
+    for (acc_t** t : {&s.ks, &s.kt, &s.vt, &s.qs, &s.dos, &s.dqs})
+      *t = scratch_view(scr, tile).data();
+    if (with_dkdv) {
+      s.dks = scratch_view(scr, tile).data();
+      s.dvs = scratch_view(scr, tile).data();
+    }
+    s.p = scratch_view(scr, sq).data();
+    s.ds = scratch_view(scr, sq).data();
+    s.lse_s = scratch_view(scr, std::size_t(Bt)).data();
+    s.delta_s = scratch_view(scr, std::size_t(Bt)).data();
+    return s;
+  }
+
   /// Stages the query-side rows of tile q0 (nr rows) of head (b, h): Q_i pre-multiplied by the
   /// scale, dO_i, LSE and delta.
   KOKKOS_INLINE_FUNCTION void load_query_tile(const member_t& team, int b, int h, int q0, int nr,
@@ -222,23 +255,14 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views> {
   using base = BackwardCommon<ExecSpace, T, Views>;
   using typename base::acc_t;
   using typename base::member_t;
-  using typename base::scratch_view;
+  using Tiles = typename base::Tiles;
   bool atomic_dq;
   int level;
 
   KeyValueKernel(const base& common, bool atomic_dq_)
       : base(common), atomic_dq(atomic_dq_), level(base::level_for(scratch_bytes())) {}
 
-  /// K_j, dK_j, dV_j (Bt x D), K_j^T, V_j^T (D x Bt), Q_i, dO_i, dQ_i row sums (Bt x D),
-  /// P, dS (Bt x Bt), LSE and delta (Bt).
-  std::size_t scratch_bytes() const {
-    const std::size_t tile = std::size_t(this->Bt) * this->head_dim,
-                      sq = std::size_t(this->Bt) * this->Bt, row = std::size_t(this->Bt);
-    std::size_t bytes = 0;
-    for (std::size_t e : {tile, tile, tile, tile, tile, tile, tile, tile, sq, sq, row, row})
-      bytes += scratch_view::shmem_size(e);
-    return bytes;
-  }
+  std::size_t scratch_bytes() const { return base::scratch_bytes(true); }
 
   void launch(const ExecSpace& space) const {
     const long long league =
@@ -254,25 +278,12 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views> {
     const int k0 = kt_i * Bt;
     const int nc = this->seqlen_k - k0 < Bt ? this->seqlen_k - k0 : Bt;
 
-    const auto& scr = team.team_scratch(level);
-    const std::size_t tile = std::size_t(Bt) * D, sq = std::size_t(Bt) * Bt;
-    acc_t* ks = scratch_view(scr, tile).data();
-    acc_t* dks = scratch_view(scr, tile).data();
-    acc_t* dvs = scratch_view(scr, tile).data();
-    acc_t* kt = scratch_view(scr, tile).data();
-    acc_t* vt = scratch_view(scr, tile).data();
-    acc_t* qs = scratch_view(scr, tile).data();
-    acc_t* dos = scratch_view(scr, tile).data();
-    acc_t* dqs = scratch_view(scr, tile).data();
-    acc_t* p = scratch_view(scr, sq).data();
-    acc_t* ds = scratch_view(scr, sq).data();
-    acc_t* lse_s = scratch_view(scr, std::size_t(Bt)).data();
-    acc_t* delta_s = scratch_view(scr, std::size_t(Bt)).data();
+    const Tiles sc = this->carve(team, level, true);
 
-    this->load_key_tile(team, b, hk, k0, nc, ks, kt, vt);
+    this->load_key_tile(team, b, hk, k0, nc, sc.ks, sc.kt, sc.vt);
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nc * D), [&](int idx) {
-      dks[idx] = acc_t(0);
-      dvs[idx] = acc_t(0);
+      sc.dks[idx] = acc_t(0);
+      sc.dvs[idx] = acc_t(0);
     });
 
     for (int h = hk * this->group; h < (hk + 1) * this->group; ++h)
@@ -281,33 +292,33 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views> {
         const int nr = this->seqlen_q - q0 < Bt ? this->seqlen_q - q0 : Bt;
         if (!this->tiles_meet(q0, nr, k0, nc)) continue;
         team.team_barrier();  // the previous query tile is no longer read
-        this->load_query_tile(team, b, h, q0, nr, qs, dos, lse_s, delta_s);
+        this->load_query_tile(team, b, h, q0, nr, sc.qs, sc.dos, sc.lse_s, sc.delta_s);
         team.team_barrier();
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
-          this->row_p_ds(team, q0 + r, k0, nc, qs + r * D, dos + r * D, lse_s[r], delta_s[r], kt,
-                         vt, p + r * Bt, ds + r * Bt);
+          this->row_p_ds(team, q0 + r, k0, nc, sc.qs + r * D, sc.dos + r * D, sc.lse_s[r],
+                         sc.delta_s[r], sc.kt, sc.vt, sc.p + r * Bt, sc.ds + r * Bt);
           if (!atomic_dq) return;
-          acc_t* dqrow = dqs + r * D;
+          acc_t* dqrow = sc.dqs + r * D;
           Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
                                [&](int d) { dqrow[d] = acc_t(0); });
-          backends::accumulate_rows(team, ds + r * Bt, 1, ks, D, D, 0, nc, dqrow);
-          const acc_t sc = this->scale;
+          backends::accumulate_rows(team, sc.ds + r * Bt, 1, sc.ks, D, D, 0, nc, dqrow);
+          const acc_t dq_scale = this->scale;
           Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D), [&](int d) {
-            Kokkos::atomic_add(&this->t.dq(b, h, q0 + r, d), static_cast<T>(sc * dqrow[d]));
+            Kokkos::atomic_add(&this->t.dq(b, h, q0 + r, d), static_cast<T>(dq_scale * dqrow[d]));
           });
         });
         team.team_barrier();
         // dV_j += P^T dO_i and dK_j += dS^T (scale Q_i): key rows, columns of P and dS.
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nc), [&](int c) {
-          backends::accumulate_rows(team, p + c, Bt, dos, D, D, 0, nr, dvs + c * D);
-          backends::accumulate_rows(team, ds + c, Bt, qs, D, D, 0, nr, dks + c * D);
+          backends::accumulate_rows(team, sc.p + c, Bt, sc.dos, D, D, 0, nr, sc.dvs + c * D);
+          backends::accumulate_rows(team, sc.ds + c, Bt, sc.qs, D, D, 0, nr, sc.dks + c * D);
         });
       }
     team.team_barrier();
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nc * D), [&](int idx) {
       const int c = idx / D, d = idx % D;
-      this->t.dk(b, hk, k0 + c, d) = static_cast<T>(dks[idx]);
-      this->t.dv(b, hk, k0 + c, d) = static_cast<T>(dvs[idx]);
+      this->t.dk(b, hk, k0 + c, d) = static_cast<T>(sc.dks[idx]);
+      this->t.dv(b, hk, k0 + c, d) = static_cast<T>(sc.dvs[idx]);
     });
   }
 };
@@ -319,21 +330,13 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views> {
   using base = BackwardCommon<ExecSpace, T, Views>;
   using typename base::acc_t;
   using typename base::member_t;
-  using typename base::scratch_view;
+  using Tiles = typename base::Tiles;
   int level;
 
   explicit QueryKernel(const base& common)
       : base(common), level(base::level_for(scratch_bytes())) {}
 
-  /// Q_i, dO_i, dQ_i, K_j (Bt x D), K_j^T, V_j^T (D x Bt), P, dS (Bt x Bt), LSE, delta (Bt).
-  std::size_t scratch_bytes() const {
-    const std::size_t tile = std::size_t(this->Bt) * this->head_dim,
-                      sq = std::size_t(this->Bt) * this->Bt, row = std::size_t(this->Bt);
-    std::size_t bytes = 0;
-    for (std::size_t e : {tile, tile, tile, tile, tile, tile, sq, sq, row, row})
-      bytes += scratch_view::shmem_size(e);
-    return bytes;
-  }
+  std::size_t scratch_bytes() const { return base::scratch_bytes(false); }
 
   void launch(const ExecSpace& space) const {
     const long long league =
@@ -349,39 +352,28 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views> {
     const int q0 = qt * Bt;
     const int nr = this->seqlen_q - q0 < Bt ? this->seqlen_q - q0 : Bt;
 
-    const auto& scr = team.team_scratch(level);
-    const std::size_t tile = std::size_t(Bt) * D, sq = std::size_t(Bt) * Bt;
-    acc_t* qs = scratch_view(scr, tile).data();
-    acc_t* dos = scratch_view(scr, tile).data();
-    acc_t* dqs = scratch_view(scr, tile).data();
-    acc_t* ks = scratch_view(scr, tile).data();
-    acc_t* kt = scratch_view(scr, tile).data();
-    acc_t* vt = scratch_view(scr, tile).data();
-    acc_t* p = scratch_view(scr, sq).data();
-    acc_t* ds = scratch_view(scr, sq).data();
-    acc_t* lse_s = scratch_view(scr, std::size_t(Bt)).data();
-    acc_t* delta_s = scratch_view(scr, std::size_t(Bt)).data();
+    const Tiles sc = this->carve(team, level, false);
 
-    this->load_query_tile(team, b, h, q0, nr, qs, dos, lse_s, delta_s);
+    this->load_query_tile(team, b, h, q0, nr, sc.qs, sc.dos, sc.lse_s, sc.delta_s);
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr * D),
-                         [&](int idx) { dqs[idx] = acc_t(0); });
+                         [&](int idx) { sc.dqs[idx] = acc_t(0); });
     for (int kt_i = 0; kt_i < this->k_tiles; ++kt_i) {
       const int k0 = kt_i * Bt;
       const int nc = this->seqlen_k - k0 < Bt ? this->seqlen_k - k0 : Bt;
       if (!this->tiles_meet(q0, nr, k0, nc)) continue;
       team.team_barrier();  // the previous key tile is no longer read
-      this->load_key_tile(team, b, hk, k0, nc, ks, kt, vt);
+      this->load_key_tile(team, b, hk, k0, nc, sc.ks, sc.kt, sc.vt);
       team.team_barrier();
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
-        this->row_p_ds(team, q0 + r, k0, nc, qs + r * D, dos + r * D, lse_s[r], delta_s[r], kt, vt,
-                       p + r * Bt, ds + r * Bt);
-        backends::accumulate_rows(team, ds + r * Bt, 1, ks, D, D, 0, nc, dqs + r * D);
+        this->row_p_ds(team, q0 + r, k0, nc, sc.qs + r * D, sc.dos + r * D, sc.lse_s[r],
+                       sc.delta_s[r], sc.kt, sc.vt, sc.p + r * Bt, sc.ds + r * Bt);
+        backends::accumulate_rows(team, sc.ds + r * Bt, 1, sc.ks, D, D, 0, nc, sc.dqs + r * D);
       });
     }
     team.team_barrier();
-    const acc_t sc = this->scale;
+    const acc_t dq_scale = this->scale;
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr * D), [&](int idx) {
-      this->t.dq(b, h, q0 + idx / D, idx % D) = static_cast<T>(sc * dqs[idx]);
+      this->t.dq(b, h, q0 + idx / D, idx % D) = static_cast<T>(dq_scale * sc.dqs[idx]);
     });
   }
 };
@@ -401,14 +393,7 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
               const DV& dv, const Params& params) {
   static_assert(Kokkos::is_execution_space<ExecSpace>::value,
                 "kfa::backward: the first argument must be a Kokkos execution space");
-  static_check_tensor<Q>();
-  static_check_tensor<K>();
-  static_check_tensor<V>();
-  static_check_tensor<O>();
-  static_check_tensor<DO>();
-  static_check_tensor<DQ>();
-  static_check_tensor<DK>();
-  static_check_tensor<DV>();
+  static_check_tensors<ExecSpace, Q, K, V, O, DO, DQ, DK, DV>();
   static_assert(is_view_of_rank<Lse, 3>::value && is_view_of_rank<DLse, 3>::value,
                 "kfa::backward: lse and dlse must be rank-3 Views (batch, heads_q, seqlen_q)");
   using T = typename Q::non_const_value_type;
@@ -427,16 +412,8 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
                     sizeof(typename Lse::non_const_value_type) >= sizeof(float) &&
                     std::is_floating_point_v<typename DLse::non_const_value_type>,
                 "kfa::backward: lse must be float or wider, dlse floating point");
-  static_check_accessible<ExecSpace, Q>();
-  static_check_accessible<ExecSpace, K>();
-  static_check_accessible<ExecSpace, V>();
-  static_check_accessible<ExecSpace, O>();
   static_check_accessible<ExecSpace, Lse>();
-  static_check_accessible<ExecSpace, DO>();
   static_check_accessible<ExecSpace, DLse>();
-  static_check_accessible<ExecSpace, DQ>();
-  static_check_accessible<ExecSpace, DK>();
-  static_check_accessible<ExecSpace, DV>();
 
   ScopedRegion region("kfa::backward");
   validate_params("backward", params);

@@ -65,12 +65,6 @@ struct SplitPartials {
         Kokkos::view_alloc(std::string("kfa::split_kv::ml"), Kokkos::WithoutInitializing), rows, 2);
   }
 
-  /// Bytes the workspace needs, for callers that check memory first.
-  static std::size_t bytes(int splits, int batch, int heads, int seqlen_q, int head_dim) {
-    return std::size_t(splits) * batch * heads * seqlen_q * (std::size_t(head_dim) + 2) *
-           sizeof(Acc);
-  }
-
   KOKKOS_INLINE_FUNCTION std::size_t row(int split, int b, int h, int i) const {
     return ((std::size_t(split) * batch + b) * heads + h) * seqlen_q + i;
   }

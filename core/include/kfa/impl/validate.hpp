@@ -53,6 +53,14 @@ constexpr void static_check_accessible() {
                 "kfa: every View must be accessible from the execution space passed to kfa");
 }
 
+/// Compile-time checks every pass makes of its rank-4 tensors: Views of rank 4, accessible
+/// from the execution space.
+template <class ExecSpace, class... Views>
+constexpr void static_check_tensors() {
+  (static_check_tensor<Views>(), ...);
+  (static_check_accessible<ExecSpace, Views>(), ...);
+}
+
 inline void validate_params(const char* pass, const Params& p) {
   if (!std::isfinite(p.scale)) fail(pass, "scale must be finite, got ", p.scale);
   if (!(p.softcap >= 0) || !std::isfinite(p.softcap))
