@@ -10,6 +10,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <ostream>
 #include <random>
@@ -20,6 +21,7 @@
 
 namespace kfa_test {
 
+using kfa::reference::Keep4;
 using kfa::reference::Tensor3;
 using kfa::reference::Tensor4;
 using Exec = Kokkos::DefaultExecutionSpace;
@@ -135,6 +137,18 @@ Gradients<T> run_backward(const Problem& pb, const kfa::Params& params, const Te
   return {to_host<Tensor4>(dq, "dq"), to_host<Tensor4>(dk, "dk"), to_host<Tensor4>(dv, "dv")};
 }
 
+/// The dropout keep-mask of params for a problem of shape s, made by kfa::dropout_mask on the
+/// device and copied to the host; empty when params.dropout is 0.
+inline Keep4 keep_mask(const Shape& s, const kfa::Params& params) {
+  if (!(params.dropout > 0)) return {};
+  Kokkos::View<std::uint8_t****, Exec::memory_space> keep("keep", s.batch, s.heads_q, s.seqlen_q,
+                                                          s.seqlen_k);
+  kfa::dropout_mask(Exec(), keep, params);
+  Keep4 h("keep_host", s.batch, s.heads_q, s.seqlen_q, s.seqlen_k);
+  Kokkos::deep_copy(h, keep);
+  return h;
+}
+
 /// True when no element is NaN: the kernel wrote every poisoned output.
 template <class View>
 bool all_written(const View& v) {
@@ -188,6 +202,9 @@ inline std::string describe(const kfa::Params& p) {
   s += " window=(" + std::to_string(p.window_left) + "," + std::to_string(p.window_right) + ")";
   if (p.softcap > 0) s += " softcap=" + std::to_string(p.softcap);
   if (p.num_splits != 0) s += " splits=" + std::to_string(p.num_splits);
+  if (p.dropout > 0)
+    s += " dropout=" + std::to_string(p.dropout) + " seed=" + std::to_string(p.seed) +
+         " offset=" + std::to_string(p.offset);
   return s;
 }
 
@@ -204,7 +221,8 @@ void check_case(const Shape& s, const kfa::Params& p, int salt = 0, double amp_q
   // (the reference itself never produces NaN for finite inputs).
   ASSERT_TRUE(all_written(out.o)) << "o has unwritten (NaN) elements";
   ASSERT_TRUE(all_written(out.lse)) << "lse has unwritten (NaN) elements";
-  const auto c = kfa::reference::check_forward<T>(pb.q, pb.k, pb.v, p, out.o, out.lse);
+  const auto c =
+      kfa::reference::check_forward<T>(pb.q, pb.k, pb.v, p, out.o, out.lse, keep_mask(s, p));
   EXPECT_TRUE(c.o.ok()) << "O: err " << c.o.err << " > bound " << c.o.bound
                         << " (naive same-precision err " << c.o.naive_err << ")";
   EXPECT_TRUE(c.lse.ok()) << "LSE: err " << c.lse.err << " > bound " << c.lse.bound
@@ -234,8 +252,8 @@ void check_backward_case(const Shape& s, const kfa::Params& p, bool with_dlse = 
   ASSERT_TRUE(all_written(g.dq)) << "dq has unwritten (NaN) elements";
   ASSERT_TRUE(all_written(g.dk)) << "dk has unwritten (NaN) elements";
   ASSERT_TRUE(all_written(g.dv)) << "dv has unwritten (NaN) elements";
-  const auto c =
-      kfa::reference::check_backward<T>(pb.q, pb.k, pb.v, p, dout, dlse, g.dq, g.dk, g.dv);
+  const auto c = kfa::reference::check_backward<T>(pb.q, pb.k, pb.v, p, dout, dlse, g.dq, g.dk,
+                                                   g.dv, keep_mask(s, p));
   for (const auto& [name, r] : {std::pair{"dQ", c.dq}, {"dK", c.dk}, {"dV", c.dv}})
     EXPECT_TRUE(r.ok()) << name << ": err " << r.err << " > bound " << r.bound
                         << " (naive same-precision err " << r.naive_err << ")";

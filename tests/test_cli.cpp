@@ -85,9 +85,43 @@ fs::path write_inputs(const std::string& name, const Dataset& q, const Dataset& 
   return p;
 }
 
+// The /keep mask `kfa dropout-mask` writes for `params` (its dropout flags) and a shape, read
+// back with the HDF5 API; empty without dropout.
+Keep4 cli_mask(const Shape& s, const kfa::Params& params) {
+  if (!(params.dropout > 0)) return {};
+  const fs::path path = work_dir() / "mask.h5";
+  const std::string shape = std::to_string(s.batch) + "," + std::to_string(s.heads_q) + "," +
+                            std::to_string(s.seqlen_q) + "," + std::to_string(s.seqlen_k);
+  std::ostringstream flags;
+  flags.precision(17);
+  flags << "--dropout " << params.dropout << " --seed " << params.seed << " --offset "
+        << params.offset;
+  const CliRun r =
+      run_cli("dropout-mask --shape " + shape + " " + flags.str() + " --out " + path.string());
+  EXPECT_EQ(r.status, 0) << r.err;
+  Keep4 keep("keep", s.batch, s.heads_q, s.seqlen_q, s.seqlen_k);
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t d = H5Dopen2(f, "/keep", H5P_DEFAULT);
+  const hid_t t = H5Dget_type(d), sp = H5Dget_space(d);
+  EXPECT_EQ(H5Tget_class(t), H5T_INTEGER);
+  EXPECT_EQ(H5Tget_size(t), 1u);
+  EXPECT_EQ(H5Tget_sign(t), H5T_SGN_NONE);
+  hsize_t dims[4] = {0, 0, 0, 0};
+  EXPECT_EQ(H5Sget_simple_extent_dims(sp, dims, nullptr), 4);
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(dims[i], keep.extent(i));
+  EXPECT_GE(H5Dread(d, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, keep.data()), 0);
+  H5Sclose(sp);
+  H5Tclose(t);
+  H5Dclose(d);
+  H5Fclose(f);
+  return keep;
+}
+
 void round_trip(DType dtype, const std::string& flags, const kfa::Params& params) {
   SCOPED_TRACE(flags + (dtype == DType::f32 ? " float32" : " float64"));
-  Problem pb({2, 4, 2, 37, 91, 40}, 2024);
+  const Shape shape{2, 4, 2, 37, 91, 40};
+  Problem pb(shape, 2024);
   const Dataset q = from_tensor(pb.q, dtype), k = from_tensor(pb.k, dtype),
                 v = from_tensor(pb.v, dtype);
   const fs::path in = write_inputs("in.h5", q, k, v), out = work_dir() / "out.h5";
@@ -102,10 +136,13 @@ void round_trip(DType dtype, const std::string& flags, const kfa::Params& params
   Tensor3 lse_t("lse", lse.dims[0], lse.dims[1], lse.dims[2]);
   std::copy(lse.data.begin(), lse.data.end(), lse_t.data());
   const Tensor4 qt = to_tensor(q), kt = to_tensor(k), vt = to_tensor(v);
+  // With dropout the reference is fed the mask file of kfa dropout-mask: the check passes only
+  // if that file holds the mask the forward applied.
+  const Keep4 keep = cli_mask(shape, params);
   const auto c =
       dtype == DType::f32
-          ? kfa::reference::check_forward<float>(qt, kt, vt, params, to_tensor(o), lse_t)
-          : kfa::reference::check_forward<double>(qt, kt, vt, params, to_tensor(o), lse_t);
+          ? kfa::reference::check_forward<float>(qt, kt, vt, params, to_tensor(o), lse_t, keep)
+          : kfa::reference::check_forward<double>(qt, kt, vt, params, to_tensor(o), lse_t, keep);
   EXPECT_TRUE(c.ok()) << "O err " << c.o.err << " (bound " << c.o.bound << "), LSE err "
                       << c.lse.err << " (bound " << c.lse.bound << ")";
 }
@@ -121,6 +158,35 @@ TEST(Cli, RoundTripThroughHdf5) {
   p.softcap = 4;
   round_trip(DType::f32, "--causal --align top-left --window 20,-1 --scale 0.3 --softcap 4", p);
   round_trip(DType::f64, "--causal --align top-left --window 20,-1 --scale 0.3 --softcap 4", p);
+  kfa::Params d;
+  d.dropout = 0.3;
+  d.seed = 11;
+  d.offset = 5;
+  round_trip(DType::f32, "--dropout 0.3 --seed 11 --offset 5", d);
+  d.causal = true;
+  round_trip(DType::f64, "--dropout 0.3 --seed 11 --offset 5 --causal", d);
+}
+
+// kfa dropout-mask writes exactly kfa::dropout_mask's mask, with the kept fraction it reports.
+TEST(Cli, DropoutMaskFile) {
+  kfa::Params p;
+  p.dropout = 0.25;
+  p.seed = 1ULL << 40;
+  p.offset = 3;
+  const Shape s{2, 3, 1, 50, 77, 16};
+  const Keep4 file = cli_mask(s, p);
+  const Keep4 lib = keep_mask(s, p);
+  for (std::size_t e = 0; e < lib.span(); ++e)
+    ASSERT_EQ(file.data()[e], lib.data()[e]) << "element " << e;
+  const CliRun r = run_cli("dropout-mask --shape 1,1,200,200 --dropout 0.5 --seed 1 --json --out " +
+                           (work_dir() / "m2.h5").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string last = r.out.substr(r.out.rfind('{'));
+  for (const char* key : {"\"command\":\"dropout-mask\"", "\"dropout\":0.5,", "\"seed\":1,"})
+    EXPECT_NE(last.find(key), std::string::npos) << key << " missing in " << last;
+  const auto at = last.find("\"kept_fraction\":");
+  ASSERT_NE(at, std::string::npos) << last;
+  EXPECT_NEAR(std::stod(last.substr(at + 16)), 0.5, 0.01);
 }
 
 TEST(Cli, RandomWithJsonAndCheck) {
@@ -144,7 +210,8 @@ TEST(Cli, RandomWithJsonAndCheck) {
 // within rounding; --random --check passes.
 void backward_round_trip(DType dtype, const std::string& flags, const kfa::Params& params) {
   SCOPED_TRACE(flags + (dtype == DType::f32 ? " float32" : " float64"));
-  Problem pb({1, 4, 2, 45, 70, 32}, 2025);
+  const Shape shape{1, 4, 2, 45, 70, 32};
+  Problem pb(shape, 2025);
   const Dataset q = from_tensor(pb.q, dtype), k = from_tensor(pb.k, dtype),
                 v = from_tensor(pb.v, dtype);
   const fs::path in = write_inputs("bin.h5", q, k, v), fwd = work_dir() / "bfwd.h5",
@@ -177,12 +244,13 @@ void backward_round_trip(DType dtype, const std::string& flags, const kfa::Param
   Tensor3 dlse_t("dlse", 1, 4, 45);
   std::copy(dlse.data.begin(), dlse.data.end(), dlse_t.data());
   const Tensor4 qt = to_tensor(q), kt = to_tensor(k), vt = to_tensor(v), dot = to_tensor(dout);
+  const Keep4 keep = cli_mask(shape, params);
   const auto c =
       dtype == DType::f32
           ? kfa::reference::check_backward<float>(qt, kt, vt, params, dot, dlse_t, to_tensor(dq),
-                                                  to_tensor(dk), to_tensor(dv))
+                                                  to_tensor(dk), to_tensor(dv), keep)
           : kfa::reference::check_backward<double>(qt, kt, vt, params, dot, dlse_t, to_tensor(dq),
-                                                   to_tensor(dk), to_tensor(dv));
+                                                   to_tensor(dk), to_tensor(dv), keep);
   EXPECT_TRUE(c.ok()) << "dQ err " << c.dq.err << " (bound " << c.dq.bound << "), dK err "
                       << c.dk.err << " (bound " << c.dk.bound << "), dV err " << c.dv.err
                       << " (bound " << c.dv.bound << ")";
@@ -196,6 +264,10 @@ TEST(Cli, BackwardRoundTripThroughHdf5) {
   p.window_left = 20;
   p.softcap = 4;
   backward_round_trip(DType::f32, "--causal --window 20,-1 --softcap 4", p);
+  p.dropout = 0.4;
+  p.seed = 77;
+  backward_round_trip(DType::f32, "--causal --window 20,-1 --softcap 4 --dropout 0.4 --seed 77", p);
+  backward_round_trip(DType::f64, "--causal --window 20,-1 --softcap 4 --dropout 0.4 --seed 77", p);
   const CliRun r = run_cli(
       "backward --random 1,4,120,64 --heads-kv 1 --causal --deterministic --repeat 2 --json "
       "--check");
@@ -204,6 +276,18 @@ TEST(Cli, BackwardRoundTripThroughHdf5) {
   for (const char* key : {"\"command\":\"backward\"", "\"deterministic\":true",
                           "\"check\":\"pass\"", "\"err_dq\":", "\"gflops\":"})
     EXPECT_NE(last.find(key), std::string::npos) << key << " missing in " << last;
+  // --random with dropout: forward and backward each pass --check against the reference fed
+  // with the mask of the same flags.
+  for (const char* cmd : {"forward", "backward"}) {
+    const CliRun d = run_cli(std::string(cmd) +
+                             " --random 2,2,90,32 --causal --dropout 0.2 --seed 3 --offset 9 "
+                             "--data-seed 4 --json --check");
+    ASSERT_EQ(d.status, 0) << cmd << ": " << d.err;
+    const std::string line = d.out.substr(d.out.rfind('{'));
+    for (const char* key :
+         {"\"dropout\":0.2,", "\"seed\":3,", "\"offset\":9,", "\"check\":\"pass\""})
+      EXPECT_NE(line.find(key), std::string::npos) << key << " missing in " << line;
+  }
 }
 
 // Bad input: exit 2, exactly one line "kfa: error: ..." containing `expect`, no output file.
@@ -361,6 +445,22 @@ TEST(Cli, BadFlags) {
   expect_bad("backward --random 1,2,64,16 --splits 2", "--splits applies to forward");
   expect_bad("forward --random 1,2,64,16 --splits -1", "--splits must be >= 0, got -1");
   expect_bad("forward --in", "--in expects a value");
+  expect_bad(in + " --dropout 1", "--dropout must be in [0, 1), got 1");
+  expect_bad(in + " --dropout -0.1", "--dropout must be in [0, 1), got -0.1");
+  expect_bad(in + " --dropout nan", "--dropout expects a finite number, got 'nan'");
+  expect_bad(in + " --dropout 0.1 --seed -3", "--seed must be >= 0, got -3");
+  expect_bad(in + " --dropout 0.1 --offset x", "--offset expects an integer, got 'x'");
+  expect_bad(in + " --shape 1,1,4,4", "--shape applies to dropout-mask only");
+  const std::string bad_out = " --out " + (work_dir() / "bad_out.h5").string();
+  expect_bad("dropout-mask --shape 1,1,4,4 --dropout 0.1" + bad_out + " --causal",
+             "'--causal' does not apply to dropout-mask");
+  expect_bad("dropout-mask --shape 1,1,4 --dropout 0.1" + bad_out, "--shape expects B,H,NQ,NK");
+  expect_bad("dropout-mask --shape 1,1,0,4 --dropout 0.1" + bad_out,
+             "--shape seqlen_q must be >= 1, got 0");
+  expect_bad("dropout-mask --shape 1,1,4,4 --dropout 1" + bad_out, "--dropout must be in [0, 1)");
+  expect_bad("dropout-mask --dropout 0.1" + bad_out, "dropout-mask needs --shape");
+  expect_bad("dropout-mask --shape 1,1,4,4 --dropout 0.1", "dropout-mask needs --out");
+  expect_bad("dropout-mask --shape 100000,1000,1000,1000" + bad_out, "GiB but this machine has");
   const CliRun none = run_cli("");
   EXPECT_EQ(none.status, 2);
   EXPECT_EQ(none.err.rfind("kfa: error: missing command", 0), 0u) << none.err;

@@ -88,12 +88,17 @@ void write_atomic(const std::string& path,
     ok = true;
     for (const auto& [name, d] : datasets) {
       Handle space{H5Screate_simple(int(d->dims.size()), d->dims.data(), nullptr), H5Sclose};
-      const hid_t ftype = d->dtype == DType::f32 ? H5T_IEEE_F32LE : H5T_IEEE_F64LE;
+      const bool u8 = d->dtype == DType::u8;
+      const hid_t ftype = u8                       ? H5T_STD_U8LE
+                          : d->dtype == DType::f32 ? H5T_IEEE_F32LE
+                                                   : H5T_IEEE_F64LE;
+      const hid_t mtype = u8 ? H5T_NATIVE_UINT8 : H5T_NATIVE_DOUBLE;
+      const void* buf = u8 ? static_cast<const void*>(d->bytes.data()) : d->data.data();
+      const bool empty = u8 ? d->bytes.empty() : d->data.empty();
       Handle ds{
           H5Dcreate2(file.id, name.c_str(), ftype, space.id, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
           H5Dclose};
-      if (ds.id < 0 || (!d->data.empty() && H5Dwrite(ds.id, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL,
-                                                     H5P_DEFAULT, d->data.data()) < 0)) {
+      if (ds.id < 0 || (!empty && H5Dwrite(ds.id, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0)) {
         ok = false;
         break;
       }

@@ -1,10 +1,12 @@
 #pragma once
 // Whole-dataset HDF5 I/O for the kfa programs: tensors of float32 or float64, read into
-// double (exact for both) and written back in their own type. Files are written under a
-// temporary name and renamed, so an output file exists only when everything was written.
+// double (exact for both) and written back in their own type; masks of uint8 (written only).
+// Files are written under a temporary name and renamed, so an output file exists only when
+// everything was written.
 
 #include <hdf5.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -17,15 +19,16 @@ struct InputError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class DType { f32, f64 };
+enum class DType { f32, f64, u8 };
 inline const char* name(DType t) {
-  return t == DType::f32 ? "float32" : "float64";
+  return t == DType::f32 ? "float32" : t == DType::f64 ? "float64" : "uint8";
 }
 
 struct Dataset {
   std::vector<hsize_t> dims;
   DType dtype = DType::f32;
-  std::vector<double> data;  // row-major
+  std::vector<double> data;         // row-major, for f32 and f64
+  std::vector<std::uint8_t> bytes;  // row-major, for u8 (a mask need not take 8 bytes a flag)
   std::size_t size() const {
     std::size_t n = 1;
     for (auto d : dims)

@@ -4,10 +4,15 @@
 //   kfa backward --in IN.h5 --out OUT.h5 [mask flags] [--deterministic]
 //                reads /q /k /v /o /lse /do (and /dlse when present), writes /dq /dk /dv
 //   kfa forward|backward --random B,H,N,D [--heads-kv H] [--seqlen-k N]
-//               [--dtype float|double] [--seed S] [--repeat R] [--json] [--check] [mask flags]
+//               [--dtype float|double] [--data-seed S] [--repeat R] [--json] [--check]
+//               [mask flags]
 //   mask flags: [--causal] [--align bottom-right|top-left] [--window LEFT,RIGHT]
-//               [--scale S] [--softcap C] [--splits N (forward)]
+//               [--scale S] [--softcap C] [--dropout P --seed N [--offset N]]
+//               [--splits N (forward)]
+//   kfa dropout-mask --shape B,H,NQ,NK --dropout P --seed N [--offset N] --out MASK.h5 [--json]
+//                writes /keep (uint8, 1 = kept): the mask forward and backward apply
 // backward --random times the backward alone: the forward it needs runs once, untimed.
+// A backward from a file must be given the --dropout, --seed and --offset of its forward.
 //
 // Exit status: 0 success; 1 when --check finds the tolerance rule broken; 2 bad input or usage
 // (one line "kfa: error: ..." on stderr). The output file appears only when the run succeeds.
@@ -18,8 +23,10 @@
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <limits>
@@ -42,24 +49,32 @@ using Exec = Kokkos::DefaultExecutionSpace;
 
 const char* kUsage =
     "usage: kfa forward|backward (--in IN.h5 --out OUT.h5 | --random B,H,N,D [--heads-kv H]\n"
-    "                   [--seqlen-k N] [--dtype float|double] [--seed S])\n"
+    "                   [--seqlen-k N] [--dtype float|double] [--data-seed S])\n"
     "                   [--repeat R] [--json] [--check]\n"
     "                   [--causal] [--align bottom-right|top-left] [--window LEFT,RIGHT]\n"
-    "                   [--scale S] [--softcap C] [--splits N] [--deterministic]\n"
+    "                   [--scale S] [--softcap C] [--dropout P --seed N [--offset N]]\n"
+    "                   [--splits N] [--deterministic]\n"
+    "       kfa dropout-mask --shape B,H,NQ,NK --dropout P --seed N [--offset N] --out MASK.h5\n"
+    "                   [--json]\n"
     "  forward:  reads /q /k /v, writes /o /lse\n"
-    "  backward: reads /q /k /v /o /lse /do (and /dlse if present), writes /dq /dk /dv\n"
+    "  backward: reads /q /k /v /o /lse /do (and /dlse if present), writes /dq /dk /dv;\n"
+    "            give it the --dropout, --seed and --offset of the forward\n"
+    "  dropout-mask: writes /keep (uint8, 1 = kept), the mask forward and backward apply\n"
+    "  --dropout P: probability of dropping an attention weight, in [0, 1)\n"
+    "  --seed N, --offset N: dropout seed and stream (integers >= 0); --data-seed seeds --random\n"
     "  --splits N: forward split-KV chunks (0 = automatic, 1 = none)\n"
     "  --deterministic: backward without atomics, bitwise repeatable\n";
 
 // ---- Command line -------------------------------------------------------------------------
 
 struct Options {
-  std::string command;  // forward or backward
+  std::string command;  // forward, backward or dropout-mask
   std::string in, out;
   std::vector<long long> random;  // B,H,N,D
+  std::vector<long long> shape;   // dropout-mask: B,H,NQ,NK
   std::optional<long long> heads_kv, seqlen_k;
   DType dtype = DType::f32;
-  unsigned long long seed = 0;
+  unsigned long long data_seed = 0;
   long long repeat = 1;
   bool json = false, check = false;
   kfa::Params params;
@@ -102,6 +117,27 @@ std::vector<std::string> split(const std::string& s) {
   return parts;
 }
 
+// Four positive integers for `flag`, written `form` (e.g. "B,H,N,D") and named by `names` in
+// errors.
+std::vector<long long> parse_dims(const std::string& flag, const std::string& text,
+                                  const char* form, const char* const (&names)[4]) {
+  const auto parts = split(text);
+  if (parts.size() != 4)
+    throw InputError(flag + " expects " + form + " (four integers), got " +
+                     std::to_string(parts.size()) + " values");
+  std::vector<long long> dims;
+  for (int i = 0; i < 4; ++i)
+    dims.push_back(parse_int(flag + " " + names[i], parts[i], 1));
+  return dims;
+}
+
+// Flags kfa dropout-mask takes; the rest describe an attention pass.
+bool dropout_mask_flag(const std::string& flag) {
+  for (const char* f : {"--shape", "--dropout", "--seed", "--offset", "--out", "--json"})
+    if (flag == f) return true;
+  return false;
+}
+
 Options parse(int argc, char** argv) {
   if (argc < 2) throw InputError("missing command (see kfa --help)");
   const std::string command = argv[1];
@@ -109,10 +145,12 @@ Options parse(int argc, char** argv) {
     std::cout << kUsage;
     std::exit(0);
   }
-  if (command != "forward" && command != "backward")
-    throw InputError("unknown command '" + command + "' (expected: forward or backward)");
+  if (command != "forward" && command != "backward" && command != "dropout-mask")
+    throw InputError("unknown command '" + command +
+                     "' (expected: forward, backward or dropout-mask)");
   Options o;
   o.command = command;
+  const bool mask_cmd = command == "dropout-mask";
   for (int a = 2; a < argc; ++a) {
     const std::string flag = argv[a];
     if (flag.rfind("--kokkos-", 0) == 0) continue;  // Kokkos' own flags, read by Kokkos
@@ -120,18 +158,23 @@ Options parse(int argc, char** argv) {
       if (a + 1 >= argc) throw InputError(flag + " expects a value");
       return argv[++a];
     };
+    if (flag == "--help" || flag == "-h") {
+      std::cout << kUsage;
+      std::exit(0);
+    }
+    if (mask_cmd && !dropout_mask_flag(flag))
+      throw InputError("'" + flag +
+                       "' does not apply to dropout-mask (it takes --shape, --dropout, --seed, "
+                       "--offset, --out, --json)");
+    if (!mask_cmd && flag == "--shape") throw InputError("--shape applies to dropout-mask only");
     if (flag == "--in") {
       o.in = value();
     } else if (flag == "--out") {
       o.out = value();
     } else if (flag == "--random") {
-      const auto parts = split(value());
-      if (parts.size() != 4)
-        throw InputError("--random expects B,H,N,D (four integers), got " +
-                         std::to_string(parts.size()) + " values");
-      const char* names[] = {"batch", "heads", "seqlen", "head_dim"};
-      for (int i = 0; i < 4; ++i)
-        o.random.push_back(parse_int("--random " + std::string(names[i]), parts[i], 1));
+      o.random = parse_dims(flag, value(), "B,H,N,D", {"batch", "heads", "seqlen", "head_dim"});
+    } else if (flag == "--shape") {
+      o.shape = parse_dims(flag, value(), "B,H,NQ,NK", {"batch", "heads", "seqlen_q", "seqlen_k"});
     } else if (flag == "--heads-kv") {
       o.heads_kv = parse_int(flag, value(), 1);
     } else if (flag == "--seqlen-k") {
@@ -144,8 +187,16 @@ Options parse(int argc, char** argv) {
         o.dtype = DType::f64;
       else
         throw InputError("--dtype expects float or double, got '" + t + "'");
+    } else if (flag == "--data-seed") {
+      o.data_seed = static_cast<unsigned long long>(parse_int(flag, value(), 0));
     } else if (flag == "--seed") {
-      o.seed = static_cast<unsigned long long>(parse_int(flag, value(), 0));
+      o.params.seed = static_cast<std::uint64_t>(parse_int(flag, value(), 0));
+    } else if (flag == "--offset") {
+      o.params.offset = static_cast<std::uint64_t>(parse_int(flag, value(), 0));
+    } else if (flag == "--dropout") {
+      o.params.dropout = parse_double(flag, value());
+      if (!(o.params.dropout >= 0 && o.params.dropout < 1))
+        throw InputError("--dropout must be in [0, 1), got " + std::string(argv[a]));
     } else if (flag == "--repeat") {
       o.repeat = parse_int(flag, value(), 1);
     } else if (flag == "--json") {
@@ -182,12 +233,14 @@ Options parse(int argc, char** argv) {
     } else if (flag == "--deterministic") {
       if (command != "backward") throw InputError("--deterministic applies to backward only");
       o.params.deterministic = true;
-    } else if (flag == "--help" || flag == "-h") {
-      std::cout << kUsage;
-      std::exit(0);
     } else {
       throw InputError("unknown option '" + flag + "' (see kfa --help)");
     }
+  }
+  if (mask_cmd) {
+    if (o.shape.empty()) throw InputError("dropout-mask needs --shape B,H,NQ,NK");
+    if (o.out.empty()) throw InputError("dropout-mask needs --out MASK.h5");
+    return o;
   }
   const bool file_mode = !o.in.empty() || !o.out.empty();
   if (file_mode && !o.random.empty())
@@ -361,9 +414,18 @@ std::string describe(const Options& o, const char* dtype, int B, int Hq, int Hk,
      << " align=" << (pr.align == kfa::Align::bottom_right ? "bottom-right" : "top-left")
      << " window=(" << pr.window_left << "," << pr.window_right << ")";
   if (pr.softcap > 0) os << " softcap=" << pr.softcap;
+  if (pr.dropout > 0)
+    os << " dropout=" << pr.dropout << " seed=" << pr.seed << " offset=" << pr.offset;
   if (o.command == "backward") os << (pr.deterministic ? " deterministic" : " atomic-dq");
   os << " on " << Exec::name();
   return os.str();
+}
+
+// The shortest decimal that reads back as exactly x, so a JSON line reproduces the run.
+std::string exact(double x) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, x);
+  return std::string(buf, r.ptr);
 }
 
 // The fields every --json line starts with.
@@ -375,14 +437,29 @@ std::string json_head(const Options& o, const char* dtype, int B, int Hq, int Hk
       buf, sizeof buf,
       "{\"command\":\"%s\",\"dtype\":\"%s\",\"batch\":%d,\"heads_q\":%d,\"heads_kv\":%d,"
       "\"seqlen_q\":%d,\"seqlen_k\":%d,\"head_dim\":%d,\"causal\":%s,\"align\":\"%s\","
-      "\"window_left\":%d,\"window_right\":%d,\"softcap\":%g,\"num_splits\":%d,"
-      "\"deterministic\":%s,\"repeat\":%lld,\"median_s\":%.9g,\"min_s\":%.9g,\"gflops\":%.6g,"
-      "\"execution_space\":\"%s\"",
+      "\"window_left\":%d,\"window_right\":%d,\"softcap\":%g,\"dropout\":%s,"
+      "\"seed\":%llu,\"offset\":%llu,\"num_splits\":%d,\"deterministic\":%s,\"repeat\":%lld,"
+      "\"median_s\":%.9g,\"min_s\":%.9g,\"gflops\":%.6g,\"execution_space\":\"%s\"",
       o.command.c_str(), dtype, B, Hq, Hk, Nq, Nk, D, pr.causal ? "true" : "false",
       pr.align == kfa::Align::bottom_right ? "bottom-right" : "top-left", pr.window_left,
-      pr.window_right, pr.softcap, pr.num_splits, pr.deterministic ? "true" : "false", o.repeat,
-      tm.median_s, tm.min_s, gflops, Exec::name());
+      pr.window_right, pr.softcap, exact(pr.dropout).c_str(),
+      static_cast<unsigned long long>(pr.seed), static_cast<unsigned long long>(pr.offset),
+      pr.num_splits, pr.deterministic ? "true" : "false", o.repeat, tm.median_s, tm.min_s, gflops,
+      Exec::name());
   return buf;
+}
+
+// The dropout keep-mask of o.params for a (B, Hq, Nq, Nk) problem on the host, for the
+// reference; empty without dropout.
+kfa::reference::Keep4 keep_mask(const Options& o, int B, int Hq, int Nq, int Nk) {
+  if (!(o.params.dropout > 0)) return {};
+  Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, Exec::memory_space> keep(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::keep")), B, Hq, Nq, Nk);
+  kfa::dropout_mask(Exec(), keep, o.params);
+  kfa::reference::Keep4 h(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("keep")), B,
+                          Hq, Nq, Nk);
+  Kokkos::deep_copy(h, keep);
+  return h;
 }
 
 struct CheckResult {
@@ -416,9 +493,9 @@ int run_forward(const Options& o, const Problem& p) {
     chk.ran = true;
     kfa::reference::Tensor3 lse_h("kfa::lse", lse_ds.dims[0], lse_ds.dims[1], lse_ds.dims[2]);
     std::copy(lse_ds.data.begin(), lse_ds.data.end(), lse_h.data());
-    chk.c =
-        kfa::reference::check_forward<T>(to_reference(p.q), to_reference(p.k), to_reference(p.v),
-                                         o.params, to_reference(o_ds), lse_h);
+    chk.c = kfa::reference::check_forward<T>(
+        to_reference(p.q), to_reference(p.k), to_reference(p.v), o.params, to_reference(o_ds),
+        lse_h, keep_mask(o, q.extent(0), q.extent(1), q.extent(2), k.extent(2)));
     chk.ok = chk.c.ok();
   }
   if (!o.out.empty()) kfa_apps::write_atomic(o.out, {{"/o", &o_ds}, {"/lse", &lse_ds}});
@@ -491,9 +568,10 @@ int run_backward(const Options& o, const Problem& p) {
     // Against the reference gradients of the reference forward: a file whose /o and /lse do
     // not come from q, k, v fails here rather than passing silently.
     ran = true;
-    c = kfa::reference::check_backward<T>(
-        to_reference(p.q), to_reference(p.k), to_reference(p.v), o.params, to_reference(p.dout),
-        to_reference3(p.dlse), to_reference(dq_ds), to_reference(dk_ds), to_reference(dv_ds));
+    c = kfa::reference::check_backward<T>(to_reference(p.q), to_reference(p.k), to_reference(p.v),
+                                          o.params, to_reference(p.dout), to_reference3(p.dlse),
+                                          to_reference(dq_ds), to_reference(dk_ds),
+                                          to_reference(dv_ds), keep_mask(o, B, Hq, Nq, Nk));
     ok = c.ok();
   }
   if (!o.out.empty())
@@ -525,12 +603,58 @@ int run_backward(const Options& o, const Problem& p) {
   return ok ? 0 : 1;
 }
 
+// kfa dropout-mask: the keep-mask of --dropout/--seed/--offset for --shape, as /keep.
+int run_dropout_mask(const Options& o) {
+  const long long B = o.shape[0], H = o.shape[1], Nq = o.shape[2], Nk = o.shape[3];
+  for (long long n : o.shape)
+    if (n > 2147483647LL)
+      throw InputError("--shape values must fit in int, got " + std::to_string(n));
+  // The mask on the device and its host copy (one buffer when they share memory).
+  const double bytes = 2.0 * double(B) * double(H) * double(Nq) * double(Nk);
+  const double phys = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (phys > 0 && bytes > 0.9 * phys) {
+    std::ostringstream os;
+    os.precision(3);
+    os << "the mask needs about " << bytes / (1 << 30) << " GiB but this machine has "
+       << phys / (1 << 30) << " GiB of memory";
+    throw InputError(os.str());
+  }
+  Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, Exec::memory_space> keep(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::keep")), B, H, Nq, Nk);
+  kfa::dropout_mask(Exec(), keep, o.params);
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), keep);
+  Dataset d;
+  d.dtype = DType::u8;
+  d.dims = {hsize_t(B), hsize_t(H), hsize_t(Nq), hsize_t(Nk)};
+  d.bytes.assign(h.data(), h.data() + h.span());
+  std::size_t kept = 0;
+  for (std::uint8_t x : d.bytes)
+    kept += x;
+  const double fraction = d.bytes.empty() ? 1.0 : double(kept) / double(d.bytes.size());
+  kfa_apps::write_atomic(o.out, {{"/keep", &d}});
+  const auto& pr = o.params;
+  std::printf("kfa dropout-mask: B=%lld H=%lld Nq=%lld Nk=%lld dropout=%g seed=%llu offset=%llu\n",
+              B, H, Nq, Nk, pr.dropout, static_cast<unsigned long long>(pr.seed),
+              static_cast<unsigned long long>(pr.offset));
+  std::printf("kept fraction %.6f (expected %.6f); wrote /keep to %s\n", fraction, 1 - pr.dropout,
+              o.out.c_str());
+  if (o.json)
+    std::printf(
+        "{\"command\":\"dropout-mask\",\"batch\":%lld,\"heads_q\":%lld,\"seqlen_q\":%lld,"
+        "\"seqlen_k\":%lld,\"dropout\":%s,\"seed\":%llu,\"offset\":%llu,"
+        "\"kept_fraction\":%.9g}\n",
+        B, H, Nq, Nk, exact(pr.dropout).c_str(), static_cast<unsigned long long>(pr.seed),
+        static_cast<unsigned long long>(pr.offset), fraction);
+  return 0;
+}
+
 int main_pass(Options o) {
+  if (o.command == "dropout-mask") return run_dropout_mask(o);
   Problem p;
   if (!o.random.empty()) {
     const hsize_t B = o.random[0], H = o.random[1], N = o.random[2], D = o.random[3];
     const hsize_t Hk = o.heads_kv.value_or(H), Nk = o.seqlen_k.value_or(N);
-    std::mt19937_64 gen(o.seed);
+    std::mt19937_64 gen(o.data_seed);
     const bool bwd = o.command == "backward";
     check_memory(o.dtype, double(B) * H * N * D, double(B) * Hk * Nk * D, double(D), bwd);
     p.q = random_tensor({B, H, N, D}, o.dtype, gen);

@@ -44,11 +44,14 @@ struct Params {
   int window_right = -1;
   /// Soft-capping of the scaled scores, S <- softcap * tanh(S / softcap); 0 turns it off.
   double softcap = 0;
-  /// Dropout probability on P, in [0, 1). Reserved: only 0 is accepted until dropout lands.
+  /// Dropout probability on the normalised P, in [0, 1); 0 turns it off. Kept probabilities
+  /// are scaled by 1 / (1 - p); LSE is not affected. The mask is a function of (seed, offset,
+  /// batch, query head, query index, key index) only: see kfa/dropout.hpp.
   double dropout = 0;
-  /// Philox key for dropout.
+  /// Dropout seed (the Philox key).
   std::uint64_t seed = 0;
-  /// Philox counter offset for dropout (advance it between calls that need fresh masks).
+  /// Dropout stream: each (seed, offset) pair gives an unrelated mask. Advance it (by 1 is
+  /// enough) between calls that need fresh masks; a backward uses its forward's pair.
   std::uint64_t offset = 0;
   /// Backward without atomics, bitwise repeatable.
   bool deterministic = false;

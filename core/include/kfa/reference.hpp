@@ -8,6 +8,10 @@
 /// with it tests something the kernels did not compute. Run in double it is the oracle; run
 /// in the kernel's own precision it measures how much rounding that precision costs, which
 /// sets the tolerance (flash-attn's rule, see check_forward).
+///
+/// Dropout: the reference does not generate masks. With params.dropout > 0 it must be given
+/// the keep-mask (for instance from kfa::dropout_mask) and applies it from the definition:
+/// O = (softmax(S) * Z) V with Z = keep / (1 - p), LSE unaffected.
 
 #include <kfa/params.hpp>
 
@@ -15,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -26,6 +31,36 @@ namespace kfa::reference {
 using Tensor4 = Kokkos::View<double****, Kokkos::LayoutRight, Kokkos::HostSpace>;
 /// Host tensor of the reference, (batch, heads, seqlen): the LSE.
 using Tensor3 = Kokkos::View<double***, Kokkos::LayoutRight, Kokkos::HostSpace>;
+/// Host dropout keep-mask, (batch, heads_q, seqlen_q, seqlen_k): 1 kept, 0 dropped.
+using Keep4 = Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, Kokkos::HostSpace>;
+
+/// The dropout weight of each element as a function of its keep flag, in precision T.
+template <class T>
+struct DropoutWeight {
+  bool on = false;
+  T kept = 1;
+  Keep4 keep;
+
+  /// Checks keep against params and the problem's shape; throws kfa::Error when p.dropout > 0
+  /// and no mask (or a misshaped one) is given.
+  DropoutWeight(const Params& p, const Keep4& keep_, std::size_t batch, std::size_t heads_q,
+                std::size_t seqlen_q, std::size_t seqlen_k)
+      : on(p.dropout > 0), keep(keep_) {
+    if (!on) return;
+    kept = static_cast<T>(1.0 / (1.0 - p.dropout));
+    const std::size_t want[] = {batch, heads_q, seqlen_q, seqlen_k};
+    for (int d = 0; d < 4; ++d)
+      if (keep.extent(d) != want[d])
+        throw Error(
+            "reference: dropout > 0 needs the keep-mask (batch, heads_q, seqlen_q, "
+            "seqlen_k); keep.extent(" +
+            std::to_string(d) + ") = " + std::to_string(keep.extent(d)) + ", expected " +
+            std::to_string(want[d]));
+  }
+  T operator()(int b, int h, int i, int j) const {
+    return !on ? T(1) : keep(b, h, i, j) ? kept : T(0);
+  }
+};
 
 /// Whether query i sees key j, straight from the definition in kfa::Params.
 inline bool visible(const Params& p, long long i, long long j, long long seqlen_q,
@@ -58,12 +93,14 @@ T scores_row(const Tensor4& q, const Tensor4& k, const Params& p, int b, int h, 
 }
 
 /// Naive forward computed in precision T from double inputs; results stored as double.
-/// o and lse must be allocated with the shapes of q and (batch, heads_q, seqlen_q).
+/// o and lse must be allocated with the shapes of q and (batch, heads_q, seqlen_q); keep is
+/// the dropout keep-mask, needed only when p.dropout > 0.
 template <class T>
 void forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params& p,
-             const Tensor4& o, const Tensor3& lse) {
+             const Tensor4& o, const Tensor3& lse, const Keep4& keep = {}) {
   const int B = q.extent(0), Hq = q.extent(1), Nq = q.extent(2), D = q.extent(3);
   const int Hk = k.extent(1), Nk = k.extent(2);
+  const DropoutWeight<T> z(p, keep, B, Hq, Nq, Nk);
   const T scale = static_cast<T>(p.scale < 0 ? 1.0 / std::sqrt(double(D)) : p.scale);
   const T cap = static_cast<T>(p.softcap);
   std::vector<T> s(Nk), acc(D);
@@ -78,8 +115,9 @@ void forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params&
           if (!visible(p, i, j, Nq, Nk)) continue;
           const T pj = std::exp(s[j] - mx);
           sum += pj;
+          const T pz = pj * z(b, h, i, j);
           for (int d = 0; d < D; ++d)
-            acc[d] += pj * static_cast<T>(v(b, hk, j, d));
+            acc[d] += pz * static_cast<T>(v(b, hk, j, d));
         }
         for (int d = 0; d < D; ++d)
           o(b, h, i, d) = sum > 0 ? double(acc[d] / sum) : 0.0;
@@ -90,17 +128,21 @@ void forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params&
 }
 
 /// Naive gradients computed in precision T from double inputs, stored as double: with
-/// P = softmax(S) recomputed per row, D_i = dO_i . O_i,
-///   dV_j = sum_i P_ij dO_i,  dS_ij = P_ij (dO_i . V_j - D_i + dlse_i) (times 1 - tanh^2 of the
-///   capped score under softcap),  dQ_i = scale sum_j dS_ij K_j,  dK_j = scale sum_i dS_ij Q_i,
+/// P = softmax(S) recomputed per row, Z the dropout weights (1 without dropout),
+/// O_i = sum_j P_ij Z_ij V_j and D_i = dO_i . O_i,
+///   dV_j = sum_i P_ij Z_ij dO_i,  dS_ij = P_ij (Z_ij dO_i . V_j - D_i + dlse_i) (times
+///   1 - tanh^2 of the capped score under softcap),  dQ_i = scale sum_j dS_ij K_j,
+///   dK_j = scale sum_i dS_ij Q_i,
 /// dK and dV summed over the query heads sharing a kv head. dlse may be an empty view (no LSE
-/// gradient). Outputs must be allocated with the shapes of q, k and v.
+/// gradient); keep is the dropout keep-mask, needed only when p.dropout > 0. Outputs must be
+/// allocated with the shapes of q, k and v.
 template <class T>
 void backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params& p,
               const Tensor4& dout, const Tensor3& dlse, const Tensor4& dq, const Tensor4& dk,
-              const Tensor4& dv) {
+              const Tensor4& dv, const Keep4& keep = {}) {
   const int B = q.extent(0), Hq = q.extent(1), Nq = q.extent(2), D = q.extent(3);
   const int Hk = k.extent(1), Nk = k.extent(2);
+  const DropoutWeight<T> z(p, keep, B, Hq, Nq, Nk);
   const T scale = static_cast<T>(p.scale < 0 ? 1.0 / std::sqrt(double(D)) : p.scale);
   const T cap = static_cast<T>(p.softcap);
   const bool has_dlse = dlse.span() > 0;
@@ -119,8 +161,9 @@ void backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params
         for (int j = 0; j < Nk; ++j) {
           if (!visible(p, i, j, Nq, Nk)) continue;
           pr[j] /= sum;
+          const T pz = pr[j] * z(b, h, i, j);
           for (int d = 0; d < D; ++d)
-            o[d] += pr[j] * static_cast<T>(v(b, hk, j, d));
+            o[d] += pz * static_cast<T>(v(b, hk, j, d));
         }
         T di = 0;
         for (int d = 0; d < D; ++d)
@@ -132,14 +175,16 @@ void backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params
           T dp = 0;
           for (int d = 0; d < D; ++d)
             dp += static_cast<T>(dout(b, h, i, d)) * static_cast<T>(v(b, hk, j, d));
-          T ds = pr[j] * (dp - di + gl);
+          const T zj = z(b, h, i, j);
+          T ds = pr[j] * (zj * dp - di + gl);
           if (cap > 0) ds *= T(1) - (s[j] / cap) * (s[j] / cap);
           T* gkj = &gk[(std::size_t(hk) * Nk + j) * D];
           T* gvj = &gv[(std::size_t(hk) * Nk + j) * D];
+          const T pz = pr[j] * zj;
           for (int d = 0; d < D; ++d) {
             gq[d] += scale * ds * static_cast<T>(k(b, hk, j, d));
             gkj[d] += scale * ds * static_cast<T>(q(b, h, i, d));
-            gvj[d] += pr[j] * static_cast<T>(dout(b, h, i, d));
+            gvj[d] += pz * static_cast<T>(dout(b, h, i, d));
           }
         }
         for (int d = 0; d < D; ++d)
@@ -212,16 +257,17 @@ Check apply_rule(const A& tested, const N& naive, const R& ref, double factor = 
 ///   float:  err <= 2 * naive_err + floor, floor = 8 * eps(T) * max(1, max|ref64|);
 ///   double: err <= 1e-12 * max(1, max|ref64|).
 /// The floor covers outputs where naive_err happens to be 0 (for instance O of a row with a
-/// single visible key) while a fused kernel still rounds once more.
+/// single visible key) while a fused kernel still rounds once more. keep: the dropout
+/// keep-mask the tested run used, needed only when p.dropout > 0.
 template <class T>
 ForwardCheck check_forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params& p,
-                           const Tensor4& o, const Tensor3& lse) {
+                           const Tensor4& o, const Tensor3& lse, const Keep4& keep = {}) {
   Tensor4 o64("kfa::ref::o64", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
   Tensor3 lse64("kfa::ref::lse64", q.extent(0), q.extent(1), q.extent(2));
-  forward<double>(q, k, v, p, o64, lse64);
+  forward<double>(q, k, v, p, o64, lse64, keep);
   Tensor4 oT("kfa::ref::oT", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
   Tensor3 lseT("kfa::ref::lseT", q.extent(0), q.extent(1), q.extent(2));
-  if (!std::is_same_v<T, double>) forward<T>(q, k, v, p, oT, lseT);
+  if (!std::is_same_v<T, double>) forward<T>(q, k, v, p, oT, lseT, keep);
   return {apply_rule<T>(o, oT, o64), apply_rule<T>(lse, lseT, lse64)};
 }
 
@@ -235,21 +281,22 @@ struct BackwardCheck {
 };
 
 /// Applies the rule to gradients (dq, dk, dv) computed in precision T by the code under test
-/// from (q, k, v, dout, dlse); dlse may be empty. Same rule as check_forward with the factor
-/// 2: the fused backward rounds the same products as the naive one, in another order.
+/// from (q, k, v, dout, dlse); dlse may be empty; keep as for backward. Same rule as check_forward
+/// with the factor 2: the fused backward rounds the same products as the naive one, in another
+/// order.
 template <class T>
 BackwardCheck check_backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params& p,
                              const Tensor4& dout, const Tensor3& dlse, const Tensor4& dq,
-                             const Tensor4& dk, const Tensor4& dv) {
+                             const Tensor4& dk, const Tensor4& dv, const Keep4& keep = {}) {
   auto like = [](const char* label, const Tensor4& t) {
     return Tensor4(std::string(label), t.extent(0), t.extent(1), t.extent(2), t.extent(3));
   };
   Tensor4 dq64 = like("kfa::ref::dq64", q), dk64 = like("kfa::ref::dk64", k),
           dv64 = like("kfa::ref::dv64", v);
-  backward<double>(q, k, v, p, dout, dlse, dq64, dk64, dv64);
+  backward<double>(q, k, v, p, dout, dlse, dq64, dk64, dv64, keep);
   Tensor4 dqT = like("kfa::ref::dqT", q), dkT = like("kfa::ref::dkT", k),
           dvT = like("kfa::ref::dvT", v);
-  if (!std::is_same_v<T, double>) backward<T>(q, k, v, p, dout, dlse, dqT, dkT, dvT);
+  if (!std::is_same_v<T, double>) backward<T>(q, k, v, p, dout, dlse, dqT, dkT, dvT, keep);
   return {apply_rule<T>(dq, dqT, dq64), apply_rule<T>(dk, dkT, dk64), apply_rule<T>(dv, dvT, dv64)};
 }
 

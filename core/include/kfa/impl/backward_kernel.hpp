@@ -4,10 +4,12 @@
 ///
 /// Nothing of the forward is stored but O and LSE: every tile recomputes
 ///   S = scale Q_i K_j^T (softcapped), P = exp(S - LSE), dP = dO_i V_j^T,
-///   dS = P * (dP - delta) (times 1 - tanh^2 under softcap),
+///   dS = P * (dP * Z - delta) (times 1 - tanh^2 under softcap),
 /// where delta = rowsum(dO * O) - dLSE comes from a small preprocessing kernel (the dLSE term
-/// is the gradient through the LSE: dLSE/dS = P). Then
-///   dV_j += P^T dO_i,  dK_j += scale dS^T Q_i,  dQ_i += scale dS K_j.
+/// is the gradient through the LSE: dLSE/dS = P) and Z is the dropout weight (1 without
+/// dropout; regenerated from the element's position, impl/dropout.hpp). Then
+///   dV_j += (P * Z)^T dO_i,  dK_j += scale dS^T Q_i,  dQ_i += scale dS K_j.
+/// (With O = (P * Z) V, rowsum(dO * O) = rowsum(P * Z * dP) still, so delta needs no mask.)
 ///
 /// KeyValueKernel: one team per (batch, kv head, key tile K_j). It keeps K_j, K_j^T, V_j^T and
 /// the accumulators dK_j, dV_j in team scratch and walks the query heads of its group and the
@@ -20,6 +22,7 @@
 /// accumulate; vector lanes share the keys or the head_dim as in the forward.
 
 #include <kfa/backends/traits.hpp>
+#include <kfa/impl/dropout.hpp>
 #include <kfa/impl/mask.hpp>
 #include <kfa/impl/profiling.hpp>
 #include <kfa/impl/validate.hpp>
@@ -64,6 +67,7 @@ struct BackwardCommon {
   int Bt, q_tiles, k_tiles;  // Br = Bc = Bt
   acc_t scale, softcap;
   Mask mask;
+  Dropout<acc_t> dropout;
 
   BackwardCommon(const Views& views, const delta_view& delta_, const Params& p)
       : t(views), delta(delta_) {
@@ -80,6 +84,7 @@ struct BackwardCommon {
         static_cast<acc_t>(p.scale < 0 ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : p.scale);
     softcap = static_cast<acc_t>(p.softcap);
     mask = make_mask(p, seqlen_q, seqlen_k);
+    dropout = make_dropout<acc_t>(p);
   }
 
   /// Whether any row of the query tile at q0 (nr rows) sees any key of the tile at k0 (nc keys):
@@ -179,9 +184,9 @@ struct BackwardCommon {
     });
   }
 
-  /// Row r (query i) of P and dS against the key tile at k0 (nc keys), into prow and dsrow
-  /// (Bt entries; zero for masked keys, and for the whole row when the query saw no key).
-  KOKKOS_INLINE_FUNCTION void row_p_ds(const member_t& team, int i, int k0, int nc,
+  /// Row i of head (b, h): P * Z and dS against the key tile at k0 (nc keys), into prow and
+  /// dsrow (Bt entries; zero for masked keys, and for the whole row when the query saw no key).
+  KOKKOS_INLINE_FUNCTION void row_p_ds(const member_t& team, int b, int h, int i, int k0, int nc,
                                        const acc_t* qrow, const acc_t* dorow, acc_t lse_i,
                                        acc_t delta_i, const acc_t* kt, const acc_t* vt, acc_t* prow,
                                        acc_t* dsrow) const {
@@ -197,7 +202,7 @@ struct BackwardCommon {
     backends::row_scores(team, qrow, kt, Bt, D, c0, c1, prow);    // S
     backends::row_scores(team, dorow, vt, Bt, D, c0, c1, dsrow);  // dP
     const acc_t cap = softcap, inv_cap = cap > acc_t(0) ? acc_t(1) / cap : acc_t(0);
-    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c0, c1), [&](int c) {
+    dropout.for_each(team, b, h, i, k0, c0, c1, [&](int c, acc_t z) {
       acc_t s = prow[c], dcap = acc_t(1);
       if (cap > acc_t(0)) {
         const acc_t th = backends::tanh(s * inv_cap);
@@ -205,8 +210,8 @@ struct BackwardCommon {
         dcap = acc_t(1) - th * th;  // d(cap tanh(x / cap))/dx
       }
       const acc_t p = backends::exp(s - lse_i);
-      prow[c] = p;
-      dsrow[c] = p * (dsrow[c] - delta_i) * dcap;
+      prow[c] = p * z;
+      dsrow[c] = p * (dsrow[c] * z - delta_i) * dcap;
     });
   }
 };
@@ -295,7 +300,7 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views> {
         this->load_query_tile(team, b, h, q0, nr, sc.qs, sc.dos, sc.lse_s, sc.delta_s);
         team.team_barrier();
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
-          this->row_p_ds(team, q0 + r, k0, nc, sc.qs + r * D, sc.dos + r * D, sc.lse_s[r],
+          this->row_p_ds(team, b, h, q0 + r, k0, nc, sc.qs + r * D, sc.dos + r * D, sc.lse_s[r],
                          sc.delta_s[r], sc.kt, sc.vt, sc.p + r * Bt, sc.ds + r * Bt);
           if (!atomic_dq) return;
           acc_t* dqrow = sc.dqs + r * D;
@@ -365,7 +370,7 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views> {
       this->load_key_tile(team, b, hk, k0, nc, sc.ks, sc.kt, sc.vt);
       team.team_barrier();
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
-        this->row_p_ds(team, q0 + r, k0, nc, sc.qs + r * D, sc.dos + r * D, sc.lse_s[r],
+        this->row_p_ds(team, b, h, q0 + r, k0, nc, sc.qs + r * D, sc.dos + r * D, sc.lse_s[r],
                        sc.delta_s[r], sc.kt, sc.vt, sc.p + r * Bt, sc.ds + r * Bt);
         backends::accumulate_rows(team, sc.ds + r * Bt, 1, sc.ks, D, D, 0, nc, sc.dqs + r * D);
       });

@@ -18,6 +18,7 @@
 
 #include <kfa/backends/traits.hpp>
 #include <kfa/combine.hpp>
+#include <kfa/impl/dropout.hpp>
 #include <kfa/impl/mask.hpp>
 #include <kfa/impl/split_kv.hpp>
 #include <kfa/impl/validate.hpp>
@@ -48,6 +49,7 @@ struct ForwardKernel {
   int Br, Bc, q_tiles;
   acc_t scale, softcap;
   Mask mask;
+  Dropout<acc_t> dropout;
   int scratch_level;  // 0 when the tiles fit the fast scratch, else 1
   int splits = 1;     // chunks of key tiles per query tile (1: no split-KV)
   SplitPartials<acc_t, typename ExecSpace::memory_space> part;  // allocated when splits > 1
@@ -67,6 +69,7 @@ struct ForwardKernel {
         static_cast<acc_t>(p.scale < 0 ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : p.scale);
     softcap = static_cast<acc_t>(p.softcap);
     mask = make_mask(p, seqlen_q, seqlen_k);
+    dropout = make_dropout<acc_t>(p);
     scratch_level = scratch_bytes() > std::size_t(policy_t::scratch_size_max(0)) ? 1 : 0;
     const int key_tiles = (seqlen_k + Bc - 1) / Bc;
     const long long teams = static_cast<long long>(q.extent(0)) * heads_q * q_tiles;
@@ -161,7 +164,7 @@ struct ForwardKernel {
       });
       team.team_barrier();
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
-        update_row(team, r, q0 + r, k0, nc, qs, kt, vs, s, os, m, l);
+        update_row(team, b, h, r, q0 + r, k0, nc, qs, kt, vs, s, os, m, l);
       });
     }
     team.team_barrier();
@@ -189,9 +192,10 @@ struct ForwardKernel {
     });
   }
 
-  /// Online-softmax update of query row r (global index i) with the key tile at k0.
-  KOKKOS_INLINE_FUNCTION void update_row(const member_t& team, int r, int i, int k0, int nc,
-                                         const acc_t* qs, const acc_t* kt, const acc_t* vs,
+  /// Online-softmax update of query row r (global index i) of head (b, h) with the key tile
+  /// at k0.
+  KOKKOS_INLINE_FUNCTION void update_row(const member_t& team, int b, int h, int r, int i, int k0,
+                                         int nc, const acc_t* qs, const acc_t* kt, const acc_t* vs,
                                          acc_t* s, acc_t* os, acc_t* m, acc_t* l) const {
     const int lo = mask.lo(i) - k0, hi = mask.hi(i) + 1 - k0;
     const int c0 = lo > 0 ? lo : 0, c1 = hi < nc ? hi : nc;
@@ -221,6 +225,10 @@ struct ForwardKernel {
           sum += p;
         },
         row_sum);
+    // Dropout acts on P after the row statistics: m and l (hence LSE) stay those of the
+    // undropped softmax, and O~ accumulates (P * Z) V.
+    if (dropout.enabled)
+      dropout.for_each(team, b, h, i, k0, c0, c1, [&](int c, acc_t z) { srow[c] *= z; });
     acc_t* orow = os + r * D;
     Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D), [&](int d) { orow[d] *= alpha; });
     backends::row_pv(team, srow, vs, D, D, c0, c1, orow);

@@ -70,7 +70,6 @@ inline void validate_params(const char* pass, const Params& p) {
   if (p.window_right < -1)
     fail(pass, "window_right must be >= -1 (-1 = unbounded), got ", p.window_right);
   if (!(p.dropout >= 0 && p.dropout < 1)) fail(pass, "dropout must be in [0, 1), got ", p.dropout);
-  if (p.dropout != 0) fail(pass, "dropout = ", p.dropout, " is not supported yet (only 0)");
   if (p.num_splits < 0)
     fail(pass, "num_splits must be >= 0 (0 = automatic, 1 = no split), got ", p.num_splits);
   if (p.align != Align::bottom_right && p.align != Align::top_left)

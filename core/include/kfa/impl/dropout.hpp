@@ -1,0 +1,113 @@
+#pragma once
+/// \file impl/dropout.hpp
+/// Dropout whose keep-mask is a pure function of (seed, offset, batch, head, query, key).
+///
+/// The generator is Philox4x32-10 (Salmon, Moraes, Dror and Shaw, "Parallel random numbers:
+/// as easy as 1, 2, 3", SC 2011): a keyed bijection of a 128-bit counter, so any element's
+/// random bits are computed from its position alone, with no state carried between elements.
+/// That is what lets every kernel (forward tiles, split-KV chunks, both backward kernels, any
+/// backend, and ranks that hold different parts of the sequence) regenerate the same mask
+/// without storing it.
+///
+/// The scheme, fixed so that masks are reproducible across kfa versions and backends:
+///  - Per-call key: the first two words of Philox4x32-10(counter = {offset_lo, offset_hi, 0, 0},
+///    key = {seed_lo, seed_hi}). Deriving the key (rather than adding the offset to a counter)
+///    keeps the masks of offsets o and o + 1 unrelated for every head and row.
+///  - Element (b, h, i, j) of query head h: word j % 4 of Philox4x32-10(counter = {j / 4, i, h,
+///    b}, per-call key), so one Philox call serves four neighbouring keys. b, h, i, j are global
+///    positions: query head index (not kv head), query and key indices in the whole sequence.
+///  - The element is kept when that word is >= threshold = floor(p * 2^32) (so the keep
+///    probability is 1 - p to within 2^-32), and a kept P_ij is scaled by 1 / (1 - p).
+
+#include <kfa/params.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <cstdint>
+
+namespace kfa::impl {
+
+/// Four 32-bit words: a Philox counter or its output.
+struct PhiloxBlock {
+  std::uint32_t w[4];
+};
+
+/// Philox4x32-10 of `counter` under the key (k0, k1).
+KOKKOS_INLINE_FUNCTION PhiloxBlock philox4x32_10(PhiloxBlock c, std::uint32_t k0,
+                                                 std::uint32_t k1) {
+  constexpr std::uint32_t m0 = 0xD2511F53u, m1 = 0xCD9E8D57u;  // round multipliers
+  constexpr std::uint32_t w0 = 0x9E3779B9u, w1 = 0xBB67AE85u;  // key schedule (Weyl) increments
+  for (int round = 0; round < 10; ++round) {
+    const std::uint64_t p0 = std::uint64_t(m0) * c.w[0], p1 = std::uint64_t(m1) * c.w[2];
+    const auto hi0 = static_cast<std::uint32_t>(p0 >> 32), lo0 = static_cast<std::uint32_t>(p0);
+    const auto hi1 = static_cast<std::uint32_t>(p1 >> 32), lo1 = static_cast<std::uint32_t>(p1);
+    c = PhiloxBlock{{hi1 ^ c.w[1] ^ k0, lo1, hi0 ^ c.w[3] ^ k1, lo0}};
+    k0 += w0;
+    k1 += w1;
+  }
+  return c;
+}
+
+/// The dropout of one pass, as the kernels use it. `Acc` is the accumulation type.
+template <class Acc>
+struct Dropout {
+  bool enabled = false;
+  std::uint32_t key0 = 0, key1 = 0;  // per-call key derived from (seed, offset)
+  std::uint32_t threshold = 0;       // words below it drop their element
+  Acc scale = 1;                     // 1 / (1 - p), the weight of a kept element
+
+  /// Random words of keys 4g .. 4g+3 of query row i of query head h in batch b.
+  KOKKOS_INLINE_FUNCTION PhiloxBlock words(int b, int h, int i, int g) const {
+    return philox4x32_10(
+        PhiloxBlock{{static_cast<std::uint32_t>(g), static_cast<std::uint32_t>(i),
+                     static_cast<std::uint32_t>(h), static_cast<std::uint32_t>(b)}},
+        key0, key1);
+  }
+
+  /// Whether element (b, h, i, j) is kept.
+  KOKKOS_INLINE_FUNCTION bool keep(int b, int h, int i, int j) const {
+    return words(b, h, i, j >> 2).w[j & 3] >= threshold;
+  }
+
+  /// Calls f(c, z) for c in [c0, c1) over the vector lanes of a thread, where column c is key
+  /// k0 + c of row i and z is its weight: `scale` if kept, 0 if dropped, 1 when dropout is off.
+  /// One Philox call per four keys.
+  template <class Member, class F>
+  KOKKOS_INLINE_FUNCTION void for_each(const Member& member, int b, int h, int i, int k0, int c0,
+                                       int c1, const F& f) const {
+    if (!enabled) {
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, c0, c1), [&](int c) { f(c, Acc(1)); });
+      return;
+    }
+    if (c0 >= c1) return;
+    const int g0 = (k0 + c0) >> 2, g1 = ((k0 + c1 - 1) >> 2) + 1;
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, g0, g1), [&](int g) {
+      const PhiloxBlock r = words(b, h, i, g);
+      for (int e = 0; e < 4; ++e) {
+        const int c = 4 * g + e - k0;
+        if (c >= c0 && c < c1) f(c, r.w[e] >= threshold ? scale : Acc(0));
+      }
+    });
+  }
+};
+
+/// The dropout described by p (p.dropout already validated to lie in [0, 1)).
+template <class Acc>
+Dropout<Acc> make_dropout(const Params& p) {
+  Dropout<Acc> d;
+  d.enabled = p.dropout > 0;
+  if (!d.enabled) return d;
+  const PhiloxBlock key =
+      philox4x32_10(PhiloxBlock{{static_cast<std::uint32_t>(p.offset),
+                                 static_cast<std::uint32_t>(p.offset >> 32), 0u, 0u}},
+                    static_cast<std::uint32_t>(p.seed), static_cast<std::uint32_t>(p.seed >> 32));
+  d.key0 = key.w[0];
+  d.key1 = key.w[1];
+  const double t = std::floor(p.dropout * 4294967296.0);
+  d.threshold = static_cast<std::uint32_t>(t < 4294967295.0 ? t : 4294967295.0);
+  d.scale = static_cast<Acc>(1.0 / (1.0 - p.dropout));
+  return d;
+}
+
+}  // namespace kfa::impl
