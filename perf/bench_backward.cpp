@@ -1,5 +1,6 @@
 // Google Benchmark of kfa::backward: the two ways to get dQ (atomic adds from the key-tile
-// teams, or the deterministic query-outer recomputation) and forward + backward together.
+// teams, or the deterministic query-outer recomputation), forward + backward together, and the
+// cost of dropout (regenerating the Philox mask) in each pass.
 // FLOPs in flash-attn's convention (PERF.md): backward = 2.5 x forward, visible pairs only.
 #include <kfa/kfa.hpp>
 
@@ -67,6 +68,31 @@ void shapes(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_backward)->Apply(shapes);
 BENCHMARK(BM_forward_backward)->Apply(shapes);
+
+// Forward (pass 0) or backward (pass 1) with dropout p = percent / 100, side by side with
+// p = 0 in one run: the price of one Philox4x32-10 call per four visible scores.
+void BM_dropout(benchmark::State& state) {
+  const int N = state.range(0), D = state.range(1);
+  const bool backward = state.range(2) != 0;
+  kfa::Params p;
+  p.dropout = state.range(3) / 100.0;
+  p.seed = 42;
+  Tensors t(kBatch, kHeads, N, D);
+  kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p);
+  kfa_bench::time_iterations(state, [&] {
+    if (backward)
+      kfa::backward(Exec(), t.q, t.k, t.v, t.o, t.lse, t.dout, t.dq, t.dk, t.dv, p);
+    else
+      kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p);
+  });
+  const double flops = kfa::forward_flops(kBatch, kHeads, N, N, D, p);
+  state.counters["FLOP/s"] = kfa_bench::flop_rate(backward ? 2.5 * flops : flops);
+}
+BENCHMARK(BM_dropout)
+    ->ArgNames({"N", "D", "backward", "percent"})
+    ->ArgsProduct({{2048, 4096}, {64, 128}, {0, 1}, {0, 10}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -3,9 +3,11 @@
 
   perf/tables.py decode   RESULT.json [RESULT2.json ...] [--plot OUT.png]
   perf/tables.py backward RESULT.json [RESULT2.json ...] [--plot OUT.png]
+  perf/tables.py dropout  RESULT.json [RESULT2.json ...]
 
 decode: the split-KV decode table (BM_decode); backward: dQ strategies and forward+backward
-(BM_backward, BM_forward_backward). Each table quotes the times side by side from one run and
+(BM_backward, BM_forward_backward); dropout: each pass with p = 0.1 against p = 0 (BM_dropout).
+With --benchmark_repetitions the median of the repetitions is used. Each table quotes the times side by side from one run and
 the GFLOP/s as a fraction of the sgemm rate measured in the same run (PERF.md). --plot draws
 the same figures (needs matplotlib), one panel per JSON file.
 """
@@ -20,9 +22,11 @@ def load(path):
     rows = {}
     sgemm = None
     for b in data["benchmarks"]:
-        if b.get("run_type") == "aggregate":
+        if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
             continue
-        name = b["name"].replace("/manual_time", "")
+        # Repetitions share a name; their median aggregate comes last and wins.
+        name = b["run_name"] if "run_name" in b else b["name"]
+        name = name.replace("/manual_time", "")
         if name.startswith("BM_sgemm"):
             sgemm = b["FLOP/s"]
             continue
@@ -94,6 +98,26 @@ def backward(path):
                       f"{ms(det):.1f} | {ms(det) / ms(a):.2f} | {g:.1f} | {frac} | {fbc} |")
 
 
+def dropout(path):
+    rows, sgemm, ctx = load(path)
+    header(path, sgemm, ctx)
+    print("| pass | N | D | p = 0 ms | p = 0.1 ms | ratio | p = 0 GFLOP/s | of sgemm |")
+    print("|:---|---:|---:|---:|---:|---:|---:|---:|")
+    for bwd in (0, 1):
+        for d in (64, 128):
+            for n in (2048, 4096):
+                def get(pct):
+                    return rows.get(("BM_dropout", tuple(sorted(
+                        {"N": n, "D": d, "backward": bwd, "percent": pct}.items()))))
+                off, on = get(0), get(10)
+                if not off or not on:
+                    continue
+                frac = f"{off['FLOP/s'] / sgemm:.2f}" if sgemm else "-"
+                print(f"| {'backward' if bwd else 'forward'} | {n} | {d} | {ms(off):.0f} | "
+                      f"{ms(on):.0f} | {ms(on) / ms(off):.2f} | {off['FLOP/s'] / 1e9:.1f} | "
+                      f"{frac} |")
+
+
 def plot(kind, paths, out):
     import matplotlib
     matplotlib.use("Agg")
@@ -148,9 +172,10 @@ if __name__ == "__main__":
         i = args.index("--plot")
         out = args[i + 1]
         del args[i:i + 2]
-    if len(args) < 2 or args[0] not in ("decode", "backward"):
+    if len(args) < 2 or args[0] not in ("decode", "backward", "dropout") or \
+            (out and args[0] == "dropout"):
         sys.exit(__doc__)
     for p in args[1:]:
-        {"decode": decode, "backward": backward}[args[0]](p)
+        {"decode": decode, "backward": backward, "dropout": dropout}[args[0]](p)
     if out:
         plot(args[0], args[1:], out)
