@@ -125,9 +125,9 @@ std::vector<long long> parse_dims(const std::string& flag, const std::string& te
   if (parts.size() != 4)
     throw InputError(flag + " expects " + form + " (four integers), got " +
                      std::to_string(parts.size()) + " values");
-  std::vector<long long> dims;
+  std::vector<long long> dims(4);
   for (int i = 0; i < 4; ++i)
-    dims.push_back(parse_int(flag + " " + names[i], parts[i], 1));
+    dims[i] = parse_int(flag + " " + names[i], parts[i], 1);
   return dims;
 }
 

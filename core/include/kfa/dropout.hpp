@@ -25,30 +25,6 @@
 
 namespace kfa {
 
-namespace impl {
-
-/// One work item per (batch, head, query) row of the keep-mask.
-template <class Keep>
-struct DropoutMaskKernel {
-  Keep keep;
-  Dropout<float> dropout;
-
-  KOKKOS_FUNCTION void operator()(std::size_t row) const {
-    const int nq = static_cast<int>(keep.extent(2)), nh = static_cast<int>(keep.extent(1));
-    const int nk = static_cast<int>(keep.extent(3));
-    const int i = static_cast<int>(row % nq);
-    const int h = static_cast<int>(row / nq % nh);
-    const int b = static_cast<int>(row / nq / nh);
-    for (int g = 0; 4 * g < nk; ++g) {
-      const PhiloxBlock r = dropout.words(b, h, i, g);
-      for (int e = 0; e < 4 && 4 * g + e < nk; ++e)
-        keep(b, h, i, 4 * g + e) = r.w[e] >= dropout.threshold ? 1 : 0;
-    }
-  }
-};
-
-}  // namespace impl
-
 /// Writes the dropout keep-mask of `params` into `keep`: keep(b, h, i, j) = 1 where the
 /// probability of query i (query head h, batch b) on key j is kept, 0 where it is dropped.
 /// It is exactly the mask kfa::forward and kfa::backward apply with the same params, for any

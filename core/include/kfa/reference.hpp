@@ -37,9 +37,9 @@ using Keep4 = Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, Kokkos::HostSp
 /// The dropout weight of each element as a function of its keep flag, in precision T.
 template <class T>
 struct DropoutWeight {
-  bool on = false;
-  T kept = 1;
-  Keep4 keep;
+  bool on = false;  ///< whether dropout is on (p.dropout > 0)
+  T kept = 1;       ///< the weight of a kept element, 1 / (1 - p)
+  Keep4 keep;       ///< the keep-mask, read when on
 
   /// Checks keep against params and the problem's shape; throws kfa::Error when p.dropout > 0
   /// and no mask (or a misshaped one) is given.
@@ -57,6 +57,7 @@ struct DropoutWeight {
             std::to_string(d) + ") = " + std::to_string(keep.extent(d)) + ", expected " +
             std::to_string(want[d]));
   }
+  /// Z of element (b, h, i, j): 1 without dropout, else kept or 0.
   T operator()(int b, int h, int i, int j) const {
     return !on ? T(1) : keep(b, h, i, j) ? kept : T(0);
   }

@@ -24,6 +24,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 namespace kfa::impl {
@@ -109,5 +110,25 @@ Dropout<Acc> make_dropout(const Params& p) {
   d.scale = static_cast<Acc>(1.0 / (1.0 - p.dropout));
   return d;
 }
+
+/// One work item per (batch, head, query) row of the keep-mask.
+template <class Keep>
+struct DropoutMaskKernel {
+  Keep keep;
+  Dropout<float> dropout;
+
+  KOKKOS_FUNCTION void operator()(std::size_t row) const {
+    const int nq = static_cast<int>(keep.extent(2)), nh = static_cast<int>(keep.extent(1));
+    const int nk = static_cast<int>(keep.extent(3));
+    const int i = static_cast<int>(row % nq);
+    const int h = static_cast<int>(row / nq % nh);
+    const int b = static_cast<int>(row / nq / nh);
+    for (int g = 0; 4 * g < nk; ++g) {
+      const PhiloxBlock r = dropout.words(b, h, i, g);
+      for (int e = 0; e < 4 && 4 * g + e < nk; ++e)
+        keep(b, h, i, 4 * g + e) = r.w[e] >= dropout.threshold ? 1 : 0;
+    }
+  }
+};
 
 }  // namespace kfa::impl
