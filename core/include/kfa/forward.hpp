@@ -3,7 +3,6 @@
 /// kfa::forward: exact attention O = softmax(scale * Q K^T + mask) V and its log-sum-exp.
 
 #include <kfa/impl/forward_kernel.hpp>
-#include <kfa/impl/profiling.hpp>
 #include <kfa/impl/validate.hpp>
 #include <kfa/params.hpp>
 
@@ -47,10 +46,7 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
                 "kfa::forward: lse must be non-const float or wider");
   impl::static_check_accessible<ExecSpace, Lse>();
 
-  impl::ScopedRegion region("kfa::forward");
-  impl::validate_params("forward", params);
-  impl::validate_shapes("forward", q, k, v, o, lse);
-  impl::ForwardKernel<ExecSpace, Q, K, V, O, Lse>(space, q, k, v, o, lse, params).launch(space);
+  impl::forward(space, q, k, v, o, lse, params, impl::Origin{});
 }
 
 }  // namespace kfa

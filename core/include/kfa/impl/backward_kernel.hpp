@@ -69,7 +69,8 @@ struct BackwardCommon {
   Mask mask;
   Dropout<acc_t> dropout;
 
-  BackwardCommon(const Views& views, const delta_view& delta_, const Params& p)
+  BackwardCommon(const Views& views, const delta_view& delta_, const Params& p,
+                 const Origin& at = {})
       : t(views), delta(delta_) {
     heads_q = static_cast<int>(t.q.extent(1));
     heads_k = static_cast<int>(t.k.extent(1));
@@ -83,8 +84,8 @@ struct BackwardCommon {
     scale =
         static_cast<acc_t>(p.scale < 0 ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : p.scale);
     softcap = static_cast<acc_t>(p.softcap);
-    mask = make_mask(p, seqlen_q, seqlen_k);
-    dropout = make_dropout<acc_t>(p);
+    mask = make_mask(p, seqlen_q, seqlen_k, at);
+    dropout = make_dropout<acc_t>(p, at);
   }
 
   /// Whether any row of the query tile at q0 (nr rows) sees any key of the tile at k0 (nc keys):
@@ -395,7 +396,7 @@ template <class ExecSpace, class Q, class K, class V, class O, class Lse, class 
           class DQ, class DK, class DV>
 void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
               const Lse& lse, const DO& dout, const DLse* dlse, const DQ& dq, const DK& dk,
-              const DV& dv, const Params& params) {
+              const DV& dv, const Params& params, const Origin& at = {}) {
   static_assert(Kokkos::is_execution_space<ExecSpace>::value,
                 "kfa::backward: the first argument must be a Kokkos execution space");
   static_check_tensors<ExecSpace, Q, K, V, O, DO, DQ, DK, DV>();
@@ -449,7 +450,7 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
   BackwardPreprocess<ExecSpace, typename Common::delta_view, DO, O, DLse, DQ>{
       delta, dout, o, dlse ? *dlse : DLse(), dlse != nullptr, dq, atomic_dq}
       .launch(space);
-  const Common common(Views{q, k, v, dout, lse, dq, dk, dv}, delta, params);
+  const Common common(Views{q, k, v, dout, lse, dq, dk, dv}, delta, params, at);
   KeyValueKernel<ExecSpace, T, Views>(common, atomic_dq).launch(space);
   if (!atomic_dq) QueryKernel<ExecSpace, T, Views>(common).launch(space);
 }

@@ -19,6 +19,7 @@
 ///  - The element is kept when that word is >= threshold = floor(p * 2^32) (so the keep
 ///    probability is 1 - p to within 2^-32), and a kept P_ij is scaled by 1 / (1 - p).
 
+#include <kfa/impl/mask.hpp>
 #include <kfa/params.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -57,8 +58,9 @@ struct Dropout {
   std::uint32_t key0 = 0, key1 = 0;  // per-call key derived from (seed, offset)
   std::uint32_t threshold = 0;       // words below it drop their element
   Acc scale = 1;                     // 1 / (1 - p), the weight of a kept element
+  int q_origin = 0, k_origin = 0;    // global index of local query 0 and key 0 (impl::Origin)
 
-  /// Random words of keys 4g .. 4g+3 of query row i of query head h in batch b.
+  /// Random words of global keys 4g .. 4g+3 of global query row i of query head h in batch b.
   KOKKOS_INLINE_FUNCTION PhiloxBlock words(int b, int h, int i, int g) const {
     return philox4x32_10(
         PhiloxBlock{{static_cast<std::uint32_t>(g), static_cast<std::uint32_t>(i),
@@ -66,14 +68,9 @@ struct Dropout {
         key0, key1);
   }
 
-  /// Whether element (b, h, i, j) is kept.
-  KOKKOS_INLINE_FUNCTION bool keep(int b, int h, int i, int j) const {
-    return words(b, h, i, j >> 2).w[j & 3] >= threshold;
-  }
-
-  /// Calls f(c, z) for c in [c0, c1) over the vector lanes of a thread, where column c is key
-  /// k0 + c of row i and z is its weight: `scale` if kept, 0 if dropped, 1 when dropout is off.
-  /// One Philox call per four keys.
+  /// Calls f(c, z) for c in [c0, c1) over the vector lanes of a thread, where column c is local
+  /// key k0 + c of local query row i and z is its weight: `scale` if kept, 0 if dropped, 1 when
+  /// dropout is off. One Philox call per four keys.
   template <class Member, class F>
   KOKKOS_INLINE_FUNCTION void for_each(const Member& member, int b, int h, int i, int k0, int c0,
                                        int c1, const F& f) const {
@@ -82,22 +79,26 @@ struct Dropout {
       return;
     }
     if (c0 >= c1) return;
-    const int g0 = (k0 + c0) >> 2, g1 = ((k0 + c1 - 1) >> 2) + 1;
+    const int j0 = k_origin + k0;  // global key of column 0
+    const int g0 = (j0 + c0) >> 2, g1 = ((j0 + c1 - 1) >> 2) + 1;
     Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, g0, g1), [&](int g) {
-      const PhiloxBlock r = words(b, h, i, g);
+      const PhiloxBlock r = words(b, h, q_origin + i, g);
       for (int e = 0; e < 4; ++e) {
-        const int c = 4 * g + e - k0;
+        const int c = 4 * g + e - j0;
         if (c >= c0 && c < c1) f(c, r.w[e] >= threshold ? scale : Acc(0));
       }
     });
   }
 };
 
-/// The dropout described by p (p.dropout already validated to lie in [0, 1)).
+/// The dropout described by p (p.dropout already validated to lie in [0, 1)) for a block at
+/// `at` of the global sequence.
 template <class Acc>
-Dropout<Acc> make_dropout(const Params& p) {
+Dropout<Acc> make_dropout(const Params& p, const Origin& at = {}) {
   Dropout<Acc> d;
   d.enabled = p.dropout > 0;
+  d.q_origin = static_cast<int>(at.q);
+  d.k_origin = static_cast<int>(at.k);
   if (!d.enabled) return d;
   const PhiloxBlock key =
       philox4x32_10(PhiloxBlock{{static_cast<std::uint32_t>(p.offset),

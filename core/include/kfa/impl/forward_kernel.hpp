@@ -20,6 +20,7 @@
 #include <kfa/combine.hpp>
 #include <kfa/impl/dropout.hpp>
 #include <kfa/impl/mask.hpp>
+#include <kfa/impl/profiling.hpp>
 #include <kfa/impl/split_kv.hpp>
 #include <kfa/impl/validate.hpp>
 #include <kfa/params.hpp>
@@ -55,7 +56,7 @@ struct ForwardKernel {
   SplitPartials<acc_t, typename ExecSpace::memory_space> part;  // allocated when splits > 1
 
   ForwardKernel(const ExecSpace& space, const Q& q_, const K& k_, const V& v_, const O& o_,
-                const Lse& lse_, const Params& p)
+                const Lse& lse_, const Params& p, const Origin& at = {})
       : q(q_), k(k_), v(v_), o(o_), lse(lse_) {
     heads_q = static_cast<int>(q.extent(1));
     group = heads_q / static_cast<int>(k.extent(1));
@@ -68,8 +69,8 @@ struct ForwardKernel {
     scale =
         static_cast<acc_t>(p.scale < 0 ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : p.scale);
     softcap = static_cast<acc_t>(p.softcap);
-    mask = make_mask(p, seqlen_q, seqlen_k);
-    dropout = make_dropout<acc_t>(p);
+    mask = make_mask(p, seqlen_q, seqlen_k, at);
+    dropout = make_dropout<acc_t>(p, at);
     scratch_level = scratch_bytes() > std::size_t(policy_t::scratch_size_max(0)) ? 1 : 0;
     const int key_tiles = (seqlen_k + Bc - 1) / Bc;
     const long long teams = static_cast<long long>(q.extent(0)) * heads_q * q_tiles;
@@ -238,5 +239,16 @@ struct ForwardKernel {
     });
   }
 };
+
+/// kfa::forward after its compile-time checks, on a block at `at` of the sequence (the whole
+/// sequence for a plain call): validation, then the launch.
+template <class ExecSpace, class Q, class K, class V, class O, class Lse>
+void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
+             const Params& params, const Origin& at) {
+  ScopedRegion region("kfa::forward");
+  validate_params("forward", params);
+  validate_shapes("forward", q, k, v, o, lse);
+  ForwardKernel<ExecSpace, Q, K, V, O, Lse>(space, q, k, v, o, lse, params, at).launch(space);
+}
 
 }  // namespace kfa::impl

@@ -35,10 +35,22 @@ struct Mask {
   }
 };
 
-inline Mask make_mask(const Params& p, int seqlen_q, int seqlen_k) {
+/// Where a pass's queries and keys sit in a longer sequence: the global index of local query 0
+/// and of local key 0, and the global lengths the masks align to (-1: the local ones). The
+/// MPI layer runs the kernels on blocks of a sharded sequence; masks and dropout must see
+/// global positions there. A plain call uses the default: the block is the whole sequence.
+struct Origin {
+  long long q = 0, k = 0;
+  long long seqlen_q = -1, seqlen_k = -1;
+};
+
+inline Mask make_mask(const Params& p, int seqlen_q, int seqlen_k, const Origin& at = {}) {
   Mask m;
   m.seqlen_k = seqlen_k;
-  m.shift = p.align == Align::bottom_right ? static_cast<long long>(seqlen_k) - seqlen_q : 0;
+  const long long nq = at.seqlen_q < 0 ? seqlen_q : at.seqlen_q;
+  const long long nk = at.seqlen_k < 0 ? seqlen_k : at.seqlen_k;
+  // Query i, key j (local) are global i + at.q, j + at.k: the diagonal moves by at.q - at.k.
+  m.shift = (p.align == Align::bottom_right ? nk - nq : 0) + at.q - at.k;
   m.left = p.window_left;
   m.right = p.window_right;
   if (p.causal) m.right = m.right < 0 ? 0 : std::min<long long>(m.right, 0);

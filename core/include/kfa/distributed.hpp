@@ -1,0 +1,554 @@
+#pragma once
+/// \file distributed.hpp
+/// Sequence parallelism over MPI (target kfa::mpi): the sequence is split across the ranks of
+/// a communicator, each rank holds its rows of Q, K, V (and O, LSE, dO, dQ, dK, dV), and the
+/// partial results over key shards merge with the combiner of kfa/combine.hpp.
+///
+/// Layouts (which global rows a rank owns, see owned_rows):
+///  - contiguous: rank r owns rows [r N / P, (r + 1) N / P) (integer division), so any N works,
+///    including N < P (some ranks own nothing);
+///  - zigzag: the sequence is cut into 2P chunks the same way and rank r owns chunks r and
+///    2P - 1 - r, in that order, which balances causal work across ranks.
+///
+/// Modes:
+///  - ring: K/V shards travel around the ring (rank r sends to r + 1) in P - 1 steps; the
+///    send and receive of the next shard are posted before the current one is computed, so
+///    communication overlaps compute. Each rank merges the partials of its queries locally.
+///    Blocks that the masks hide entirely are skipped (causal: shards after the rank's rows).
+///    The backward sends dK/dV accumulators along with K/V; they come home after the last step;
+///    dQ stays local.
+///  - tree: every rank gathers all queries (MPI_Allgatherv), computes their partials against its
+///    own key shard, and the partials meet in MPI_Reduce_scatterv with a user-defined,
+///    non-commutative MPI_Op that applies the combiner in rank order (so the result is the same
+///    on every run), leaving each rank its own rows of O and their global LSE. Chosen over an
+///    MPI_Allreduce because each rank needs only its rows: a reduce-scatter moves N (D + 1)
+///    values per rank instead of twice that. The backward gathers Q, dO, O and LSE likewise,
+///    computes dK/dV of its shard completely and reduces dQ by the same reduce-scatter (a sum).
+///
+/// The backward uses the final, global LSE and D = rowsum(dO * O), so each shard's
+/// P = exp(S - LSE) is exact and no re-merge is needed. Masks and dropout are evaluated at
+/// global positions, so every mode, layout and rank count gives the single-device result
+/// within rounding (and, with dropout, the same mask).
+///
+/// Invalid input on any rank (a bad shape, params that differ between ranks) is found by a
+/// collective check before the first collective that could hang: every rank throws the same
+/// kfa::Error, naming the lowest failing rank.
+///
+/// Memory: Views in a memory space the host cannot access are staged through host buffers for
+/// MPI (portable, without a GPU-aware MPI; the overlap then covers the host copies only).
+
+#include <kfa/backward.hpp>
+#include <kfa/combine.hpp>
+#include <kfa/forward.hpp>
+#include <kfa/impl/backward_kernel.hpp>
+#include <kfa/impl/forward_kernel.hpp>
+#include <kfa/impl/mask.hpp>
+#include <kfa/impl/validate.hpp>
+#include <kfa/params.hpp>
+
+#include <mpi.h>
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace kfa::mpi {
+
+/// How the sequence is split across ranks.
+enum class Layout {
+  contiguous,  ///< one block per rank
+  zigzag       ///< chunks r and 2P - 1 - r of 2P chunks
+};
+
+/// How partial results meet.
+enum class Mode {
+  ring,  ///< K/V shards travel around the ring, merged locally
+  tree   ///< queries gathered, partials reduce-scattered with the combiner
+};
+
+/// Global rows [begin, begin + size) of the sequence.
+struct Segment {
+  long long begin = 0;  ///< first global row
+  long long size = 0;   ///< number of rows
+};
+
+/// The global rows a rank owns, in the order they are stored locally.
+inline std::vector<Segment> owned_rows(Layout layout, long long seqlen, int rank, int nranks) {
+  auto cut = [&](long long i, long long n) { return i * seqlen / n; };
+  if (layout == Layout::contiguous)
+    return {{cut(rank, nranks), cut(rank + 1, nranks) - cut(rank, nranks)}};
+  const long long n = 2LL * nranks, a = rank, b = n - 1 - rank;
+  return {{cut(a, n), cut(a + 1, n) - cut(a, n)}, {cut(b, n), cut(b + 1, n) - cut(b, n)}};
+}
+
+/// Number of rows owned_rows gives a rank.
+inline long long owned_count(Layout layout, long long seqlen, int rank, int nranks) {
+  long long n = 0;
+  for (const Segment& s : owned_rows(layout, seqlen, rank, nranks))
+    n += s.size;
+  return n;
+}
+
+/// The distributed problem: communicator, global sequence lengths, layout and mode.
+struct SeqPar {
+  MPI_Comm comm = MPI_COMM_NULL;       ///< the ranks sharing the sequence (never assumed WORLD)
+  long long seqlen_q = 0;              ///< global number of queries
+  long long seqlen_k = 0;              ///< global number of keys
+  Layout layout = Layout::contiguous;  ///< who owns which rows (queries and keys alike)
+  Mode mode = Mode::ring;              ///< how partials meet
+};
+
+namespace detail {
+
+template <class T>
+MPI_Datatype mpi_type() {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "float or double");
+  return std::is_same_v<T, float> ? MPI_FLOAT : MPI_DOUBLE;
+}
+
+/// Every rank learns whether any rank failed; all then throw the lowest failing rank's message.
+/// Called by every rank at the same point, before any other collective of the pass.
+inline void agree(MPI_Comm comm, const std::string& local_error) {
+  int rank = 0, nranks = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &nranks);
+  const int mine = local_error.empty() ? nranks : rank;
+  int first = nranks;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (first == nranks) return;
+  int len = rank == first ? static_cast<int>(local_error.size()) : 0;
+  MPI_Bcast(&len, 1, MPI_INT, first, comm);
+  std::string msg = rank == first ? local_error : std::string(static_cast<std::size_t>(len), ' ');
+  MPI_Bcast(msg.data(), len, MPI_CHAR, first, comm);
+  const std::string text = msg.rfind("kfa: ", 0) == 0 ? msg.substr(5) : msg;
+  throw Error("rank " + std::to_string(first) + ": " + text);
+}
+
+/// The parameters every rank must share, as numbers that MPI can compare.
+inline std::vector<double> shared_numbers(const Params& p, const SeqPar& sp,
+                                          const std::vector<long long>& dims) {
+  std::vector<double> v = {p.scale,
+                           double(p.causal),
+                           double(p.align == Align::top_left),
+                           double(p.window_left),
+                           double(p.window_right),
+                           p.softcap,
+                           p.dropout,
+                           double(p.seed & 0xffffffffu),
+                           double(p.seed >> 32),
+                           double(p.offset & 0xffffffffu),
+                           double(p.offset >> 32),
+                           double(p.deterministic),
+                           double(sp.seqlen_q),
+                           double(sp.seqlen_k),
+                           double(sp.layout == Layout::zigzag),
+                           double(sp.mode == Mode::tree)};
+  v.insert(v.end(), dims.begin(), dims.end());
+  return v;
+}
+
+/// The collective check: local validation on every rank, then agreement on the numbers that
+/// must be equal everywhere (params, global lengths, batch, heads, head_dim).
+template <class Local>
+void check_collectively(const char* pass, const SeqPar& sp, const Params& p,
+                        const std::vector<long long>& dims, const Local& local_check) {
+  if (sp.comm == MPI_COMM_NULL) throw Error(std::string(pass) + ": SeqPar::comm is MPI_COMM_NULL");
+  std::string err;
+  try {
+    local_check();
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  agree(sp.comm, err);
+  const std::vector<double> mine = shared_numbers(p, sp, dims);
+  std::vector<double> lo(mine.size()), hi(mine.size());
+  MPI_Allreduce(mine.data(), lo.data(), int(mine.size()), MPI_DOUBLE, MPI_MIN, sp.comm);
+  MPI_Allreduce(mine.data(), hi.data(), int(mine.size()), MPI_DOUBLE, MPI_MAX, sp.comm);
+  static const char* names[] = {"params.scale",
+                                "params.causal",
+                                "params.align",
+                                "params.window_left",
+                                "params.window_right",
+                                "params.softcap",
+                                "params.dropout",
+                                "params.seed",
+                                "params.seed",
+                                "params.offset",
+                                "params.offset",
+                                "params.deterministic",
+                                "SeqPar::seqlen_q",
+                                "SeqPar::seqlen_k",
+                                "SeqPar::layout",
+                                "SeqPar::mode",
+                                "batch",
+                                "heads_q",
+                                "heads_k",
+                                "head_dim"};
+  for (std::size_t i = 0; i < mine.size(); ++i)
+    if (!(lo[i] == hi[i]) && !(lo[i] != lo[i] && hi[i] != hi[i]))
+      throw Error(std::string(pass) + ": " + names[i] + " differs between ranks (" +
+                  std::to_string(lo[i]) + " vs " + std::to_string(hi[i]) + ")");
+}
+
+/// Local extents must match the layout: `rows` along seqlen for this rank.
+template <class View>
+void expect_rows(const char* pass, const char* name, const View& v, long long rows,
+                 const char* which) {
+  if (static_cast<long long>(v.extent(2)) != rows)
+    impl::fail(pass, name, " has seqlen ", v.extent(2), " on this rank but the layout gives it ",
+               rows, " of the ", which, " rows");
+}
+
+template <class View>
+auto rows_of(const View& v, long long begin, long long size) {
+  return Kokkos::subview(v, Kokkos::ALL, Kokkos::ALL, std::make_pair(begin, begin + size),
+                         Kokkos::ALL);
+}
+
+template <class View>
+auto rows_of3(const View& v, long long begin, long long size) {
+  return Kokkos::subview(v, Kokkos::ALL, Kokkos::ALL, std::make_pair(begin, begin + size));
+}
+
+/// A flat buffer seen as (B, H, rows, D) tensors, for the messages.
+template <class T, class Mem>
+struct Flat {
+  Kokkos::View<T*, Mem> data;
+  using tensor = Kokkos::View<T****, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged>;
+  tensor at(std::size_t offset, std::size_t b, std::size_t h, std::size_t rows,
+            std::size_t d) const {
+    return tensor(data.data() + offset, b, h, rows, d);
+  }
+};
+
+/// MPI send/receive of a contiguous device or host buffer; staged through the host when MPI
+/// cannot read the memory space.
+template <class T, class Mem>
+struct Channel {
+  static constexpr bool host_ok = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible;
+  Kokkos::View<T*, Kokkos::HostSpace> send_stage, recv_stage;
+
+  void isend(const Kokkos::View<T*, Mem>& buf, std::size_t n, int to, int tag, MPI_Comm comm,
+             MPI_Request* req) {
+    const T* p = buf.data();
+    if constexpr (!host_ok) {
+      if (send_stage.extent(0) < n) send_stage = decltype(send_stage)("kfa::mpi::send", n);
+      Kokkos::deep_copy(Kokkos::subview(send_stage, std::make_pair(std::size_t(0), n)),
+                        Kokkos::subview(buf, std::make_pair(std::size_t(0), n)));
+      p = send_stage.data();
+    }
+    MPI_Isend(p, static_cast<int>(n), mpi_type<T>(), to, tag, comm, req);
+  }
+  void irecv(const Kokkos::View<T*, Mem>& buf, std::size_t n, int from, int tag, MPI_Comm comm,
+             MPI_Request* req) {
+    T* p = buf.data();
+    if constexpr (!host_ok) {
+      if (recv_stage.extent(0) < n) recv_stage = decltype(recv_stage)("kfa::mpi::recv", n);
+      p = recv_stage.data();
+    }
+    MPI_Irecv(p, static_cast<int>(n), mpi_type<T>(), from, tag, comm, req);
+  }
+  /// After the receive completed: moves staged data into buf.
+  void finish_recv(const Kokkos::View<T*, Mem>& buf, std::size_t n) {
+    if constexpr (!host_ok)
+      Kokkos::deep_copy(Kokkos::subview(buf, std::make_pair(std::size_t(0), n)),
+                        Kokkos::subview(recv_stage, std::make_pair(std::size_t(0), n)));
+    (void)buf;
+    (void)n;
+  }
+};
+
+/// (o, lse) <- combine((o, lse), (ob, lseb)) row by row: two normalised results over disjoint
+/// keys are the partials {m = lse, l = 1, O~ = O}; the merged row is renormalised.
+template <class ExecSpace, class O, class L, class OB, class LB>
+void merge_rows(const ExecSpace& space, const O& o, const L& lse, const OB& ob, const LB& lseb) {
+  using T = typename O::non_const_value_type;
+  using A = typename L::non_const_value_type;
+  const int B = o.extent(0), H = o.extent(1), N = o.extent(2), D = o.extent(3);
+  if (std::size_t(B) * H * N == 0) return;
+  Kokkos::parallel_for(
+      "kfa::mpi::merge",
+      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(space, {0, 0, 0}, {B, H, N}),
+      KOKKOS_LAMBDA(int b, int h, int i) {
+        const Partial<A> pa{lse(b, h, i), A(1)}, pb{static_cast<A>(lseb(b, h, i)), A(1)};
+        const Rescale<A> r = rescale(pa.m, pb.m);
+        const A l = r.alpha + r.beta;
+        const A inv = l > A(0) ? A(1) / l : A(0);
+        for (int d = 0; d < D; ++d)
+          o(b, h, i, d) =
+              static_cast<T>((r.alpha * A(o(b, h, i, d)) + r.beta * A(ob(b, h, i, d))) * inv);
+        lse(b, h, i) = kfa::lse(Partial<A>{r.m, l});
+      });
+}
+
+/// o = 0 and lse = -inf: the empty result, the combiner's identity (any layout).
+template <class ExecSpace, class O, class L>
+void clear_result(const ExecSpace& space, const O& o, const L& lse) {
+  using T = typename O::non_const_value_type;
+  using A = typename L::non_const_value_type;
+  const int B = o.extent(0), H = o.extent(1), N = o.extent(2), D = o.extent(3);
+  if (std::size_t(B) * H * N == 0) return;
+  Kokkos::parallel_for(
+      "kfa::mpi::clear",
+      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(space, {0, 0, 0}, {B, H, N}),
+      KOKKOS_LAMBDA(int b, int h, int i) {
+        lse(b, h, i) = -backends::infinity<A>();
+        for (int d = 0; d < D; ++d)
+          o(b, h, i, d) = T(0);
+      });
+}
+
+/// dst += src, elementwise over rank-4 views of one shape.
+template <class ExecSpace, class Dst, class Src>
+void add_into(const ExecSpace& space, const Dst& dst, const Src& src) {
+  const int B = dst.extent(0), H = dst.extent(1), N = dst.extent(2), D = dst.extent(3);
+  if (std::size_t(B) * H * N * D == 0) return;
+  Kokkos::parallel_for(
+      "kfa::mpi::add",
+      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>>(space, {0, 0, 0, 0}, {B, H, N, D}),
+      KOKKOS_LAMBDA(int b, int h, int i, int d) { dst(b, h, i, d) += src(b, h, i, d); });
+}
+
+/// Whether any query of segment qs sees any key of segment ks under the masks of p.
+inline bool blocks_meet(const Params& p, const SeqPar& sp, const Segment& qs, const Segment& ks) {
+  if (qs.size == 0 || ks.size == 0) return false;
+  impl::Origin at{qs.begin, ks.begin, sp.seqlen_q, sp.seqlen_k};
+  const impl::Mask m = impl::make_mask(p, int(qs.size), int(ks.size), at);
+  const int lo = m.lo(0), hi = m.hi(int(qs.size) - 1);
+  return lo <= hi && lo < ks.size && hi >= 0;
+}
+
+/// The combiner as an MPI_Op on rows [lse, O_0 .. O_{D-1}] of T (D from the datatype's size):
+/// inout <- combine(in, inout), both normalised. Registered non-commutative, so MPI applies it
+/// in rank order and the result is the same on every run.
+template <class T>
+void combine_op(void* in, void* inout, int* len, MPI_Datatype* type) {
+  int bytes = 0;
+  MPI_Type_size(*type, &bytes);
+  const int w = bytes / int(sizeof(T)), D = w - 1;
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (int r = 0; r < *len; ++r, a += w, b += w) {
+    const Rescale<T> s = rescale(a[0], b[0]);
+    const T l = s.alpha + s.beta;
+    const T inv = l > T(0) ? T(1) / l : T(0);
+    for (int d = 1; d <= D; ++d)
+      b[d] = (s.alpha * a[d] + s.beta * b[d]) * inv;
+    b[0] = kfa::lse(Partial<T>{s.m, l});
+  }
+}
+
+}  // namespace detail
+
+/// Sequence-parallel forward. Each rank passes its rows (owned_rows(sp.layout, ...)) of q
+/// (B, Hq, local Nq, D), k and v (B, Hk, local Nk, D), and receives its rows of o and lse.
+/// Collective over sp.comm: every rank must call it with the same params and SeqPar.
+/// \throws kfa::Error on every rank when any rank's input is invalid.
+template <class ExecSpace, class Q, class K, class V, class O, class Lse>
+void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
+             const Params& params, const SeqPar& sp) {
+  using T = typename Q::non_const_value_type;
+  static_assert(
+      std::is_same_v<typename O::value_type, T> && std::is_same_v<typename Lse::value_type, T>,
+      "kfa::mpi::forward: o and lse share the value type of q (non-const)");
+  impl::static_check_tensors<ExecSpace, Q, K, V, O>();
+  int rank = 0, P = 1;
+  if (sp.comm != MPI_COMM_NULL) {
+    MPI_Comm_rank(sp.comm, &rank);
+    MPI_Comm_size(sp.comm, &P);
+  }
+  const auto qseg = owned_rows(sp.layout, sp.seqlen_q, rank, P);
+  const std::vector<long long> dims = {(long long)q.extent(0), (long long)q.extent(1),
+                                       (long long)k.extent(1), (long long)q.extent(3)};
+  detail::check_collectively("mpi::forward", sp, params, dims, [&] {
+    impl::validate_params("mpi::forward", params);
+    if (sp.seqlen_q < 1 || sp.seqlen_k < 1 || sp.seqlen_q > 2147483647LL ||
+        sp.seqlen_k > 2147483647LL)
+      impl::fail("mpi::forward", "SeqPar seqlen_q = ", sp.seqlen_q, " and seqlen_k = ", sp.seqlen_k,
+                 " must be in [1, 2^31)");
+    detail::expect_rows("mpi::forward", "q", q, owned_count(sp.layout, sp.seqlen_q, rank, P),
+                        "query");
+    detail::expect_rows("mpi::forward", "k", k, owned_count(sp.layout, sp.seqlen_k, rank, P),
+                        "key");
+    impl::validate_shapes("mpi::forward", q, k, v, o, lse);
+  });
+
+  using Mem = typename ExecSpace::memory_space;
+  const std::size_t B = q.extent(0), Hq = q.extent(1), Hk = k.extent(1), D = q.extent(3);
+  const long long nq_local = q.extent(2);
+
+  if (sp.mode == Mode::ring) {
+    // Running result in o, lse; each visible block's (O, LSE) merges into it.
+    detail::clear_result(space, o, lse);
+    const long long max_k = [&] {
+      long long m = 0;
+      for (int r = 0; r < P; ++r)
+        m = std::max(m, owned_count(sp.layout, sp.seqlen_k, r, P));
+      return m;
+    }();
+    const std::size_t kv_elems = B * Hk * std::size_t(max_k) * D;
+    detail::Flat<T, Mem> buf[2] = {{Kokkos::View<T*, Mem>("kfa::mpi::kv0", 2 * kv_elems)},
+                                   {Kokkos::View<T*, Mem>("kfa::mpi::kv1", 2 * kv_elems)}};
+    // Stage the local shard as the first travelling block.
+    {
+      const long long nk = k.extent(2);
+      Kokkos::deep_copy(space, buf[0].at(0, B, Hk, nk, D), k);
+      Kokkos::deep_copy(space, buf[0].at(B * Hk * nk * D, B, Hk, nk, D), v);
+    }
+    Kokkos::View<T****, Mem> ob("kfa::mpi::ob", B, Hq, nq_local, D);
+    Kokkos::View<T***, Mem> lseb("kfa::mpi::lseb", B, Hq, nq_local);
+    detail::Channel<T, Mem> ch;
+    for (int s = 0; s < P; ++s) {
+      const int src = (rank - s + P) % P;
+      const long long nk = owned_count(sp.layout, sp.seqlen_k, src, P);
+      const detail::Flat<T, Mem>& cur = buf[s % 2];
+      MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+      const int nsrc = (rank - s - 1 + 2 * P) % P;
+      const long long nk_next = owned_count(sp.layout, sp.seqlen_k, nsrc, P);
+      if (s + 1 < P) {  // post the next step's exchange before computing this one
+        space.fence();
+        ch.irecv(buf[(s + 1) % 2].data, 2 * B * Hk * nk_next * D, (rank - 1 + P) % P, s, sp.comm,
+                 &req[0]);
+        ch.isend(cur.data, 2 * B * Hk * nk * D, (rank + 1) % P, s, sp.comm, &req[1]);
+      }
+      const auto kk = cur.at(0, B, Hk, nk, D), vv = cur.at(B * Hk * nk * D, B, Hk, nk, D);
+      long long q_off = 0;
+      for (const Segment& qs : qseg) {
+        long long k_off = 0;
+        for (const Segment& ks : owned_rows(sp.layout, sp.seqlen_k, src, P)) {
+          if (detail::blocks_meet(params, sp, qs, ks)) {
+            const auto ob_s = detail::rows_of(ob, q_off, qs.size);
+            const auto lb_s = detail::rows_of3(lseb, q_off, qs.size);
+            impl::forward(space, detail::rows_of(q, q_off, qs.size),
+                          detail::rows_of(kk, k_off, ks.size), detail::rows_of(vv, k_off, ks.size),
+                          ob_s, lb_s, params,
+                          impl::Origin{qs.begin, ks.begin, sp.seqlen_q, sp.seqlen_k});
+            detail::merge_rows(space, detail::rows_of(o, q_off, qs.size),
+                               detail::rows_of3(lse, q_off, qs.size), ob_s, lb_s);
+          }
+          k_off += ks.size;
+        }
+        q_off += qs.size;
+      }
+      if (s + 1 < P) {
+        MPI_Waitall(2, req, MPI_STATUSES_IGNORE);
+        ch.finish_recv(buf[(s + 1) % 2].data, 2 * B * Hk * nk_next * D);
+      }
+    }
+    space.fence();
+    return;
+  }
+
+  // Tree: gather every rank's queries, compute their partials against the local key shard,
+  // reduce-scatter the partials with the combiner.
+  std::vector<int> rows(P), displs(P);
+  long long total = 0;
+  for (int r = 0; r < P; ++r) {
+    rows[r] = int(owned_count(sp.layout, sp.seqlen_q, r, P));
+    total += rows[r];
+  }
+  // Messages are rows of (B, H) planes: gather per (b, h) plane so that each plane's rows stay
+  // contiguous. Simplest correct form: pack as (rows, B, H, D) with rows outermost.
+  using RowMajor = Kokkos::View<T****, Kokkos::LayoutRight, Mem>;
+  RowMajor qpack("kfa::mpi::qpack", nq_local, B, Hq, D);
+  RowMajor qall("kfa::mpi::qall", total, B, Hq, D);
+  Kokkos::parallel_for(
+      "kfa::mpi::pack_q",
+      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>>(
+          space, {0, 0, 0, 0}, {(long long)B, (long long)Hq, nq_local, (long long)D}),
+      KOKKOS_LAMBDA(long long b, long long h, long long i, long long d) {
+        qpack(i, b, h, d) = q(b, h, i, d);
+      });
+  space.fence();
+  {
+    const int per_row = int(B * Hq * D);
+    std::vector<int> counts(P), offs(P);
+    for (int r = 0, off = 0; r < P; ++r) {
+      counts[r] = rows[r] * per_row;
+      offs[r] = off;
+      off += counts[r];
+    }
+    auto host_pack = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), qpack);
+    auto host_all = Kokkos::create_mirror_view(qall);
+    MPI_Allgatherv(host_pack.data(), counts[rank], detail::mpi_type<T>(), host_all.data(),
+                   counts.data(), offs.data(), detail::mpi_type<T>(), sp.comm);
+    Kokkos::deep_copy(qall, host_all);
+  }
+  // All queries as (B, Hq, total, D), in the order of the ranks' rows.
+  Kokkos::View<T****, Mem> qg("kfa::mpi::qg", B, Hq, total, D);
+  Kokkos::parallel_for(
+      "kfa::mpi::unpack_q",
+      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>>(
+          space, {0, 0, 0, 0}, {(long long)B, (long long)Hq, total, (long long)D}),
+      KOKKOS_LAMBDA(long long b, long long h, long long i, long long d) {
+        qg(b, h, i, d) = qall(i, b, h, d);
+      });
+  // Partials of every query against the local keys, as rows [lse, O] per (query, b, h).
+  Kokkos::View<T****, Mem> og("kfa::mpi::og", B, Hq, total, D);
+  Kokkos::View<T***, Mem> lg("kfa::mpi::lg", B, Hq, total);
+  detail::clear_result(space, og, lg);
+  {
+    long long g_off = 0;
+    for (int r = 0; r < P; ++r)
+      for (const Segment& qs : owned_rows(sp.layout, sp.seqlen_q, r, P)) {
+        long long k_off = 0;
+        for (const Segment& ks : owned_rows(sp.layout, sp.seqlen_k, rank, P)) {
+          if (detail::blocks_meet(params, sp, qs, ks)) {
+            Kokkos::View<T****, Mem> ob("kfa::mpi::ob", B, Hq, qs.size, D);
+            Kokkos::View<T***, Mem> lb("kfa::mpi::lb", B, Hq, qs.size);
+            impl::forward(space, detail::rows_of(qg, g_off, qs.size),
+                          detail::rows_of(k, k_off, ks.size), detail::rows_of(v, k_off, ks.size),
+                          ob, lb, params,
+                          impl::Origin{qs.begin, ks.begin, sp.seqlen_q, sp.seqlen_k});
+            detail::merge_rows(space, detail::rows_of(og, g_off, qs.size),
+                               detail::rows_of3(lg, g_off, qs.size), ob, lb);
+          }
+          k_off += ks.size;
+        }
+        g_off += qs.size;
+      }
+  }
+  RowMajor part("kfa::mpi::part", total, B, Hq, D + 1);
+  Kokkos::parallel_for(
+      "kfa::mpi::pack_partial",
+      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(space, {0, 0, 0},
+                                                        {(long long)B, (long long)Hq, total}),
+      KOKKOS_LAMBDA(long long b, long long h, long long i) {
+        part(i, b, h, 0) = lg(b, h, i);
+        for (std::size_t d = 0; d < D; ++d)
+          part(i, b, h, d + 1) = og(b, h, i, d);
+      });
+  space.fence();
+  MPI_Datatype row_t;
+  MPI_Type_contiguous(int(D + 1), detail::mpi_type<T>(), &row_t);
+  MPI_Type_commit(&row_t);
+  MPI_Op op;
+  MPI_Op_create(&detail::combine_op<T>, 0, &op);
+  std::vector<int> counts(P);
+  for (int r = 0; r < P; ++r)
+    counts[r] = rows[r] * int(B * Hq);
+  auto host_part = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), part);
+  Kokkos::View<T****, Kokkos::LayoutRight, Kokkos::HostSpace> host_mine("kfa::mpi::mine", nq_local,
+                                                                        B, Hq, D + 1);
+  MPI_Reduce_scatter(host_part.data(), host_mine.data(), counts.data(), row_t, op, sp.comm);
+  MPI_Op_free(&op);
+  MPI_Type_free(&row_t);
+  auto mine = Kokkos::create_mirror_view_and_copy(Mem(), host_mine);
+  Kokkos::parallel_for(
+      "kfa::mpi::unpack_o",
+      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(space, {0, 0, 0},
+                                                        {(long long)B, (long long)Hq, nq_local}),
+      KOKKOS_LAMBDA(long long b, long long h, long long i) {
+        lse(b, h, i) = mine(i, b, h, 0);
+        for (std::size_t d = 0; d < D; ++d)
+          o(b, h, i, d) = mine(i, b, h, d + 1);
+      });
+  space.fence();
+}
+
+}  // namespace kfa::mpi

@@ -1,0 +1,197 @@
+// The sequence-parallel forward (kfa::mpi) at any rank count: every mode x layout x mask (and
+// dropout, GQA, seqlen_q != seqlen_k, sequences shorter than the rank count) gives each rank
+// its rows of the double-precision reference under the tolerance rule; invalid input on one
+// rank makes every rank throw the same kfa::Error. Run by ctest under mpiexec -n 1, 2, 3, 4.
+#include <gtest/gtest.h>
+#include <kfa/distributed.hpp>
+
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "../problem.hpp"
+
+namespace {
+
+using namespace kfa_test;
+namespace kmpi = kfa::mpi;
+namespace ref = kfa::reference;
+
+int comm_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int comm_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+/// This rank's rows (along dimension 2) of a global host tensor, in owned order.
+template <class HostView>
+HostView my_rows(const HostView& g, kmpi::Layout layout, const char* label) {
+  const auto segs = kmpi::owned_rows(layout, g.extent(2), comm_rank(), comm_size());
+  long long n = 0;
+  for (const auto& s : segs)
+    n += s.size;
+  HostView out;
+  if constexpr (HostView::rank == 4)
+    out = HostView(std::string(label), g.extent(0), g.extent(1), n, g.extent(3));
+  else
+    out = HostView(std::string(label), g.extent(0), g.extent(1), n);
+  long long row = 0;
+  for (const auto& s : segs)
+    for (long long i = 0; i < s.size; ++i, ++row)
+      for (std::size_t b = 0; b < g.extent(0); ++b)
+        for (std::size_t h = 0; h < g.extent(1); ++h) {
+          if constexpr (HostView::rank == 4) {
+            for (std::size_t d = 0; d < g.extent(3); ++d)
+              out(b, h, row, d) = g(b, h, s.begin + i, d);
+          } else {
+            out(b, h, row) = g(b, h, s.begin + i);
+          }
+        }
+  return out;
+}
+
+struct Case {
+  Shape shape;
+  kfa::Params params;
+};
+
+// The forward of one case in float: every rank checks its rows against the reference.
+void check_forward(const Case& c, kmpi::Mode mode, kmpi::Layout layout) {
+  const Shape& s = c.shape;
+  const std::uint64_t seed = seed_of(s, 91);
+  SCOPED_TRACE(::testing::Message()
+               << s << " " << describe(c.params)
+               << " mode=" << (mode == kmpi::Mode::ring ? "ring" : "tree")
+               << " layout=" << (layout == kmpi::Layout::zigzag ? "zigzag" : "contiguous")
+               << " ranks=" << comm_size() << " rank=" << comm_rank());
+  Problem pb(s, seed);
+  // The global reference, in double and in float (the rule's naive same-precision error).
+  const Keep4 keep = keep_mask(s, c.params);
+  Tensor4 o64("o64", s.batch, s.heads_q, s.seqlen_q, s.head_dim),
+      o32("o32", s.batch, s.heads_q, s.seqlen_q, s.head_dim);
+  Tensor3 l64("l64", s.batch, s.heads_q, s.seqlen_q), l32("l32", s.batch, s.heads_q, s.seqlen_q);
+  ref::forward<double>(pb.q, pb.k, pb.v, c.params, o64, l64, keep);
+  ref::forward<float>(pb.q, pb.k, pb.v, c.params, o32, l32, keep);
+
+  auto q = to_device<float>(my_rows(pb.q, layout, "q"));
+  auto k = to_device<float>(my_rows(pb.k, layout, "k"));
+  auto v = to_device<float>(my_rows(pb.v, layout, "v"));
+  Kokkos::View<float****, Exec::memory_space> o("o", q.extent(0), q.extent(1), q.extent(2),
+                                                q.extent(3));
+  Kokkos::View<float***, Exec::memory_space> lse("lse", q.extent(0), q.extent(1), q.extent(2));
+  Kokkos::deep_copy(o, std::numeric_limits<float>::quiet_NaN());
+  Kokkos::deep_copy(lse, std::numeric_limits<float>::quiet_NaN());
+  const kmpi::SeqPar sp{MPI_COMM_WORLD, s.seqlen_q, s.seqlen_k, layout, mode};
+  kmpi::forward(Exec(), q, k, v, o, lse, c.params, sp);
+  const Tensor4 oh = to_host<Tensor4>(o, "oh");
+  const Tensor3 lh = to_host<Tensor3>(lse, "lh");
+  EXPECT_TRUE(all_written(oh));
+  EXPECT_TRUE(all_written(lh));
+  const auto co =
+      ref::apply_rule<float>(oh, my_rows(o32, layout, "o32r"), my_rows(o64, layout, "o64r"));
+  const auto cl =
+      ref::apply_rule<float>(lh, my_rows(l32, layout, "l32r"), my_rows(l64, layout, "l64r"));
+  EXPECT_TRUE(co.ok()) << "O err " << co.err << " > bound " << co.bound;
+  EXPECT_TRUE(cl.ok()) << "LSE err " << cl.err << " > bound " << cl.bound;
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  const auto m = masks();
+  // none, causal (both alignments), window both sides, softcap + causal + window
+  for (int mi : {0, 1, 2, 5, 9}) {
+    out.push_back({{1, 2, 1, 67, 67, 32}, m[mi]});
+    out.push_back({{2, 2, 2, 50, 83, 16}, m[mi]});
+  }
+  kfa::Params drop = m[1];
+  drop.dropout = 0.3;
+  drop.seed = 5;
+  drop.offset = 2;
+  out.push_back({{1, 2, 2, 70, 70, 32}, drop});
+  out.push_back({{1, 1, 1, 3, 3, 16}, m[1]});  // fewer rows than some rank counts need
+  out.push_back({{1, 1, 1, 1, 5, 16}, m[0]});  // one query: most ranks own no query
+  return out;
+}
+
+TEST(SeqPar, ForwardEveryModeAndLayoutMatchesReference) {
+  for (const Case& c : cases())
+    for (auto mode : {kmpi::Mode::ring, kmpi::Mode::tree})
+      for (auto layout : {kmpi::Layout::contiguous, kmpi::Layout::zigzag})
+        check_forward(c, mode, layout);
+}
+
+TEST(SeqPar, OwnedRowsCoverTheSequenceOnce) {
+  for (int P : {1, 2, 3, 4, 7})
+    for (long long N : {0LL, 1LL, 3LL, 10LL, 1001LL})
+      for (auto layout : {kmpi::Layout::contiguous, kmpi::Layout::zigzag}) {
+        std::vector<int> hits(N, 0);
+        for (int r = 0; r < P; ++r)
+          for (const auto& s : kmpi::owned_rows(layout, N, r, P))
+            for (long long i = s.begin; i < s.begin + s.size; ++i)
+              ++hits[i];
+        for (long long i = 0; i < N; ++i)
+          EXPECT_EQ(hits[i], 1) << "P=" << P << " N=" << N << " row " << i;
+      }
+}
+
+// Invalid input on one rank only: every rank throws the same error (no rank waits forever).
+TEST(SeqPar, BadInputOnOneRankEndsEveryRank) {
+  const int P = comm_size(), last = P - 1;
+  const Shape s{1, 2, 2, 40, 40, 16};
+  Problem pb(s, 3);
+  const auto layout = kmpi::Layout::contiguous;
+  auto expect_all_throw = [&](const kfa::Params& p, bool bad_rows, const std::string& want) {
+    auto q = to_device<float>(my_rows(pb.q, layout, "q"));
+    auto k = to_device<float>(my_rows(pb.k, layout, "k"));
+    auto v = to_device<float>(my_rows(pb.v, layout, "v"));
+    if (bad_rows && comm_rank() == last)  // one row too many on the last rank
+      q = to_device<float>(Tensor4("q", 1, 2, q.extent(2) + 1, 16));
+    Kokkos::View<float****, Exec::memory_space> o("o", q.extent(0), q.extent(1), q.extent(2), 16);
+    Kokkos::View<float***, Exec::memory_space> lse("lse", q.extent(0), q.extent(1), q.extent(2));
+    for (auto mode : {kmpi::Mode::ring, kmpi::Mode::tree}) {
+      const kmpi::SeqPar sp{MPI_COMM_WORLD, s.seqlen_q, s.seqlen_k, layout, mode};
+      std::string got;
+      try {
+        kmpi::forward(Exec(), q, k, v, o, lse, p, sp);
+      } catch (const kfa::Error& e) {
+        got = e.what();
+      }
+      EXPECT_NE(got.find(want), std::string::npos) << "rank " << comm_rank() << ": '" << got << "'";
+      // The same message on every rank.
+      int len = static_cast<int>(got.size()), lo = 0, hi = 0;
+      MPI_Allreduce(&len, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+      MPI_Allreduce(&len, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+      EXPECT_EQ(lo, hi);
+    }
+  };
+  expect_all_throw({}, true, "rank " + std::to_string(last) + ": mpi::forward: q has seqlen");
+  kfa::Params bad;
+  bad.dropout = comm_rank() == last ? 1.5 : 0.0;
+  expect_all_throw(bad, false, "dropout must be in [0, 1)");
+  if (P > 1) {
+    kfa::Params differ;
+    differ.causal = comm_rank() == 0;
+    expect_all_throw(differ, false, "params.causal differs between ranks");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  Kokkos::initialize(argc, argv);
+  int result = RUN_ALL_TESTS();
+  Kokkos::finalize();
+  // The suite fails if it failed on any rank.
+  int any = 0;
+  MPI_Allreduce(&result, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any;
+}
