@@ -308,21 +308,25 @@ Dataset random_tensor(std::vector<hsize_t> dims, DType t, std::mt19937_64& gen) 
   return d;
 }
 
+// Refuses a run whose `what` needs more than 90 % of this machine's memory, before allocating.
+void require_memory(double bytes, const char* what) {
+  const double phys = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (phys > 0 && bytes > 0.9 * phys) {
+    std::ostringstream os;
+    os.precision(3);
+    os << what << " needs about " << bytes / (1 << 30) << " GiB but this machine has "
+       << phys / (1 << 30) << " GiB of memory";
+    throw InputError(os.str());
+  }
+}
+
 // Refuses a random problem that cannot fit in this machine's memory before allocating anything.
 void check_memory(DType dtype, double q_elems, double kv_elems, double head_dim, bool backward) {
   const double elem = dtype == DType::f32 ? 4 : 8;
   // q, o, k, v in the kernel's type plus the double copies the program keeps, and the LSE;
   // the backward adds dout, dq, dk, dv.
   const double tensors = backward ? 4 * q_elems + 4 * kv_elems : 2 * q_elems + 2 * kv_elems;
-  const double bytes = tensors * (elem + 8) + q_elems / head_dim * 24;
-  const double phys = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-  if (phys > 0 && bytes > 0.9 * phys) {
-    std::ostringstream os;
-    os.precision(3);
-    os << "the problem needs about " << bytes / (1 << 30) << " GiB but this machine has "
-       << phys / (1 << 30) << " GiB of memory";
-    throw InputError(os.str());
-  }
+  require_memory(tensors * (elem + 8) + q_elems / head_dim * 24, "the problem");
 }
 
 template <class T>
@@ -610,15 +614,7 @@ int run_dropout_mask(const Options& o) {
     if (n > 2147483647LL)
       throw InputError("--shape values must fit in int, got " + std::to_string(n));
   // The mask on the device and its host copy (one buffer when they share memory).
-  const double bytes = 2.0 * double(B) * double(H) * double(Nq) * double(Nk);
-  const double phys = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-  if (phys > 0 && bytes > 0.9 * phys) {
-    std::ostringstream os;
-    os.precision(3);
-    os << "the mask needs about " << bytes / (1 << 30) << " GiB but this machine has "
-       << phys / (1 << 30) << " GiB of memory";
-    throw InputError(os.str());
-  }
+  require_memory(2.0 * double(B) * double(H) * double(Nq) * double(Nk), "the mask");
   Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, Exec::memory_space> keep(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::keep")), B, H, Nq, Nk);
   kfa::dropout_mask(Exec(), keep, o.params);

@@ -323,6 +323,17 @@ inline bool blocks_meet(const Params& p, const SeqPar& sp, const Segment& qs, co
   return lo <= hi && lo < ks.size && hi >= 0;
 }
 
+/// The block of query rows qs against key rows ks (q, k, v: their local rows), computed into
+/// the scratch (ob, lb) and merged into the running result (o, lse) of those query rows.
+template <class ExecSpace, class Q, class K, class V, class OB, class LB, class O, class L>
+void add_block(const ExecSpace& space, const Q& q, const K& k, const V& v, const OB& ob,
+               const LB& lb, const O& o, const L& lse, const Params& params, const SeqPar& sp,
+               const Segment& qs, const Segment& ks) {
+  impl::forward(space, q, k, v, ob, lb, params,
+                impl::Origin{qs.begin, ks.begin, sp.seqlen_q, sp.seqlen_k});
+  merge_rows(space, o, lse, ob, lb);
+}
+
 /// The combiner as an MPI_Op on rows [lse, O_0 .. O_{D-1}] of T (D from the datatype's size):
 /// inout <- combine(in, inout), both normalised. Registered non-commutative, so MPI applies it
 /// in rank order and the result is the same on every run.
@@ -421,16 +432,12 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
       for (const Segment& qs : qseg) {
         long long k_off = 0;
         for (const Segment& ks : owned_rows(sp.layout, sp.seqlen_k, src, P)) {
-          if (detail::blocks_meet(params, sp, qs, ks)) {
-            const auto ob_s = detail::rows_of(ob, q_off, qs.size);
-            const auto lb_s = detail::rows_of3(lseb, q_off, qs.size);
-            impl::forward(space, detail::rows_of(q, q_off, qs.size),
-                          detail::rows_of(kk, k_off, ks.size), detail::rows_of(vv, k_off, ks.size),
-                          ob_s, lb_s, params,
-                          impl::Origin{qs.begin, ks.begin, sp.seqlen_q, sp.seqlen_k});
-            detail::merge_rows(space, detail::rows_of(o, q_off, qs.size),
-                               detail::rows_of3(lse, q_off, qs.size), ob_s, lb_s);
-          }
+          if (detail::blocks_meet(params, sp, qs, ks))
+            detail::add_block(
+                space, detail::rows_of(q, q_off, qs.size), detail::rows_of(kk, k_off, ks.size),
+                detail::rows_of(vv, k_off, ks.size), detail::rows_of(ob, q_off, qs.size),
+                detail::rows_of3(lseb, q_off, qs.size), detail::rows_of(o, q_off, qs.size),
+                detail::rows_of3(lse, q_off, qs.size), params, sp, qs, ks);
           k_off += ks.size;
         }
         q_off += qs.size;
@@ -498,16 +505,14 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
       for (const Segment& qs : owned_rows(sp.layout, sp.seqlen_q, r, P)) {
         long long k_off = 0;
         for (const Segment& ks : owned_rows(sp.layout, sp.seqlen_k, rank, P)) {
-          if (detail::blocks_meet(params, sp, qs, ks)) {
-            Kokkos::View<T****, Mem> ob("kfa::mpi::ob", B, Hq, qs.size, D);
-            Kokkos::View<T***, Mem> lb("kfa::mpi::lb", B, Hq, qs.size);
-            impl::forward(space, detail::rows_of(qg, g_off, qs.size),
-                          detail::rows_of(k, k_off, ks.size), detail::rows_of(v, k_off, ks.size),
-                          ob, lb, params,
-                          impl::Origin{qs.begin, ks.begin, sp.seqlen_q, sp.seqlen_k});
-            detail::merge_rows(space, detail::rows_of(og, g_off, qs.size),
-                               detail::rows_of3(lg, g_off, qs.size), ob, lb);
-          }
+          if (detail::blocks_meet(params, sp, qs, ks))
+            detail::add_block(space, detail::rows_of(qg, g_off, qs.size),
+                              detail::rows_of(k, k_off, ks.size),
+                              detail::rows_of(v, k_off, ks.size),
+                              Kokkos::View<T****, Mem>("kfa::mpi::ob", B, Hq, qs.size, D),
+                              Kokkos::View<T***, Mem>("kfa::mpi::lb", B, Hq, qs.size),
+                              detail::rows_of(og, g_off, qs.size),
+                              detail::rows_of3(lg, g_off, qs.size), params, sp, qs, ks);
           k_off += ks.size;
         }
         g_off += qs.size;
