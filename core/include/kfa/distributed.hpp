@@ -13,10 +13,10 @@
 /// Modes:
 ///  - ring: K/V shards travel around the ring (rank r sends to r + 1) in P - 1 steps; the
 ///    send and receive of the next shard are posted before the current one is computed, so
-///    communication overlaps compute. Each rank merges the partials of its queries locally.
-///    Blocks that the masks hide entirely are skipped (causal: shards after the rank's rows).
-///    The backward sends dK/dV accumulators along with K/V; they come home after the last step;
-///    dQ stays local.
+///    communication can overlap compute (not measured yet). Each rank merges the partials of its
+///    queries locally. Blocks that the masks hide entirely are skipped (causal: shards after the
+///    rank's rows). The backward sends dK/dV accumulators along with K/V; they come home after the
+///    last step; dQ stays local.
 ///  - tree: every rank gathers all queries (MPI_Allgatherv), computes their partials against its
 ///    own key shard, and the partials meet in MPI_Reduce_scatterv with a user-defined,
 ///    non-commutative MPI_Op that applies the combiner in rank order (so the result is the same
@@ -35,7 +35,7 @@
 /// kfa::Error, naming the lowest failing rank.
 ///
 /// Memory: Views in a memory space the host cannot access are staged through host buffers for
-/// MPI (portable, without a GPU-aware MPI; the overlap then covers the host copies only).
+/// MPI (portable, without a GPU-aware MPI; the staging copies themselves are synchronous).
 
 #include <kfa/backward.hpp>
 #include <kfa/combine.hpp>
@@ -500,19 +500,20 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
   Kokkos::View<T***, Mem> lg("kfa::mpi::lg", B, Hq, total);
   detail::clear_result(space, og, lg);
   {
+    // One block result at a time, in scratch allocated once and cut at the block's rows.
+    Kokkos::View<T****, Mem> ob("kfa::mpi::ob", B, Hq, total, D);
+    Kokkos::View<T***, Mem> lb("kfa::mpi::lb", B, Hq, total);
     long long g_off = 0;
     for (int r = 0; r < P; ++r)
       for (const Segment& qs : owned_rows(sp.layout, sp.seqlen_q, r, P)) {
         long long k_off = 0;
         for (const Segment& ks : owned_rows(sp.layout, sp.seqlen_k, rank, P)) {
           if (detail::blocks_meet(params, sp, qs, ks))
-            detail::add_block(space, detail::rows_of(qg, g_off, qs.size),
-                              detail::rows_of(k, k_off, ks.size),
-                              detail::rows_of(v, k_off, ks.size),
-                              Kokkos::View<T****, Mem>("kfa::mpi::ob", B, Hq, qs.size, D),
-                              Kokkos::View<T***, Mem>("kfa::mpi::lb", B, Hq, qs.size),
-                              detail::rows_of(og, g_off, qs.size),
-                              detail::rows_of3(lg, g_off, qs.size), params, sp, qs, ks);
+            detail::add_block(
+                space, detail::rows_of(qg, g_off, qs.size), detail::rows_of(k, k_off, ks.size),
+                detail::rows_of(v, k_off, ks.size), detail::rows_of(ob, g_off, qs.size),
+                detail::rows_of3(lb, g_off, qs.size), detail::rows_of(og, g_off, qs.size),
+                detail::rows_of3(lg, g_off, qs.size), params, sp, qs, ks);
           k_off += ks.size;
         }
         g_off += qs.size;
