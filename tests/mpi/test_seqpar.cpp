@@ -1,12 +1,15 @@
-// The sequence-parallel forward (kfa::mpi) at any rank count: every mode x layout x mask (and
-// dropout, GQA, seqlen_q != seqlen_k, sequences shorter than the rank count) gives each rank
-// its rows of the double-precision reference under the tolerance rule; invalid input on one
-// rank makes every rank throw the same kfa::Error. Run by ctest under mpiexec -n 1, 2, 3, 4.
+// The sequence-parallel forward and backward (kfa::mpi) at any rank count: every mode x layout
+// x mask (and dropout, GQA, seqlen_q != seqlen_k, dlse, sequences shorter than the rank count)
+// gives each rank its rows of the double-precision reference under the tolerance rule; the
+// deterministic backward is bitwise repeatable; invalid input on one rank makes every rank
+// throw the same kfa::Error. Run by ctest under mpiexec -n 1, 2, 3, 4.
 #include <gtest/gtest.h>
 #include <kfa/distributed.hpp>
 
 #include <mpi.h>
 
+#include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -101,6 +104,90 @@ void check_forward(const Case& c, kmpi::Mode mode, kmpi::Layout layout) {
   EXPECT_TRUE(cl.ok()) << "LSE err " << cl.err << " > bound " << cl.bound;
 }
 
+/// The global tensor (N rows along dimension 2) that every rank's local rows make up, on every
+/// rank: each places its rows into zeros and MPI sums the ranks' tensors.
+Tensor4 assemble(const Tensor4& local, long long N, kmpi::Layout layout) {
+  Tensor4 g("global", local.extent(0), local.extent(1), N, local.extent(3));
+  long long row = 0;
+  for (const auto& s : kmpi::owned_rows(layout, N, comm_rank(), comm_size()))
+    for (long long i = 0; i < s.size; ++i, ++row)
+      for (std::size_t b = 0; b < g.extent(0); ++b)
+        for (std::size_t h = 0; h < g.extent(1); ++h)
+          for (std::size_t d = 0; d < g.extent(3); ++d)
+            g(b, h, s.begin + i, d) = local(b, h, row, d);
+  MPI_Allreduce(MPI_IN_PLACE, g.data(), int(g.span()), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return g;
+}
+
+using Dev4 = Kokkos::View<float****, Exec::memory_space>;
+using Dev3 = Kokkos::View<float***, Exec::memory_space>;
+
+/// kfa::mpi::forward then kfa::mpi::backward on this rank's rows, in float; the gradients are
+/// poisoned with NaN beforehand.
+struct RankGradients {
+  Tensor4 dq, dk, dv;
+};
+RankGradients run_backward(const Problem& pb, const kfa::Params& p, const Tensor4& dout,
+                           const Tensor3& dlse, const kmpi::SeqPar& sp) {
+  auto q = to_device<float>(my_rows(pb.q, sp.layout, "q"));
+  auto k = to_device<float>(my_rows(pb.k, sp.layout, "k"));
+  auto v = to_device<float>(my_rows(pb.v, sp.layout, "v"));
+  auto dod = to_device<float>(my_rows(dout, sp.layout, "do"));
+  Dev4 o("o", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
+  Dev3 lse("lse", q.extent(0), q.extent(1), q.extent(2));
+  kmpi::forward(Exec(), q, k, v, o, lse, p, sp);
+  Dev4 dq("dq", q.extent(0), q.extent(1), q.extent(2), q.extent(3)),
+      dk("dk", k.extent(0), k.extent(1), k.extent(2), k.extent(3)),
+      dv("dv", k.extent(0), k.extent(1), k.extent(2), k.extent(3));
+  for (const auto& g : {dq, dk, dv})
+    Kokkos::deep_copy(g, std::numeric_limits<float>::quiet_NaN());
+  if (dlse.span() > 0) {
+    const Tensor3 mine = my_rows(dlse, sp.layout, "dlse");
+    Dev3 dl("dl", mine.extent(0), mine.extent(1), mine.extent(2));
+    auto h = Kokkos::create_mirror_view(dl);
+    for (std::size_t e = 0; e < h.span(); ++e)
+      h.data()[e] = static_cast<float>(mine.data()[e]);
+    Kokkos::deep_copy(dl, h);
+    kmpi::backward(Exec(), q, k, v, o, lse, dod, dl, dq, dk, dv, p, sp);
+  } else {
+    kmpi::backward(Exec(), q, k, v, o, lse, dod, dq, dk, dv, p, sp);
+  }
+  return {to_host<Tensor4>(dq, "dqh"), to_host<Tensor4>(dk, "dkh"), to_host<Tensor4>(dv, "dvh")};
+}
+
+// The backward of one case in float: the ranks' rows of dQ, dK, dV, put together, against the
+// reference gradients under the tolerance rule (checked on every rank).
+void check_backward(const Case& c, kmpi::Mode mode, kmpi::Layout layout, bool with_dlse) {
+  const Shape& s = c.shape;
+  const std::uint64_t seed = seed_of(s, 92);
+  SCOPED_TRACE(::testing::Message()
+               << s << " " << describe(c.params) << (with_dlse ? " dlse" : "")
+               << (c.params.deterministic ? " deterministic" : " atomic")
+               << " mode=" << (mode == kmpi::Mode::ring ? "ring" : "tree")
+               << " layout=" << (layout == kmpi::Layout::zigzag ? "zigzag" : "contiguous")
+               << " ranks=" << comm_size() << " rank=" << comm_rank());
+  Problem pb(s, seed);
+  std::mt19937_64 gen(seed + 1);
+  const Tensor4 dout = random_tensor("dout", s.batch, s.heads_q, s.seqlen_q, s.head_dim, gen);
+  Tensor3 dlse;
+  if (with_dlse) {
+    dlse = Tensor3(std::string("dlse"), s.batch, s.heads_q, s.seqlen_q);
+    std::uniform_real_distribution<double> dist(-1, 1);
+    for (std::size_t e = 0; e < dlse.span(); ++e)
+      dlse.data()[e] = dist(gen);
+  }
+  const kmpi::SeqPar sp{MPI_COMM_WORLD, s.seqlen_q, s.seqlen_k, layout, mode};
+  const RankGradients g = run_backward(pb, c.params, dout, dlse, sp);
+  EXPECT_TRUE(all_written(g.dq) && all_written(g.dk) && all_written(g.dv));
+  const Tensor4 dq = assemble(g.dq, s.seqlen_q, layout), dk = assemble(g.dk, s.seqlen_k, layout),
+                dv = assemble(g.dv, s.seqlen_k, layout);
+  const auto r = ref::check_backward<float>(pb.q, pb.k, pb.v, c.params, dout, dlse, dq, dk, dv,
+                                            keep_mask(s, c.params));
+  for (const auto& [name, cr] : {std::pair{"dQ", r.dq}, {"dK", r.dk}, {"dV", r.dv}})
+    EXPECT_TRUE(cr.ok()) << name << ": err " << cr.err << " > bound " << cr.bound
+                         << " (naive same-precision err " << cr.naive_err << ")";
+}
+
 std::vector<Case> cases() {
   std::vector<Case> out;
   const auto m = masks();
@@ -124,6 +211,36 @@ TEST(SeqPar, ForwardEveryModeAndLayoutMatchesReference) {
     for (auto mode : {kmpi::Mode::ring, kmpi::Mode::tree})
       for (auto layout : {kmpi::Layout::contiguous, kmpi::Layout::zigzag})
         check_forward(c, mode, layout);
+}
+
+TEST(SeqPar, BackwardEveryModeAndLayoutMatchesReference) {
+  const std::vector<Case> all = cases();
+  for (std::size_t i = 0; i < all.size(); ++i)
+    for (auto mode : {kmpi::Mode::ring, kmpi::Mode::tree})
+      for (auto layout : {kmpi::Layout::contiguous, kmpi::Layout::zigzag}) {
+        Case c = all[i];
+        c.params.deterministic = i % 2 == 1;  // both dQ paths, over every mask
+        check_backward(c, mode, layout, /*with_dlse=*/i % 3 == 0);
+      }
+}
+
+// Deterministic: two runs give the same bits, in both modes (sums across ranks in rank order).
+TEST(SeqPar, DeterministicBackwardIsBitwiseRepeatable) {
+  const Shape s{1, 4, 2, 97, 97, 32};
+  Problem pb(s, 17);
+  std::mt19937_64 gen(18);
+  const Tensor4 dout = random_tensor("dout", s.batch, s.heads_q, s.seqlen_q, s.head_dim, gen);
+  kfa::Params p;
+  p.causal = true;
+  p.deterministic = true;
+  for (auto mode : {kmpi::Mode::ring, kmpi::Mode::tree}) {
+    const kmpi::SeqPar sp{MPI_COMM_WORLD, s.seqlen_q, s.seqlen_k, kmpi::Layout::zigzag, mode};
+    const RankGradients a = run_backward(pb, p, dout, {}, sp),
+                        b = run_backward(pb, p, dout, {}, sp);
+    for (const auto& [x, y] : {std::pair{a.dq, b.dq}, {a.dk, b.dk}, {a.dv, b.dv}})
+      EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.span() * sizeof(double)))
+          << "mode " << (mode == kmpi::Mode::ring ? "ring" : "tree");
+  }
 }
 
 TEST(SeqPar, OwnedRowsCoverTheSequenceOnce) {
@@ -178,6 +295,24 @@ TEST(SeqPar, BadInputOnOneRankEndsEveryRank) {
     kfa::Params differ;
     differ.causal = comm_rank() == 0;
     expect_all_throw(differ, false, "params.causal differs between ranks");
+  }
+  // The backward: dk one row short on the last rank.
+  auto q = to_device<float>(my_rows(pb.q, layout, "q"));
+  auto k = to_device<float>(my_rows(pb.k, layout, "k"));
+  Dev4 o("o", q.extent(0), q.extent(1), q.extent(2), 16), dq("dq", q.extent(0), 2, q.extent(2), 16);
+  Dev3 lse("lse", q.extent(0), q.extent(1), q.extent(2));
+  const std::size_t nk = k.extent(2) - (comm_rank() == last && k.extent(2) > 0 ? 1 : 0);
+  Dev4 dk("dk", 1, 2, nk, 16), dv("dv", 1, 2, k.extent(2), 16);
+  for (auto mode : {kmpi::Mode::ring, kmpi::Mode::tree}) {
+    const kmpi::SeqPar sp{MPI_COMM_WORLD, s.seqlen_q, s.seqlen_k, layout, mode};
+    std::string got;
+    try {
+      kmpi::backward(Exec(), q, k, k, o, lse, q, dq, dk, dv, kfa::Params{}, sp);
+    } catch (const kfa::Error& e) {
+      got = e.what();
+    }
+    EXPECT_NE(got.find("rank " + std::to_string(last) + ": mpi::backward: dk"), std::string::npos)
+        << "rank " << comm_rank() << ": '" << got << "'";
   }
 }
 

@@ -188,7 +188,8 @@ void check_collectively(const char* pass, const SeqPar& sp, const Params& p,
                                 "batch",
                                 "heads_q",
                                 "heads_k",
-                                "head_dim"};
+                                "head_dim",
+                                "whether dlse is given"};
   for (std::size_t i = 0; i < mine.size(); ++i)
     if (!(lo[i] == hi[i]) && !(lo[i] != lo[i] && hi[i] != hi[i]))
       throw Error(std::string(pass) + ": " + names[i] + " differs between ranks (" +
@@ -314,6 +315,111 @@ void add_into(const ExecSpace& space, const Dst& dst, const Src& src) {
       KOKKOS_LAMBDA(int b, int h, int i, int d) { dst(b, h, i, d) += src(b, h, i, d); });
 }
 
+/// x = 0, over a rank-4 view of any layout.
+template <class ExecSpace, class X>
+void clear(const ExecSpace& space, const X& x) {
+  using T = typename X::non_const_value_type;
+  const int B = x.extent(0), H = x.extent(1), N = x.extent(2), D = x.extent(3);
+  if (std::size_t(B) * H * N * D == 0) return;
+  Kokkos::parallel_for(
+      "kfa::mpi::clear",
+      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>>(space, {0, 0, 0, 0}, {B, H, N, D}),
+      KOKKOS_LAMBDA(int b, int h, int i, int d) { x(b, h, i, d) = T(0); });
+}
+
+/// The largest number of rows any rank owns.
+inline long long max_count(Layout layout, long long seqlen, int nranks) {
+  long long m = 0;
+  for (int r = 0; r < nranks; ++r)
+    m = std::max(m, owned_count(layout, seqlen, r, nranks));
+  return m;
+}
+
+/// Internal (B, H, rows, D) tensors: LayoutRight whatever the space's default, since the
+/// kernels need unit stride along head_dim (the default is LayoutLeft on GPUs).
+template <class T, class Mem>
+using Tensor = Kokkos::View<T****, Kokkos::LayoutRight, Mem>;
+template <class T, class Mem>
+using Rows = Kokkos::View<T***, Kokkos::LayoutRight, Mem>;
+
+/// Rows of W values per (row, b, h), packed row-outermost as (rows, B, H, W) so that each
+/// rank's rows are one contiguous message.
+template <class T, class Mem>
+using Packed = Kokkos::View<T****, Kokkos::LayoutRight, Mem>;
+
+/// Every rank's packed rows, in rank order (MPI_Allgatherv; staged through the host).
+template <class T, class Mem>
+Packed<T, Mem> allgather_rows(const Packed<T, Mem>& mine, const std::vector<int>& rows,
+                              MPI_Comm comm) {
+  const int P = int(rows.size());
+  long long total = 0;
+  for (int r : rows)
+    total += r;
+  const int per_row = int(mine.extent(1) * mine.extent(2) * mine.extent(3));
+  std::vector<int> counts(P), offs(P);
+  for (int r = 0, off = 0; r < P; ++r) {
+    counts[r] = rows[r] * per_row;
+    offs[r] = off;
+    off += counts[r];
+  }
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  Packed<T, Mem> all("kfa::mpi::gathered", total, mine.extent(1), mine.extent(2), mine.extent(3));
+  auto host_mine = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), mine);
+  auto host_all = Kokkos::create_mirror_view(all);
+  MPI_Allgatherv(host_mine.data(), counts[rank], mpi_type<T>(), host_all.data(), counts.data(),
+                 offs.data(), mpi_type<T>(), comm);
+  Kokkos::deep_copy(all, host_all);
+  return all;
+}
+
+/// Each rank's own rows of the reduction over ranks of `all` (every rank's packed rows, in
+/// rank order) with `op` (MPI_Reduce_scatter; staged through the host). With whole_rows the op
+/// sees rows of W values as one element (the combiner); otherwise single values (a sum, which
+/// MPI's built-in ops allow on the base type only).
+template <class T, class Mem>
+Packed<T, Mem> reduce_scatter_rows(const Packed<T, Mem>& all, const std::vector<int>& rows,
+                                   MPI_Op op, bool whole_rows, MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  const int P = int(rows.size());
+  const std::size_t B = all.extent(1), H = all.extent(2), W = all.extent(3);
+  MPI_Datatype type = mpi_type<T>();
+  if (whole_rows) {
+    MPI_Type_contiguous(int(W), mpi_type<T>(), &type);
+    MPI_Type_commit(&type);
+  }
+  std::vector<int> counts(P);
+  for (int r = 0; r < P; ++r)
+    counts[r] = rows[r] * int(B * H * (whole_rows ? 1 : W));
+  auto host_all = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), all);
+  Packed<T, Kokkos::HostSpace> host_mine("kfa::mpi::mine", rows[rank], B, H, W);
+  MPI_Reduce_scatter(host_all.data(), host_mine.data(), counts.data(), type, op, comm);
+  if (whole_rows) MPI_Type_free(&type);
+  return Kokkos::create_mirror_view_and_copy(Mem(), host_mine);
+}
+
+/// inout <- in + inout elementwise, as a non-commutative MPI_Op: the sum in rank order, the
+/// same on every run (for params.deterministic).
+template <class T>
+void sum_op(void* in, void* inout, int* len, MPI_Datatype* type) {
+  int bytes = 0;
+  MPI_Type_size(*type, &bytes);
+  const long long n = static_cast<long long>(*len) * (bytes / int(sizeof(T)));
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (long long i = 0; i < n; ++i)
+    b[i] = a[i] + b[i];
+}
+
+/// The global sequence lengths must be usable as the kernels' int extents.
+inline void check_lengths(const char* pass, const SeqPar& sp) {
+  if (sp.seqlen_q < 1 || sp.seqlen_k < 1 || sp.seqlen_q > 2147483647LL ||
+      sp.seqlen_k > 2147483647LL)
+    impl::fail(pass, "SeqPar seqlen_q = ", sp.seqlen_q, " and seqlen_k = ", sp.seqlen_k,
+               " must be in [1, 2^31)");
+}
+
 /// Whether any query of segment qs sees any key of segment ks under the masks of p.
 inline bool blocks_meet(const Params& p, const SeqPar& sp, const Segment& qs, const Segment& ks) {
   if (qs.size == 0 || ks.size == 0) return false;
@@ -378,10 +484,7 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
                                        (long long)k.extent(1), (long long)q.extent(3)};
   detail::check_collectively("mpi::forward", sp, params, dims, [&] {
     impl::validate_params("mpi::forward", params);
-    if (sp.seqlen_q < 1 || sp.seqlen_k < 1 || sp.seqlen_q > 2147483647LL ||
-        sp.seqlen_k > 2147483647LL)
-      impl::fail("mpi::forward", "SeqPar seqlen_q = ", sp.seqlen_q, " and seqlen_k = ", sp.seqlen_k,
-                 " must be in [1, 2^31)");
+    detail::check_lengths("mpi::forward", sp);
     detail::expect_rows("mpi::forward", "q", q, owned_count(sp.layout, sp.seqlen_q, rank, P),
                         "query");
     detail::expect_rows("mpi::forward", "k", k, owned_count(sp.layout, sp.seqlen_k, rank, P),
@@ -396,13 +499,8 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
   if (sp.mode == Mode::ring) {
     // Running result in o, lse; each visible block's (O, LSE) merges into it.
     detail::clear_result(space, o, lse);
-    const long long max_k = [&] {
-      long long m = 0;
-      for (int r = 0; r < P; ++r)
-        m = std::max(m, owned_count(sp.layout, sp.seqlen_k, r, P));
-      return m;
-    }();
-    const std::size_t kv_elems = B * Hk * std::size_t(max_k) * D;
+    const std::size_t kv_elems =
+        B * Hk * std::size_t(detail::max_count(sp.layout, sp.seqlen_k, P)) * D;
     detail::Flat<T, Mem> buf[2] = {{Kokkos::View<T*, Mem>("kfa::mpi::kv0", 2 * kv_elems)},
                                    {Kokkos::View<T*, Mem>("kfa::mpi::kv1", 2 * kv_elems)}};
     // Stage the local shard as the first travelling block.
@@ -411,8 +509,8 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
       Kokkos::deep_copy(space, buf[0].at(0, B, Hk, nk, D), k);
       Kokkos::deep_copy(space, buf[0].at(B * Hk * nk * D, B, Hk, nk, D), v);
     }
-    Kokkos::View<T****, Mem> ob("kfa::mpi::ob", B, Hq, nq_local, D);
-    Kokkos::View<T***, Mem> lseb("kfa::mpi::lseb", B, Hq, nq_local);
+    detail::Tensor<T, Mem> ob("kfa::mpi::ob", B, Hq, nq_local, D);
+    detail::Rows<T, Mem> lseb("kfa::mpi::lseb", B, Hq, nq_local);
     detail::Channel<T, Mem> ch;
     for (int s = 0; s < P; ++s) {
       const int src = (rank - s + P) % P;
@@ -453,17 +551,11 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
 
   // Tree: gather every rank's queries, compute their partials against the local key shard,
   // reduce-scatter the partials with the combiner.
-  std::vector<int> rows(P), displs(P);
-  long long total = 0;
-  for (int r = 0; r < P; ++r) {
+  std::vector<int> rows(P);
+  for (int r = 0; r < P; ++r)
     rows[r] = int(owned_count(sp.layout, sp.seqlen_q, r, P));
-    total += rows[r];
-  }
-  // Messages are rows of (B, H) planes: gather per (b, h) plane so that each plane's rows stay
-  // contiguous. Simplest correct form: pack as (rows, B, H, D) with rows outermost.
-  using RowMajor = Kokkos::View<T****, Kokkos::LayoutRight, Mem>;
-  RowMajor qpack("kfa::mpi::qpack", nq_local, B, Hq, D);
-  RowMajor qall("kfa::mpi::qall", total, B, Hq, D);
+  using Packed = detail::Packed<T, Mem>;
+  Packed qpack("kfa::mpi::qpack", nq_local, B, Hq, D);
   Kokkos::parallel_for(
       "kfa::mpi::pack_q",
       Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>>(
@@ -472,22 +564,10 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
         qpack(i, b, h, d) = q(b, h, i, d);
       });
   space.fence();
-  {
-    const int per_row = int(B * Hq * D);
-    std::vector<int> counts(P), offs(P);
-    for (int r = 0, off = 0; r < P; ++r) {
-      counts[r] = rows[r] * per_row;
-      offs[r] = off;
-      off += counts[r];
-    }
-    auto host_pack = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), qpack);
-    auto host_all = Kokkos::create_mirror_view(qall);
-    MPI_Allgatherv(host_pack.data(), counts[rank], detail::mpi_type<T>(), host_all.data(),
-                   counts.data(), offs.data(), detail::mpi_type<T>(), sp.comm);
-    Kokkos::deep_copy(qall, host_all);
-  }
+  const Packed qall = detail::allgather_rows(qpack, rows, sp.comm);
+  const long long total = qall.extent(0);
   // All queries as (B, Hq, total, D), in the order of the ranks' rows.
-  Kokkos::View<T****, Mem> qg("kfa::mpi::qg", B, Hq, total, D);
+  detail::Tensor<T, Mem> qg("kfa::mpi::qg", B, Hq, total, D);
   Kokkos::parallel_for(
       "kfa::mpi::unpack_q",
       Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>>(
@@ -495,14 +575,14 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
       KOKKOS_LAMBDA(long long b, long long h, long long i, long long d) {
         qg(b, h, i, d) = qall(i, b, h, d);
       });
-  // Partials of every query against the local keys, as rows [lse, O] per (query, b, h).
-  Kokkos::View<T****, Mem> og("kfa::mpi::og", B, Hq, total, D);
-  Kokkos::View<T***, Mem> lg("kfa::mpi::lg", B, Hq, total);
+  // Partials of every query against the local keys.
+  detail::Tensor<T, Mem> og("kfa::mpi::og", B, Hq, total, D);
+  detail::Rows<T, Mem> lg("kfa::mpi::lg", B, Hq, total);
   detail::clear_result(space, og, lg);
   {
     // One block result at a time, in scratch allocated once and cut at the block's rows.
-    Kokkos::View<T****, Mem> ob("kfa::mpi::ob", B, Hq, total, D);
-    Kokkos::View<T***, Mem> lb("kfa::mpi::lb", B, Hq, total);
+    detail::Tensor<T, Mem> ob("kfa::mpi::ob", B, Hq, total, D);
+    detail::Rows<T, Mem> lb("kfa::mpi::lb", B, Hq, total);
     long long g_off = 0;
     for (int r = 0; r < P; ++r)
       for (const Segment& qs : owned_rows(sp.layout, sp.seqlen_q, r, P)) {
@@ -519,7 +599,8 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
         g_off += qs.size;
       }
   }
-  RowMajor part("kfa::mpi::part", total, B, Hq, D + 1);
+  // Partials as rows [lse, O], reduced with the combiner.
+  Packed part("kfa::mpi::part", total, B, Hq, D + 1);
   Kokkos::parallel_for(
       "kfa::mpi::pack_partial",
       Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(space, {0, 0, 0},
@@ -530,21 +611,10 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
           part(i, b, h, d + 1) = og(b, h, i, d);
       });
   space.fence();
-  MPI_Datatype row_t;
-  MPI_Type_contiguous(int(D + 1), detail::mpi_type<T>(), &row_t);
-  MPI_Type_commit(&row_t);
   MPI_Op op;
   MPI_Op_create(&detail::combine_op<T>, 0, &op);
-  std::vector<int> counts(P);
-  for (int r = 0; r < P; ++r)
-    counts[r] = rows[r] * int(B * Hq);
-  auto host_part = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), part);
-  Kokkos::View<T****, Kokkos::LayoutRight, Kokkos::HostSpace> host_mine("kfa::mpi::mine", nq_local,
-                                                                        B, Hq, D + 1);
-  MPI_Reduce_scatter(host_part.data(), host_mine.data(), counts.data(), row_t, op, sp.comm);
+  const Packed mine = detail::reduce_scatter_rows(part, rows, op, /*whole_rows=*/true, sp.comm);
   MPI_Op_free(&op);
-  MPI_Type_free(&row_t);
-  auto mine = Kokkos::create_mirror_view_and_copy(Mem(), host_mine);
   Kokkos::parallel_for(
       "kfa::mpi::unpack_o",
       Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(space, {0, 0, 0},
@@ -555,6 +625,257 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
           o(b, h, i, d) = mine(i, b, h, d + 1);
       });
   space.fence();
+}
+
+namespace detail {
+
+/// The ring backward: K/V shards travel as in the forward; each carries the dK/dV accumulator
+/// of its keys, which the next rank receives while computing its own block (the block's
+/// gradients go into a zeroed buffer and the incoming accumulator is added afterwards), so
+/// that message overlaps compute too. After the last step each accumulator is one hop from
+/// home. dq (zeroed by the caller) gathers the blocks of every step locally.
+template <class ExecSpace, class Q, class K, class V, class DO, class Lse, class Delta, class DQ,
+          class DK, class DV>
+void ring_backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const DO& dout,
+                   const Lse& lse, const Delta& delta, const DQ& dq, const DK& dk, const DV& dv,
+                   const Params& params, const SeqPar& sp, int rank, int P) {
+  using T = typename Q::non_const_value_type;
+  using Mem = typename ExecSpace::memory_space;
+  const std::size_t B = q.extent(0), Hk = k.extent(1), D = q.extent(3);
+  const auto qseg = owned_rows(sp.layout, sp.seqlen_q, rank, P);
+  const std::size_t max_elems = 2 * B * Hk * std::size_t(max_count(sp.layout, sp.seqlen_k, P)) * D;
+  auto flat = [&](const char* label) {
+    return Flat<T, Mem>{Kokkos::View<T*, Mem>(std::string(label), max_elems)};
+  };
+  // [K, V] of the travelling shard (double-buffered), [dK, dV] of this step's block (two, one
+  // of which may still be in flight), and the incoming accumulator.
+  const Flat<T, Mem> kv[2] = {flat("kfa::mpi::kv0"), flat("kfa::mpi::kv1")};
+  const Flat<T, Mem> acc[2] = {flat("kfa::mpi::acc0"), flat("kfa::mpi::acc1")};
+  const Flat<T, Mem> incoming = flat("kfa::mpi::acc_in");
+  const long long nk_own = k.extent(2);
+  Kokkos::deep_copy(space, kv[0].at(0, B, Hk, nk_own, D), k);
+  Kokkos::deep_copy(space, kv[0].at(B * Hk * nk_own * D, B, Hk, nk_own, D), v);
+  Channel<T, Mem> kv_ch, acc_ch;
+  const int next = (rank + 1) % P, prev = (rank - 1 + P) % P;
+  MPI_Request acc_sent = MPI_REQUEST_NULL;
+  for (int s = 0; s < P; ++s) {
+    const int src = (rank - s + P) % P;
+    const long long nk = owned_count(sp.layout, sp.seqlen_k, src, P);
+    const std::size_t n = 2 * B * Hk * std::size_t(nk) * D;  // [K, V] or [dK, dV] of shard src
+    const Flat<T, Mem>& cur = kv[s % 2];
+    MPI_Request kv_req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    MPI_Request acc_req = MPI_REQUEST_NULL;
+    const long long nk_next = owned_count(sp.layout, sp.seqlen_k, (rank - s - 1 + 2 * P) % P, P);
+    space.fence();
+    if (s + 1 < P) {  // next step's K/V, posted before this step's compute
+      kv_ch.irecv(kv[(s + 1) % 2].data, 2 * B * Hk * nk_next * D, prev, 2 * s, sp.comm, &kv_req[0]);
+      kv_ch.isend(cur.data, n, next, 2 * s, sp.comm, &kv_req[1]);
+    }
+    // The accumulator of shard src, which the previous rank finished at step s - 1.
+    if (s > 0) acc_ch.irecv(incoming.data, n, prev, 2 * s - 1, sp.comm, &acc_req);
+    const Flat<T, Mem>& mine = acc[s % 2];
+    const auto kk = cur.at(0, B, Hk, nk, D), vv = cur.at(B * Hk * nk * D, B, Hk, nk, D);
+    const auto dkk = mine.at(0, B, Hk, nk, D), dvv = mine.at(B * Hk * nk * D, B, Hk, nk, D);
+    clear(space, mine.at(0, 2 * B, Hk, nk, D));
+    long long q_off = 0;
+    for (const Segment& qs : qseg) {
+      long long k_off = 0;
+      for (const Segment& ks : owned_rows(sp.layout, sp.seqlen_k, src, P)) {
+        if (blocks_meet(params, sp, qs, ks))
+          impl::backward_add(space, rows_of(q, q_off, qs.size), rows_of(kk, k_off, ks.size),
+                             rows_of(vv, k_off, ks.size), rows_of(dout, q_off, qs.size),
+                             rows_of3(lse, q_off, qs.size), rows_of3(delta, q_off, qs.size),
+                             rows_of(dq, q_off, qs.size), rows_of(dkk, k_off, ks.size),
+                             rows_of(dvv, k_off, ks.size), params,
+                             impl::Origin{qs.begin, ks.begin, sp.seqlen_q, sp.seqlen_k});
+        k_off += ks.size;
+      }
+      q_off += qs.size;
+    }
+    if (s > 0) {
+      MPI_Wait(&acc_req, MPI_STATUS_IGNORE);
+      acc_ch.finish_recv(incoming.data, n);
+      add_into(space, mine.at(0, 2 * B, Hk, nk, D), incoming.at(0, 2 * B, Hk, nk, D));
+    }
+    space.fence();
+    // One accumulator send in flight at a time, so the buffer written next step is free.
+    MPI_Wait(&acc_sent, MPI_STATUS_IGNORE);
+    acc_ch.isend(mine.data, n, next, 2 * s + 1, sp.comm, &acc_sent);
+    if (s + 1 < P) {
+      MPI_Waitall(2, kv_req, MPI_STATUSES_IGNORE);
+      kv_ch.finish_recv(kv[(s + 1) % 2].data, 2 * B * Hk * nk_next * D);
+    }
+  }
+  // The last step sent every accumulator home: this rank's comes from the previous rank.
+  MPI_Request home = MPI_REQUEST_NULL;
+  const std::size_t n_own = 2 * B * Hk * std::size_t(nk_own) * D;
+  acc_ch.irecv(incoming.data, n_own, prev, 2 * P - 1, sp.comm, &home);
+  MPI_Wait(&home, MPI_STATUS_IGNORE);
+  MPI_Wait(&acc_sent, MPI_STATUS_IGNORE);
+  acc_ch.finish_recv(incoming.data, n_own);
+  Kokkos::deep_copy(space, dk, incoming.at(0, B, Hk, nk_own, D));
+  Kokkos::deep_copy(space, dv, incoming.at(B * Hk * nk_own * D, B, Hk, nk_own, D));
+}
+
+/// The tree backward: every rank gathers all rows of [Q, dO, LSE, delta], computes the
+/// gradients of all queries against its own keys (dk, dv complete there) and the partial dQ
+/// of every query, which MPI_Reduce_scatter sums into each rank's rows (in rank order under
+/// params.deterministic).
+template <class ExecSpace, class Q, class K, class V, class DO, class Lse, class Delta, class DQ,
+          class DK, class DV>
+void tree_backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const DO& dout,
+                   const Lse& lse, const Delta& delta, const DQ& dq, const DK& dk, const DV& dv,
+                   const Params& params, const SeqPar& sp, int rank, int P) {
+  using T = typename Q::non_const_value_type;
+  using A = typename Delta::non_const_value_type;
+  using Mem = typename ExecSpace::memory_space;
+  const std::size_t B = q.extent(0), Hq = q.extent(1), D = q.extent(3);
+  const long long nq_local = q.extent(2);
+  std::vector<int> rows(P);
+  for (int r = 0; r < P; ++r)
+    rows[r] = int(owned_count(sp.layout, sp.seqlen_q, r, P));
+  Packed<T, Mem> pack("kfa::mpi::pack_rows", nq_local, B, Hq, 2 * D + 2);
+  Kokkos::parallel_for(
+      "kfa::mpi::pack_rows",
+      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(space, {0, 0, 0},
+                                                        {(long long)B, (long long)Hq, nq_local}),
+      KOKKOS_LAMBDA(long long b, long long h, long long i) {
+        for (std::size_t d = 0; d < D; ++d) {
+          pack(i, b, h, d) = q(b, h, i, d);
+          pack(i, b, h, D + d) = dout(b, h, i, d);
+        }
+        pack(i, b, h, 2 * D) = lse(b, h, i);
+        pack(i, b, h, 2 * D + 1) = static_cast<T>(delta(b, h, i));
+      });
+  space.fence();
+  const Packed<T, Mem> all = allgather_rows(pack, rows, sp.comm);
+  const long long total = all.extent(0);
+  detail::Tensor<T, Mem> qg("kfa::mpi::qg", B, Hq, total, D), dog("kfa::mpi::dog", B, Hq, total, D),
+      dqg("kfa::mpi::dqg", B, Hq, total, D);
+  detail::Rows<T, Mem> lg("kfa::mpi::lg", B, Hq, total);
+  detail::Rows<A, Mem> deltag("kfa::mpi::deltag", B, Hq, total);
+  Kokkos::parallel_for(
+      "kfa::mpi::unpack_rows",
+      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(space, {0, 0, 0},
+                                                        {(long long)B, (long long)Hq, total}),
+      KOKKOS_LAMBDA(long long b, long long h, long long i) {
+        for (std::size_t d = 0; d < D; ++d) {
+          qg(b, h, i, d) = all(i, b, h, d);
+          dog(b, h, i, d) = all(i, b, h, D + d);
+        }
+        lg(b, h, i) = all(i, b, h, 2 * D);
+        deltag(b, h, i) = static_cast<A>(all(i, b, h, 2 * D + 1));
+      });
+  clear(space, dk);
+  clear(space, dv);
+  long long g_off = 0;
+  for (int r = 0; r < P; ++r)
+    for (const Segment& qs : owned_rows(sp.layout, sp.seqlen_q, r, P)) {
+      long long k_off = 0;
+      for (const Segment& ks : owned_rows(sp.layout, sp.seqlen_k, rank, P)) {
+        if (blocks_meet(params, sp, qs, ks))
+          impl::backward_add(space, rows_of(qg, g_off, qs.size), rows_of(k, k_off, ks.size),
+                             rows_of(v, k_off, ks.size), rows_of(dog, g_off, qs.size),
+                             rows_of3(lg, g_off, qs.size), rows_of3(deltag, g_off, qs.size),
+                             rows_of(dqg, g_off, qs.size), rows_of(dk, k_off, ks.size),
+                             rows_of(dv, k_off, ks.size), params,
+                             impl::Origin{qs.begin, ks.begin, sp.seqlen_q, sp.seqlen_k});
+        k_off += ks.size;
+      }
+      g_off += qs.size;
+    }
+  Packed<T, Mem> part("kfa::mpi::dq_part", total, B, Hq, D);
+  Kokkos::parallel_for(
+      "kfa::mpi::pack_dq",
+      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>>(
+          space, {0, 0, 0, 0}, {(long long)B, (long long)Hq, total, (long long)D}),
+      KOKKOS_LAMBDA(long long b, long long h, long long i, long long d) {
+        part(i, b, h, d) = dqg(b, h, i, d);
+      });
+  space.fence();
+  MPI_Op op = MPI_SUM;
+  if (params.deterministic) MPI_Op_create(&sum_op<T>, 0, &op);
+  const Packed<T, Mem> mine = reduce_scatter_rows(part, rows, op, /*whole_rows=*/false, sp.comm);
+  if (params.deterministic) MPI_Op_free(&op);
+  Kokkos::parallel_for(
+      "kfa::mpi::unpack_dq",
+      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>>(
+          space, {0, 0, 0, 0}, {(long long)B, (long long)Hq, nq_local, (long long)D}),
+      KOKKOS_LAMBDA(long long b, long long h, long long i, long long d) {
+        dq(b, h, i, d) = mine(i, b, h, d);
+      });
+}
+
+/// kfa::mpi::backward with an optional dlse (nullptr: none).
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DLse,
+          class DQ, class DK, class DV>
+void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+              const Lse& lse, const DO& dout, const DLse* dlse, const DQ& dq, const DK& dk,
+              const DV& dv, const Params& params, const SeqPar& sp) {
+  using T = typename Q::non_const_value_type;
+  static_assert(std::is_same_v<typename Lse::non_const_value_type, T> &&
+                    std::is_same_v<typename DQ::value_type, T> &&
+                    std::is_same_v<typename DK::value_type, T> &&
+                    std::is_same_v<typename DV::value_type, T>,
+                "kfa::mpi::backward: lse, dq, dk and dv share the value type of q (dq, dk, dv "
+                "non-const)");
+  static_assert(impl::is_view_of_rank<Lse, 3>::value && impl::is_view_of_rank<DLse, 3>::value,
+                "kfa::mpi::backward: lse and dlse must be rank-3 Views");
+  impl::static_check_tensors<ExecSpace, Q, K, V, O, DO, DQ, DK, DV>();
+  impl::static_check_accessible<ExecSpace, Lse>();
+  impl::static_check_accessible<ExecSpace, DLse>();
+  int rank = 0, P = 1;
+  if (sp.comm != MPI_COMM_NULL) {
+    MPI_Comm_rank(sp.comm, &rank);
+    MPI_Comm_size(sp.comm, &P);
+  }
+  const std::vector<long long> dims = {(long long)q.extent(0), (long long)q.extent(1),
+                                       (long long)k.extent(1), (long long)q.extent(3),
+                                       (long long)(dlse != nullptr)};
+  check_collectively("mpi::backward", sp, params, dims, [&] {
+    impl::validate_params("mpi::backward", params);
+    check_lengths("mpi::backward", sp);
+    expect_rows("mpi::backward", "q", q, owned_count(sp.layout, sp.seqlen_q, rank, P), "query");
+    expect_rows("mpi::backward", "k", k, owned_count(sp.layout, sp.seqlen_k, rank, P), "key");
+    impl::validate_backward("mpi::backward", q, k, v, o, lse, dout, dlse, dq, dk, dv);
+  });
+  using Mem = typename ExecSpace::memory_space;
+  // delta = rowsum(dO * O) - dLSE of this rank's rows, from the final O: with the global LSE,
+  // every block's P = exp(S - LSE) is the exact global one, so blocks need no re-merge.
+  Kokkos::View<backends::accum_t<T>***, Kokkos::LayoutRight, Mem> delta(
+      "kfa::mpi::delta", q.extent(0), q.extent(1), q.extent(2));
+  impl::backward_delta(space, delta, dout, o, dlse, dq, /*zero_dq=*/true);
+  if (sp.mode == Mode::ring)
+    ring_backward(space, q, k, v, dout, lse, delta, dq, dk, dv, params, sp, rank, P);
+  else
+    tree_backward(space, q, k, v, dout, lse, delta, dq, dk, dv, params, sp, rank, P);
+  space.fence();
+}
+
+}  // namespace detail
+
+/// Sequence-parallel backward: each rank passes its rows of q, k, v (as to forward), of o and
+/// lse (forward's results) and of dout, and receives its rows of dq, dk and dv. Collective
+/// over sp.comm, with the forward's params (params.deterministic as in kfa::backward: no
+/// atomics, and the cross-rank sums in a fixed order, so the result is bitwise repeatable).
+/// \throws kfa::Error on every rank when any rank's input is invalid.
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ,
+          class DK, class DV, std::enable_if_t<impl::is_view_of_rank<DQ, 4>::value, int> = 0>
+void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+              const Lse& lse, const DO& dout, const DQ& dq, const DK& dk, const DV& dv,
+              const Params& params, const SeqPar& sp) {
+  detail::backward(space, q, k, v, o, lse, dout, static_cast<const Lse*>(nullptr), dq, dk, dv,
+                   params, sp);
+}
+
+/// As above, with dlse = dL/dLSE of this rank's rows (batch, heads_q, local seqlen_q).
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DLse,
+          class DQ, class DK, class DV,
+          std::enable_if_t<impl::is_view_of_rank<DLse, 3>::value, int> = 0>
+void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+              const Lse& lse, const DO& dout, const DLse& dlse, const DQ& dq, const DK& dk,
+              const DV& dv, const Params& params, const SeqPar& sp) {
+  detail::backward(space, q, k, v, o, lse, dout, &dlse, dq, dk, dv, params, sp);
 }
 
 }  // namespace kfa::mpi

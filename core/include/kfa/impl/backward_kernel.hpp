@@ -59,10 +59,14 @@ struct BackwardCommon {
   using member_t = typename policy_t::member_type;
   using scratch_view =
       Kokkos::View<acc_t*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
-  using delta_view = Kokkos::View<acc_t***, Kokkos::LayoutRight, typename ExecSpace::memory_space>;
+  // Strided, so that a block of rows of a larger problem's delta can be passed (kfa::mpi).
+  using delta_view = Kokkos::View<acc_t***, Kokkos::LayoutStride, typename ExecSpace::memory_space>;
 
   Views t;           // q, k, v, dout, lse, dq, dk, dv
   delta_view delta;  // rowsum(dO * O) - dLSE, (batch, heads_q, seqlen_q)
+  // Add into dq, dk and dv instead of writing them: a block of a larger problem whose
+  // gradients sum over blocks (kfa::mpi). Without atomic dQ the sums stay bitwise repeatable.
+  bool accumulate = false;
   int heads_q, heads_k, group, seqlen_q, seqlen_k, head_dim;
   int Bt, q_tiles, k_tiles;  // Br = Bc = Bt
   acc_t scale, softcap;
@@ -323,8 +327,13 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views> {
     team.team_barrier();
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nc * D), [&](int idx) {
       const int c = idx / D, d = idx % D;
-      this->t.dk(b, hk, k0 + c, d) = static_cast<T>(sc.dks[idx]);
-      this->t.dv(b, hk, k0 + c, d) = static_cast<T>(sc.dvs[idx]);
+      if (this->accumulate) {
+        this->t.dk(b, hk, k0 + c, d) += static_cast<T>(sc.dks[idx]);
+        this->t.dv(b, hk, k0 + c, d) += static_cast<T>(sc.dvs[idx]);
+      } else {
+        this->t.dk(b, hk, k0 + c, d) = static_cast<T>(sc.dks[idx]);
+        this->t.dv(b, hk, k0 + c, d) = static_cast<T>(sc.dvs[idx]);
+      }
     });
   }
 };
@@ -379,7 +388,8 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views> {
     team.team_barrier();
     const acc_t dq_scale = this->scale;
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr * D), [&](int idx) {
-      this->t.dq(b, h, q0 + idx / D, idx % D) = static_cast<T>(dq_scale * sc.dqs[idx]);
+      T& out = this->t.dq(b, h, q0 + idx / D, idx % D);
+      out = static_cast<T>(dq_scale * sc.dqs[idx]) + (this->accumulate ? out : T(0));
     });
   }
 };
@@ -390,6 +400,49 @@ struct is_view_of_rank : std::false_type {};
 template <class View, int Rank>
 struct is_view_of_rank<View, Rank, std::enable_if_t<Kokkos::is_view<View>::value>>
     : std::bool_constant<static_cast<int>(View::rank) == Rank> {};
+
+/// The extents of a backward's tensors against q and k (forward's checks included), for
+/// the pass named `pass`. dlse may be nullptr.
+template <class Q, class K, class V, class O, class Lse, class DO, class DLse, class DQ, class DK,
+          class DV>
+void validate_backward(const char* pass, const Q& q, const K& k, const V& v, const O& o,
+                       const Lse& lse, const DO& dout, const DLse* dlse, const DQ& dq, const DK& dk,
+                       const DV& dv) {
+  validate_shapes(pass, q, k, v, o, lse);
+  for (int dim = 0; dim < 4; ++dim) {
+    static const char* what[] = {"batch", "heads", "seqlen", "head_dim"};
+    expect_extent(pass, "dout", dout, dim, what[dim], q.extent(dim), "q");
+    expect_extent(pass, "dq", dq, dim, what[dim], q.extent(dim), "q");
+    expect_extent(pass, "dk", dk, dim, what[dim], k.extent(dim), "k");
+    expect_extent(pass, "dv", dv, dim, what[dim], k.extent(dim), "k");
+  }
+  if (dlse)
+    for (int dim = 0; dim < 3; ++dim) {
+      static const char* what[] = {"batch", "heads", "seqlen"};
+      expect_extent(pass, "dlse", *dlse, dim, what[dim], q.extent(dim), "q");
+    }
+  expect_unit_stride(pass, "dout", dout);
+  expect_unit_stride(pass, "dq", dq);
+  expect_unit_stride(pass, "dk", dk);
+  expect_unit_stride(pass, "dv", dv);
+}
+
+/// delta = rowsum(dO * O) - dLSE into `delta` (dlse may be nullptr), zeroing dq when zero_dq.
+template <class ExecSpace, class Delta, class DO, class O, class DLse, class DQ>
+void backward_delta(const ExecSpace& space, const Delta& delta, const DO& dout, const O& o,
+                    const DLse* dlse, const DQ& dq, bool zero_dq) {
+  BackwardPreprocess<ExecSpace, Delta, DO, O, DLse, DQ>{
+      delta, dout, o, dlse ? *dlse : DLse(), dlse != nullptr, dq, zero_dq}
+      .launch(space);
+}
+
+/// The key-tile kernel, and the query-tile kernel when dQ is not added with atomics.
+template <class ExecSpace, class T, class Views>
+void launch_backward(const ExecSpace& space, const BackwardCommon<ExecSpace, T, Views>& common,
+                     bool atomic_dq) {
+  KeyValueKernel<ExecSpace, T, Views>(common, atomic_dq).launch(space);
+  if (!atomic_dq) QueryKernel<ExecSpace, T, Views>(common).launch(space);
+}
 
 /// kfa::backward with an optional dlse (nullptr: none): static checks, validation, launches.
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DLse,
@@ -423,36 +476,34 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
 
   ScopedRegion region("kfa::backward");
   validate_params("backward", params);
-  validate_shapes("backward", q, k, v, o, lse);
-  for (int dim = 0; dim < 4; ++dim) {
-    static const char* what[] = {"batch", "heads", "seqlen", "head_dim"};
-    expect_extent("backward", "dout", dout, dim, what[dim], q.extent(dim), "q");
-    expect_extent("backward", "dq", dq, dim, what[dim], q.extent(dim), "q");
-    expect_extent("backward", "dk", dk, dim, what[dim], k.extent(dim), "k");
-    expect_extent("backward", "dv", dv, dim, what[dim], k.extent(dim), "k");
-  }
-  if (dlse)
-    for (int dim = 0; dim < 3; ++dim) {
-      static const char* what[] = {"batch", "heads", "seqlen"};
-      expect_extent("backward", "dlse", *dlse, dim, what[dim], q.extent(dim), "q");
-    }
-  expect_unit_stride("backward", "dout", dout);
-  expect_unit_stride("backward", "dq", dq);
-  expect_unit_stride("backward", "dk", dk);
-  expect_unit_stride("backward", "dv", dv);
+  validate_backward("backward", q, k, v, o, lse, dout, dlse, dq, dk, dv);
 
   using Views = BackwardViews<Q, K, V, DO, Lse, DQ, DK, DV>;
   using Common = BackwardCommon<ExecSpace, T, Views>;
-  typename Common::delta_view delta(
-      Kokkos::view_alloc(std::string("kfa::backward::delta"), Kokkos::WithoutInitializing),
-      q.extent(0), q.extent(1), q.extent(2));
+  Kokkos::View<typename Common::acc_t***, Kokkos::LayoutRight, typename ExecSpace::memory_space>
+      delta(Kokkos::view_alloc(std::string("kfa::backward::delta"), Kokkos::WithoutInitializing),
+            q.extent(0), q.extent(1), q.extent(2));
   const bool atomic_dq = !params.deterministic;
-  BackwardPreprocess<ExecSpace, typename Common::delta_view, DO, O, DLse, DQ>{
-      delta, dout, o, dlse ? *dlse : DLse(), dlse != nullptr, dq, atomic_dq}
-      .launch(space);
-  const Common common(Views{q, k, v, dout, lse, dq, dk, dv}, delta, params, at);
-  KeyValueKernel<ExecSpace, T, Views>(common, atomic_dq).launch(space);
-  if (!atomic_dq) QueryKernel<ExecSpace, T, Views>(common).launch(space);
+  backward_delta(space, delta, dout, o, dlse, dq, atomic_dq);
+  launch_backward(space, Common(Views{q, k, v, dout, lse, dq, dk, dv}, delta, params, at),
+                  atomic_dq);
+}
+
+/// The tile kernels of a backward block whose delta is known (backward_delta over the whole
+/// problem's rows), adding into dq, dk and dv, which the caller initialised: a block of a
+/// larger problem placed by `at`, whose gradients are sums over blocks (kfa::mpi). The caller
+/// validates; q, k, v, dout, lse and delta are the block's rows.
+template <class ExecSpace, class Q, class K, class V, class DO, class Lse, class Delta, class DQ,
+          class DK, class DV>
+void backward_add(const ExecSpace& space, const Q& q, const K& k, const V& v, const DO& dout,
+                  const Lse& lse, const Delta& delta, const DQ& dq, const DK& dk, const DV& dv,
+                  const Params& params, const Origin& at) {
+  using T = typename Q::non_const_value_type;
+  using Views = BackwardViews<Q, K, V, DO, Lse, DQ, DK, DV>;
+  BackwardCommon<ExecSpace, T, Views> common(Views{q, k, v, dout, lse, dq, dk, dv}, delta, params,
+                                             at);
+  common.accumulate = true;
+  launch_backward(space, common, !params.deterministic);
 }
 
 }  // namespace kfa::impl
