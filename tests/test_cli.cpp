@@ -2,8 +2,6 @@
 // --random/--json/--check mode, and every bad-input class exiting 2 with one clear line and
 // no output file.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -15,6 +13,7 @@
 
 #include "h5io.hpp"
 #include "problem.hpp"
+#include "program.hpp"
 
 #ifndef KFA_CLI_PATH
 #error "KFA_CLI_PATH must name the kfa executable"
@@ -27,56 +26,9 @@ using namespace kfa_test;
 using kfa_apps::Dataset;
 using kfa_apps::DType;
 
-struct CliRun {
-  int status = -1;
-  std::string out, err;
-};
+using CliRun = ProgramRun;
 
-fs::path work_dir() {
-  static fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("kfa_cli_test_" + std::to_string(getpid()));
-    fs::create_directories(d);
-    return d;
-  }();
-  return dir;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-CliRun run_cli(const std::string& args) {
-  const fs::path out = work_dir() / "stdout.txt", err = work_dir() / "stderr.txt";
-  const std::string cmd =
-      std::string(KFA_CLI_PATH) + " " + args + " >" + out.string() + " 2>" + err.string();
-  const int raw = std::system(cmd.c_str());
-  CliRun r;
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
-
-Dataset from_tensor(const Tensor4& t, DType dtype) {
-  Dataset d;
-  d.dtype = dtype;
-  for (int r = 0; r < 4; ++r)
-    d.dims.push_back(t.extent(r));
-  d.data.assign(t.data(), t.data() + t.span());
-  if (dtype == DType::f32)
-    for (auto& x : d.data)
-      x = double(float(x));
-  return d;
-}
-
-Tensor4 to_tensor(const Dataset& d) {
-  Tensor4 t("t", d.dims[0], d.dims[1], d.dims[2], d.dims[3]);
-  std::copy(d.data.begin(), d.data.end(), t.data());
-  return t;
-}
+CliRun run_cli(const std::string& args) { return run_program(std::string(KFA_CLI_PATH) + " " + args); }
 
 fs::path write_inputs(const std::string& name, const Dataset& q, const Dataset& k,
                       const Dataset& v) {

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <utility>
 
 namespace kfa_apps {
 
@@ -45,13 +46,12 @@ bool H5File::has(const std::string& dataset) const {
   return H5Lexists(id_, dataset.c_str(), H5P_DEFAULT) > 0;
 }
 
-Dataset H5File::read(const std::string& name, int rank) const {
-  const std::string where = "dataset " + name + " in '" + path_ + "'";
-  if (!has(name)) throw InputError("missing " + where);
-  Handle ds{H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose};
-  if (ds.id < 0) throw InputError("cannot open " + where);
-  Handle type{H5Dget_type(ds.id), H5Tclose};
-  Handle space{H5Dget_space(ds.id), H5Sclose};
+namespace {
+
+// Type and global dims of a float dataset of the given rank (its data is left unread).
+Dataset read_header(hid_t ds, const std::string& where, int rank) {
+  Handle type{H5Dget_type(ds), H5Tclose};
+  Handle space{H5Dget_space(ds), H5Sclose};
   if (type.id < 0 || space.id < 0) throw InputError("cannot read the header of " + where);
   Dataset out;
   if (H5Tget_class(type.id) != H5T_FLOAT)
@@ -70,6 +70,21 @@ Dataset H5File::read(const std::string& name, int rank) const {
                      std::to_string(rank));
   out.dims.resize(rank);
   H5Sget_simple_extent_dims(space.id, out.dims.data(), nullptr);
+  return out;
+}
+
+hid_t file_type(DType t) {
+  return t == DType::u8 ? H5T_STD_U8LE : t == DType::f32 ? H5T_IEEE_F32LE : H5T_IEEE_F64LE;
+}
+
+}  // namespace
+
+Dataset H5File::read(const std::string& name, int rank) const {
+  const std::string where = "dataset " + name + " in '" + path_ + "'";
+  if (!has(name)) throw InputError("missing " + where);
+  Handle ds{H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose};
+  if (ds.id < 0) throw InputError("cannot open " + where);
+  Dataset out = read_header(ds.id, where, rank);
   out.data.resize(out.size());
   if (!out.data.empty() &&
       H5Dread(ds.id, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data.data()) < 0)
@@ -89,9 +104,7 @@ void write_atomic(const std::string& path,
     for (const auto& [name, d] : datasets) {
       Handle space{H5Screate_simple(int(d->dims.size()), d->dims.data(), nullptr), H5Sclose};
       const bool u8 = d->dtype == DType::u8;
-      const hid_t ftype = u8                       ? H5T_STD_U8LE
-                          : d->dtype == DType::f32 ? H5T_IEEE_F32LE
-                                                   : H5T_IEEE_F64LE;
+      const hid_t ftype = file_type(d->dtype);
       const hid_t mtype = u8 ? H5T_NATIVE_UINT8 : H5T_NATIVE_DOUBLE;
       const void* buf = u8 ? static_cast<const void*>(d->bytes.data()) : d->data.data();
       const bool empty = u8 ? d->bytes.empty() : d->data.empty();
@@ -110,5 +123,140 @@ void write_atomic(const std::string& path,
     throw InputError("cannot write output file '" + path + "'");
   }
 }
+
+#ifdef H5_HAVE_PARALLEL
+namespace {
+
+// Selects this rank's rows (along dimension 2) of a dataset of global dims in `space`.
+void select_rows(hid_t space, const std::vector<hsize_t>& dims, const std::vector<RowRange>& rows) {
+  H5Sselect_none(space);
+  for (const RowRange& r : rows) {
+    if (r.size == 0) continue;
+    std::vector<hsize_t> start(dims.size(), 0), count = dims;
+    start[2] = r.begin;
+    count[2] = r.size;
+    H5Sselect_hyperslab(space, H5S_SELECT_OR, start.data(), nullptr, count.data(), nullptr);
+  }
+}
+
+// The local extents of `rows` of a dataset of global dims.
+std::vector<hsize_t> local_dims(std::vector<hsize_t> dims, const std::vector<RowRange>& rows) {
+  dims[2] = 0;
+  for (const RowRange& r : rows)
+    dims[2] += r.size;
+  return dims;
+}
+
+// A file-access list for MPI-IO on comm, and a transfer list for collective reads and writes.
+Handle mpio_access(MPI_Comm comm) {
+  Handle fapl{H5Pcreate(H5P_FILE_ACCESS), H5Pclose};
+  H5Pset_fapl_mpio(fapl.id, comm, MPI_INFO_NULL);
+  return Handle{std::exchange(fapl.id, -1), H5Pclose};
+}
+Handle collective_transfer() {
+  Handle dxpl{H5Pcreate(H5P_DATASET_XFER), H5Pclose};
+  H5Pset_dxpl_mpio(dxpl.id, H5FD_MPIO_COLLECTIVE);
+  return Handle{std::exchange(dxpl.id, -1), H5Pclose};
+}
+
+}  // namespace
+
+ParallelH5File::ParallelH5File(const std::string& path, MPI_Comm comm) : path_(path) {
+  silence_hdf5();
+  if (!std::ifstream(path).good())
+    throw InputError("cannot open input file '" + path + "': " + std::strerror(errno));
+  if (H5Fis_hdf5(path.c_str()) <= 0)
+    throw InputError("input file '" + path + "' is not a readable HDF5 file (corrupted?)");
+  const Handle fapl = mpio_access(comm);
+  id_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.id);
+  if (id_ < 0) throw InputError("cannot open '" + path + "' as HDF5 (corrupted?)");
+}
+
+ParallelH5File::~ParallelH5File() {
+  if (id_ >= 0) H5Fclose(id_);
+}
+
+bool ParallelH5File::has(const std::string& dataset) const {
+  return H5Lexists(id_, dataset.c_str(), H5P_DEFAULT) > 0;
+}
+
+Dataset ParallelH5File::header(const std::string& name, int rank) const {
+  const std::string where = "dataset " + name + " in '" + path_ + "'";
+  if (!has(name)) throw InputError("missing " + where);
+  Handle ds{H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose};
+  if (ds.id < 0) throw InputError("cannot open " + where);
+  return read_header(ds.id, where, rank);
+}
+
+Dataset ParallelH5File::read_rows(const std::string& name, int rank,
+                                  const std::vector<RowRange>& rows) const {
+  const std::string where = "dataset " + name + " in '" + path_ + "'";
+  const Dataset global = header(name, rank);
+  for (const RowRange& r : rows)
+    if (r.begin + r.size > global.dims[2])
+      throw InputError(where + " has seqlen " + std::to_string(global.dims[2]) +
+                       ", fewer than the rows asked for");
+  Handle ds{H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose};
+  Handle fspace{H5Dget_space(ds.id), H5Sclose};
+  select_rows(fspace.id, global.dims, rows);
+  Dataset out;
+  out.dtype = global.dtype;
+  out.dims = local_dims(global.dims, rows);
+  out.data.resize(out.size());
+  Handle mspace{H5Screate_simple(int(out.dims.size()), out.dims.data(), nullptr), H5Sclose};
+  if (out.data.empty()) H5Sselect_none(mspace.id);
+  const Handle dxpl = collective_transfer();
+  // Every rank takes part in the collective read, also with nothing to read.
+  double dummy = 0;
+  if (H5Dread(ds.id, H5T_NATIVE_DOUBLE, mspace.id, fspace.id, dxpl.id,
+              out.data.empty() ? &dummy : out.data.data()) < 0)
+    throw InputError("cannot read the data of " + where + " (corrupted?)");
+  return out;
+}
+
+void write_rows_atomic(const std::string& path, const std::vector<RowSlab>& slabs, MPI_Comm comm) {
+  silence_hdf5();
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  // One temporary name for all ranks: rank 0's process id.
+  long long pid = getpid();
+  MPI_Bcast(&pid, 1, MPI_LONG_LONG, 0, comm);
+  const std::string tmp = path + ".tmp." + std::to_string(pid);
+  int ok = 1;
+  {
+    const Handle fapl = mpio_access(comm);
+    Handle file{H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id), H5Fclose};
+    if (file.id < 0) throw InputError("cannot create output file '" + tmp + "'");
+    const Handle dxpl = collective_transfer();
+    for (const RowSlab& s : slabs) {
+      Handle fspace{H5Screate_simple(int(s.global_dims.size()), s.global_dims.data(), nullptr),
+                    H5Sclose};
+      // Created by every rank alike (collective), then each writes its rows.
+      Handle ds{H5Dcreate2(file.id, s.name.c_str(), file_type(s.local->dtype), fspace.id,
+                           H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                H5Dclose};
+      if (ds.id < 0) {
+        ok = 0;
+        continue;
+      }
+      select_rows(fspace.id, s.global_dims, s.rows);
+      const std::vector<hsize_t> mine = local_dims(s.global_dims, s.rows);
+      Handle mspace{H5Screate_simple(int(mine.size()), mine.data(), nullptr), H5Sclose};
+      if (s.local->data.empty()) H5Sselect_none(mspace.id);
+      const double dummy = 0;
+      if (H5Dwrite(ds.id, H5T_NATIVE_DOUBLE, mspace.id, fspace.id, dxpl.id,
+                   s.local->data.empty() ? &dummy : s.local->data.data()) < 0)
+        ok = 0;
+    }
+  }  // closed (collectively) before anyone renames
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
+  if (rank == 0 && (!ok || std::rename(tmp.c_str(), path.c_str()) != 0)) {
+    ok = 0;
+    std::remove(tmp.c_str());
+  }
+  MPI_Bcast(&ok, 1, MPI_INT, 0, comm);
+  if (!ok) throw InputError("cannot write output file '" + path + "'");
+}
+#endif
 
 }  // namespace kfa_apps

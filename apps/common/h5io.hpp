@@ -1,10 +1,14 @@
 #pragma once
-// Whole-dataset HDF5 I/O for the kfa programs: tensors of float32 or float64, read into
-// double (exact for both) and written back in their own type; masks of uint8 (written only).
-// Files are written under a temporary name and renamed, so an output file exists only when
-// everything was written.
+// HDF5 I/O for the kfa programs: tensors of float32 or float64, read into double (exact for
+// both) and written back in their own type; masks of uint8 (written only). Whole datasets for
+// kfa; with a parallel HDF5, slabs of rows for kfa-seqpar, each rank reading and writing only
+// its own rows through MPI-IO. Files are written under a temporary name and renamed, so an
+// output file exists only when everything was written.
 
 #include <hdf5.h>
+#ifdef H5_HAVE_PARALLEL
+#include <mpi.h>
+#endif
 
 #include <cstdint>
 #include <stdexcept>
@@ -57,5 +61,45 @@ class H5File {
 /// Writes the datasets to path atomically (temporary file, then rename).
 void write_atomic(const std::string& path,
                   const std::vector<std::pair<std::string, const Dataset*>>& datasets);
+
+#ifdef H5_HAVE_PARALLEL
+/// Global rows [begin, begin + size) along dimension 2 (seqlen) of a tensor file.
+struct RowRange {
+  hsize_t begin = 0, size = 0;
+};
+
+/// A file opened read-only by every rank of a communicator (MPI-IO). Every call is collective
+/// and fails alike on every rank (all read the same header).
+class ParallelH5File {
+ public:
+  ParallelH5File(const std::string& path, MPI_Comm comm);
+  ~ParallelH5File();
+  ParallelH5File(const ParallelH5File&) = delete;
+  ParallelH5File& operator=(const ParallelH5File&) = delete;
+
+  bool has(const std::string& dataset) const;
+  /// Global dims and type of a float32 or float64 dataset of the given rank (no data).
+  Dataset header(const std::string& dataset, int rank) const;
+  /// This rank's rows of the dataset, in the order given: dims are (B, H, rows[, D]).
+  Dataset read_rows(const std::string& dataset, int rank, const std::vector<RowRange>& rows) const;
+
+ private:
+  std::string path_;
+  hid_t id_ = -1;
+};
+
+/// One dataset of a parallel write: its global dims, and this rank's rows of it (local).
+struct RowSlab {
+  std::string name;
+  std::vector<hsize_t> global_dims;
+  const Dataset* local = nullptr;
+  std::vector<RowRange> rows;
+};
+
+/// Collective: every rank writes its rows of each dataset into path through MPI-IO, under a
+/// temporary name that rank 0 renames once every rank has written. Throws InputError on every
+/// rank when any rank failed (and removes the temporary file).
+void write_rows_atomic(const std::string& path, const std::vector<RowSlab>& slabs, MPI_Comm comm);
+#endif
 
 }  // namespace kfa_apps

@@ -23,7 +23,6 @@
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -38,13 +37,17 @@
 #include <string>
 #include <vector>
 
+#include "cli.hpp"
 #include "h5io.hpp"
 
 namespace {
 
 using kfa_apps::Dataset;
 using kfa_apps::DType;
+using kfa_apps::exact;
 using kfa_apps::InputError;
+using kfa_apps::parse_dims;
+using kfa_apps::parse_int;
 using Exec = Kokkos::DefaultExecutionSpace;
 
 const char* kUsage =
@@ -79,57 +82,6 @@ struct Options {
   bool json = false, check = false;
   kfa::Params params;
 };
-
-long long parse_int(const std::string& flag, const std::string& text, long long min) {
-  std::size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size())
-    throw InputError(flag + " expects an integer, got '" + text + "'");
-  if (v < min) throw InputError(flag + " must be >= " + std::to_string(min) + ", got " + text);
-  return v;
-}
-
-double parse_double(const std::string& flag, const std::string& text) {
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size() || !std::isfinite(v))
-    throw InputError(flag + " expects a finite number, got '" + text + "'");
-  return v;
-}
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> parts;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    parts.push_back(item);
-  if (!s.empty() && s.back() == ',') parts.push_back("");
-  return parts;
-}
-
-// Four positive integers for `flag`, written `form` (e.g. "B,H,N,D") and named by `names` in
-// errors.
-std::vector<long long> parse_dims(const std::string& flag, const std::string& text,
-                                  const char* form, const char* const (&names)[4]) {
-  const auto parts = split(text);
-  if (parts.size() != 4)
-    throw InputError(flag + " expects " + form + " (four integers), got " +
-                     std::to_string(parts.size()) + " values");
-  std::vector<long long> dims(4);
-  for (int i = 0; i < 4; ++i)
-    dims[i] = parse_int(flag + " " + names[i], parts[i], 1);
-  return dims;
-}
 
 // Flags kfa dropout-mask takes; the rest describe an attention pass.
 bool dropout_mask_flag(const std::string& flag) {
@@ -167,6 +119,7 @@ Options parse(int argc, char** argv) {
                        "' does not apply to dropout-mask (it takes --shape, --dropout, --seed, "
                        "--offset, --out, --json)");
     if (!mask_cmd && flag == "--shape") throw InputError("--shape applies to dropout-mask only");
+    if (kfa_apps::parse_pass_flag(flag, value, o.params)) continue;
     if (flag == "--in") {
       o.in = value();
     } else if (flag == "--out") {
@@ -189,43 +142,12 @@ Options parse(int argc, char** argv) {
         throw InputError("--dtype expects float or double, got '" + t + "'");
     } else if (flag == "--data-seed") {
       o.data_seed = static_cast<unsigned long long>(parse_int(flag, value(), 0));
-    } else if (flag == "--seed") {
-      o.params.seed = static_cast<std::uint64_t>(parse_int(flag, value(), 0));
-    } else if (flag == "--offset") {
-      o.params.offset = static_cast<std::uint64_t>(parse_int(flag, value(), 0));
-    } else if (flag == "--dropout") {
-      o.params.dropout = parse_double(flag, value());
-      if (!(o.params.dropout >= 0 && o.params.dropout < 1))
-        throw InputError("--dropout must be in [0, 1), got " + std::string(argv[a]));
     } else if (flag == "--repeat") {
       o.repeat = parse_int(flag, value(), 1);
     } else if (flag == "--json") {
       o.json = true;
     } else if (flag == "--check") {
       o.check = true;
-    } else if (flag == "--causal") {
-      o.params.causal = true;
-    } else if (flag == "--align") {
-      const std::string t = value();
-      if (t == "bottom-right")
-        o.params.align = kfa::Align::bottom_right;
-      else if (t == "top-left")
-        o.params.align = kfa::Align::top_left;
-      else
-        throw InputError("--align expects bottom-right or top-left, got '" + t + "'");
-    } else if (flag == "--window") {
-      const auto parts = split(value());
-      if (parts.size() != 2)
-        throw InputError("--window expects LEFT,RIGHT (two integers, -1 = unbounded)");
-      o.params.window_left = static_cast<int>(parse_int("--window LEFT", parts[0], -1));
-      o.params.window_right = static_cast<int>(parse_int("--window RIGHT", parts[1], -1));
-    } else if (flag == "--scale") {
-      o.params.scale = parse_double(flag, value());
-      if (o.params.scale <= 0) throw InputError("--scale must be > 0, got " + std::string(argv[a]));
-    } else if (flag == "--softcap") {
-      o.params.softcap = parse_double(flag, value());
-      if (o.params.softcap < 0)
-        throw InputError("--softcap must be >= 0 (0 = off), got " + std::string(argv[a]));
     } else if (flag == "--splits") {
       if (command != "forward") throw InputError("--splits applies to forward only");
       // Capped at the number of key tiles by the library; clamp first so the int cannot wrap.
@@ -423,13 +345,6 @@ std::string describe(const Options& o, const char* dtype, int B, int Hq, int Hk,
   if (o.command == "backward") os << (pr.deterministic ? " deterministic" : " atomic-dq");
   os << " on " << Exec::name();
   return os.str();
-}
-
-// The shortest decimal that reads back as exactly x, so a JSON line reproduces the run.
-std::string exact(double x) {
-  char buf[32];
-  const auto r = std::to_chars(buf, buf + sizeof buf, x);
-  return std::string(buf, r.ptr);
 }
 
 // The fields every --json line starts with.

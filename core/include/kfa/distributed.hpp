@@ -94,6 +94,16 @@ inline long long owned_count(Layout layout, long long seqlen, int rank, int nran
   return n;
 }
 
+/// Where a pass adds the time it took, when SeqPar::timings points at one: the whole call, and
+/// the part spent in MPI (waiting for messages the compute did not hide, collectives, the
+/// collective check; waiting for a slower rank counts here too). compute = total - comm.
+/// Measuring fences the execution space before each MPI wait, so kernels are not counted as
+/// communication.
+struct Timings {
+  double total_s = 0;  ///< wall time of the calls
+  double comm_s = 0;   ///< wall time inside MPI during the calls
+};
+
 /// The distributed problem: communicator, global sequence lengths, layout and mode.
 struct SeqPar {
   MPI_Comm comm = MPI_COMM_NULL;       ///< the ranks sharing the sequence (never assumed WORLD)
@@ -101,18 +111,14 @@ struct SeqPar {
   long long seqlen_k = 0;              ///< global number of keys
   Layout layout = Layout::contiguous;  ///< who owns which rows (queries and keys alike)
   Mode mode = Mode::ring;              ///< how partials meet
+  Timings* timings = nullptr;          ///< adds each call's times here when set
 };
 
-namespace detail {
-
-template <class T>
-MPI_Datatype mpi_type() {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "float or double");
-  return std::is_same_v<T, float> ? MPI_FLOAT : MPI_DOUBLE;
-}
-
-/// Every rank learns whether any rank failed; all then throw the lowest failing rank's message.
-/// Called by every rank at the same point, before any other collective of the pass.
+/// Collective error agreement: every rank passes its own error message (empty: none); when any
+/// rank has one, every rank throws kfa::Error("rank R: <message>") with the lowest failing rank
+/// R, so no rank goes on into a collective the others have left. Every rank of comm must call
+/// it at the same point. kfa::mpi's passes use it for their input checks; programs can use it
+/// for their own (reading files, say).
 inline void agree(MPI_Comm comm, const std::string& local_error) {
   int rank = 0, nranks = 1;
   MPI_Comm_rank(comm, &rank);
@@ -127,6 +133,39 @@ inline void agree(MPI_Comm comm, const std::string& local_error) {
   MPI_Bcast(msg.data(), len, MPI_CHAR, first, comm);
   const std::string text = msg.rfind("kfa: ", 0) == 0 ? msg.substr(5) : msg;
   throw Error("rank " + std::to_string(first) + ": " + text);
+}
+
+namespace detail {
+
+/// Adds the wall time of its scope to *sink (nothing when sink is null).
+class Meter {
+ public:
+  explicit Meter(double* sink) : sink_(sink), t0_(sink ? MPI_Wtime() : 0) {}
+  ~Meter() {
+    if (sink_) *sink_ += MPI_Wtime() - t0_;
+  }
+  Meter(const Meter&) = delete;
+  Meter& operator=(const Meter&) = delete;
+
+ private:
+  double* sink_;
+  double t0_;
+};
+
+/// A Meter of the MPI time of a pass; fences `space` first when measuring, so that kernels
+/// still running are not booked as communication.
+template <class ExecSpace>
+double* comm_sink(const ExecSpace& space, const SeqPar& sp) {
+  if (!sp.timings) return nullptr;
+  space.fence();
+  return &sp.timings->comm_s;
+}
+inline double* total_sink(const SeqPar& sp) { return sp.timings ? &sp.timings->total_s : nullptr; }
+
+template <class T>
+MPI_Datatype mpi_type() {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "float or double");
+  return std::is_same_v<T, float> ? MPI_FLOAT : MPI_DOUBLE;
 }
 
 /// The parameters every rank must share, as numbers that MPI can compare.
@@ -164,6 +203,7 @@ void check_collectively(const char* pass, const SeqPar& sp, const Params& p,
   } catch (const Error& e) {
     err = e.what();
   }
+  const Meter m(sp.timings ? &sp.timings->comm_s : nullptr);
   agree(sp.comm, err);
   const std::vector<double> mine = shared_numbers(p, sp, dims);
   std::vector<double> lo(mine.size()), hi(mine.size());
@@ -350,7 +390,8 @@ using Packed = Kokkos::View<T****, Kokkos::LayoutRight, Mem>;
 /// Every rank's packed rows, in rank order (MPI_Allgatherv; staged through the host).
 template <class T, class Mem>
 Packed<T, Mem> allgather_rows(const Packed<T, Mem>& mine, const std::vector<int>& rows,
-                              MPI_Comm comm) {
+                              const SeqPar& sp) {
+  MPI_Comm comm = sp.comm;
   const int P = int(rows.size());
   long long total = 0;
   for (int r : rows)
@@ -367,8 +408,11 @@ Packed<T, Mem> allgather_rows(const Packed<T, Mem>& mine, const std::vector<int>
   Packed<T, Mem> all("kfa::mpi::gathered", total, mine.extent(1), mine.extent(2), mine.extent(3));
   auto host_mine = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), mine);
   auto host_all = Kokkos::create_mirror_view(all);
-  MPI_Allgatherv(host_mine.data(), counts[rank], mpi_type<T>(), host_all.data(), counts.data(),
-                 offs.data(), mpi_type<T>(), comm);
+  {
+    const Meter m(comm_sink(Kokkos::DefaultHostExecutionSpace(), sp));
+    MPI_Allgatherv(host_mine.data(), counts[rank], mpi_type<T>(), host_all.data(), counts.data(),
+                   offs.data(), mpi_type<T>(), comm);
+  }
   Kokkos::deep_copy(all, host_all);
   return all;
 }
@@ -379,7 +423,8 @@ Packed<T, Mem> allgather_rows(const Packed<T, Mem>& mine, const std::vector<int>
 /// MPI's built-in ops allow on the base type only).
 template <class T, class Mem>
 Packed<T, Mem> reduce_scatter_rows(const Packed<T, Mem>& all, const std::vector<int>& rows,
-                                   MPI_Op op, bool whole_rows, MPI_Comm comm) {
+                                   MPI_Op op, bool whole_rows, const SeqPar& sp) {
+  MPI_Comm comm = sp.comm;
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   const int P = int(rows.size());
@@ -394,7 +439,10 @@ Packed<T, Mem> reduce_scatter_rows(const Packed<T, Mem>& all, const std::vector<
     counts[r] = rows[r] * int(B * H * (whole_rows ? 1 : W));
   auto host_all = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), all);
   Packed<T, Kokkos::HostSpace> host_mine("kfa::mpi::mine", rows[rank], B, H, W);
-  MPI_Reduce_scatter(host_all.data(), host_mine.data(), counts.data(), type, op, comm);
+  {
+    const Meter m(comm_sink(Kokkos::DefaultHostExecutionSpace(), sp));
+    MPI_Reduce_scatter(host_all.data(), host_mine.data(), counts.data(), type, op, comm);
+  }
   if (whole_rows) MPI_Type_free(&type);
   return Kokkos::create_mirror_view_and_copy(Mem(), host_mine);
 }
@@ -479,6 +527,7 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
     MPI_Comm_rank(sp.comm, &rank);
     MPI_Comm_size(sp.comm, &P);
   }
+  const detail::Meter whole_call(detail::total_sink(sp));
   const auto qseg = owned_rows(sp.layout, sp.seqlen_q, rank, P);
   const std::vector<long long> dims = {(long long)q.extent(0), (long long)q.extent(1),
                                        (long long)k.extent(1), (long long)q.extent(3)};
@@ -541,6 +590,7 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
         q_off += qs.size;
       }
       if (s + 1 < P) {
+        const detail::Meter m(detail::comm_sink(space, sp));
         MPI_Waitall(2, req, MPI_STATUSES_IGNORE);
         ch.finish_recv(buf[(s + 1) % 2].data, 2 * B * Hk * nk_next * D);
       }
@@ -564,7 +614,7 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
         qpack(i, b, h, d) = q(b, h, i, d);
       });
   space.fence();
-  const Packed qall = detail::allgather_rows(qpack, rows, sp.comm);
+  const Packed qall = detail::allgather_rows(qpack, rows, sp);
   const long long total = qall.extent(0);
   // All queries as (B, Hq, total, D), in the order of the ranks' rows.
   detail::Tensor<T, Mem> qg("kfa::mpi::qg", B, Hq, total, D);
@@ -613,7 +663,7 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
   space.fence();
   MPI_Op op;
   MPI_Op_create(&detail::combine_op<T>, 0, &op);
-  const Packed mine = detail::reduce_scatter_rows(part, rows, op, /*whole_rows=*/true, sp.comm);
+  const Packed mine = detail::reduce_scatter_rows(part, rows, op, /*whole_rows=*/true, sp);
   MPI_Op_free(&op);
   Kokkos::parallel_for(
       "kfa::mpi::unpack_o",
@@ -693,15 +743,22 @@ void ring_backward(const ExecSpace& space, const Q& q, const K& k, const V& v, c
       q_off += qs.size;
     }
     if (s > 0) {
-      MPI_Wait(&acc_req, MPI_STATUS_IGNORE);
+      {
+        const Meter m(comm_sink(space, sp));
+        MPI_Wait(&acc_req, MPI_STATUS_IGNORE);
+      }
       acc_ch.finish_recv(incoming.data, n);
       add_into(space, mine.at(0, 2 * B, Hk, nk, D), incoming.at(0, 2 * B, Hk, nk, D));
     }
     space.fence();
     // One accumulator send in flight at a time, so the buffer written next step is free.
-    MPI_Wait(&acc_sent, MPI_STATUS_IGNORE);
+    {
+      const Meter m(comm_sink(space, sp));
+      MPI_Wait(&acc_sent, MPI_STATUS_IGNORE);
+    }
     acc_ch.isend(mine.data, n, next, 2 * s + 1, sp.comm, &acc_sent);
     if (s + 1 < P) {
+      const Meter m(comm_sink(space, sp));
       MPI_Waitall(2, kv_req, MPI_STATUSES_IGNORE);
       kv_ch.finish_recv(kv[(s + 1) % 2].data, 2 * B * Hk * nk_next * D);
     }
@@ -710,8 +767,11 @@ void ring_backward(const ExecSpace& space, const Q& q, const K& k, const V& v, c
   MPI_Request home = MPI_REQUEST_NULL;
   const std::size_t n_own = 2 * B * Hk * std::size_t(nk_own) * D;
   acc_ch.irecv(incoming.data, n_own, prev, 2 * P - 1, sp.comm, &home);
-  MPI_Wait(&home, MPI_STATUS_IGNORE);
-  MPI_Wait(&acc_sent, MPI_STATUS_IGNORE);
+  {
+    const Meter m(comm_sink(space, sp));
+    MPI_Wait(&home, MPI_STATUS_IGNORE);
+    MPI_Wait(&acc_sent, MPI_STATUS_IGNORE);
+  }
   acc_ch.finish_recv(incoming.data, n_own);
   Kokkos::deep_copy(space, dk, incoming.at(0, B, Hk, nk_own, D));
   Kokkos::deep_copy(space, dv, incoming.at(B * Hk * nk_own * D, B, Hk, nk_own, D));
@@ -748,7 +808,7 @@ void tree_backward(const ExecSpace& space, const Q& q, const K& k, const V& v, c
         pack(i, b, h, 2 * D + 1) = static_cast<T>(delta(b, h, i));
       });
   space.fence();
-  const Packed<T, Mem> all = allgather_rows(pack, rows, sp.comm);
+  const Packed<T, Mem> all = allgather_rows(pack, rows, sp);
   const long long total = all.extent(0);
   detail::Tensor<T, Mem> qg("kfa::mpi::qg", B, Hq, total, D), dog("kfa::mpi::dog", B, Hq, total, D),
       dqg("kfa::mpi::dqg", B, Hq, total, D);
@@ -795,7 +855,7 @@ void tree_backward(const ExecSpace& space, const Q& q, const K& k, const V& v, c
   space.fence();
   MPI_Op op = MPI_SUM;
   if (params.deterministic) MPI_Op_create(&sum_op<T>, 0, &op);
-  const Packed<T, Mem> mine = reduce_scatter_rows(part, rows, op, /*whole_rows=*/false, sp.comm);
+  const Packed<T, Mem> mine = reduce_scatter_rows(part, rows, op, /*whole_rows=*/false, sp);
   if (params.deterministic) MPI_Op_free(&op);
   Kokkos::parallel_for(
       "kfa::mpi::unpack_dq",
@@ -829,6 +889,7 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
     MPI_Comm_rank(sp.comm, &rank);
     MPI_Comm_size(sp.comm, &P);
   }
+  const Meter whole_call(total_sink(sp));
   const std::vector<long long> dims = {(long long)q.extent(0), (long long)q.extent(1),
                                        (long long)k.extent(1), (long long)q.extent(3),
                                        (long long)(dlse != nullptr)};

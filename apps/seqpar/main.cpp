@@ -1,0 +1,673 @@
+// kfa-seqpar: the sequence-parallel passes of kfa::mpi as a program, under mpiexec.
+//
+//   mpiexec -n P kfa-seqpar forward  --in IN.h5 --out OUT.h5 [options]   reads /q /k /v,
+//                writes /o /lse
+//   mpiexec -n P kfa-seqpar backward --in IN.h5 --out OUT.h5 [options]   reads /q /k /v /o
+//                /lse /do (and /dlse when present), writes /dq /dk /dv
+//   mpiexec -n P kfa-seqpar forward|backward --random B,H,N,D [--heads-kv H] [--seqlen-k N]
+//                [--dtype float|double] [--data-seed S] [--repeat R] [--json] [--check]
+//   options: --mode ring|tree (default ring), --layout contiguous|zigzag (default contiguous),
+//            kfa's pass flags (--causal, --align, --window, --scale, --softcap, --dropout,
+//            --seed, --offset), --deterministic (backward)
+//
+// Files: every rank reads and writes only its own rows (owned_rows of the layout, along
+// seqlen) through parallel HDF5; no rank holds a whole tensor. --random generates each rank's
+// rows from the global element index, so the problem is the same at every rank count.
+// --check (with --random) compares each rank's rows with a single-rank computation of the
+// whole problem (kfa::forward / kfa::backward in the run's precision and in double) under
+// the tolerance rule; it needs the whole problem on every rank, so it is for checking, not
+// for runs at scale.
+// Timing: one untimed warm-up, then --repeat runs, each timed from a barrier to the slowest
+// rank's end; prints the median, and each rank's compute and MPI time (SeqPar::timings).
+//
+// Exit status as kfa: 0 success; 1 when --check finds the rule broken; 2 bad input (one line
+// "kfa-seqpar: error: ..." from rank 0, the same on every rank). An error on one rank ends
+// every rank; an unexpected one aborts the job. The output file appears only when every rank
+// wrote its part.
+#include <kfa/distributed.hpp>
+#include <kfa/kfa.hpp>
+#include <kfa/reference.hpp>
+
+#include <mpi.h>
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "cli.hpp"
+#include "h5io.hpp"
+
+namespace {
+
+using kfa_apps::Dataset;
+using kfa_apps::DType;
+using kfa_apps::InputError;
+using kfa_apps::RowRange;
+using Exec = Kokkos::DefaultExecutionSpace;
+namespace kmpi = kfa::mpi;
+
+const char* kUsage =
+    "usage: mpiexec -n P kfa-seqpar forward|backward\n"
+    "         (--in IN.h5 --out OUT.h5 | --random B,H,N,D [--heads-kv H] [--seqlen-k N]\n"
+    "          [--dtype float|double] [--data-seed S] [--check])\n"
+    "         [--mode ring|tree] [--layout contiguous|zigzag] [--repeat R] [--json]\n"
+    "         [--deterministic (backward)]\n"
+    "  pass flags, as kfa:\n";
+
+struct Options {
+  std::string command, in, out;
+  std::vector<long long> random;  // B,H,N,D
+  std::optional<long long> heads_kv, seqlen_k;
+  DType dtype = DType::f32;
+  unsigned long long data_seed = 0;
+  long long repeat = 1;
+  bool json = false, check = false;
+  kmpi::Mode mode = kmpi::Mode::ring;
+  kmpi::Layout layout = kmpi::Layout::contiguous;
+  kfa::Params params;
+};
+
+Options parse(int argc, char** argv) {
+  if (argc < 2) throw InputError("missing command (see kfa-seqpar --help)");
+  Options o;
+  o.command = argv[1];
+  if (o.command == "--help" || o.command == "-h") {
+    std::cout << kUsage << kfa_apps::kPassFlagsUsage;
+    std::exit(0);
+  }
+  if (o.command != "forward" && o.command != "backward")
+    throw InputError("unknown command '" + o.command + "' (expected: forward or backward)");
+  for (int a = 2; a < argc; ++a) {
+    const std::string flag = argv[a];
+    if (flag.rfind("--kokkos-", 0) == 0) continue;  // Kokkos' own flags, read by Kokkos
+    auto value = [&]() -> std::string {
+      if (a + 1 >= argc) throw InputError(flag + " expects a value");
+      return argv[++a];
+    };
+    if (kfa_apps::parse_pass_flag(flag, value, o.params)) continue;
+    if (flag == "--help" || flag == "-h") {
+      std::cout << kUsage << kfa_apps::kPassFlagsUsage;
+      std::exit(0);
+    } else if (flag == "--in") {
+      o.in = value();
+    } else if (flag == "--out") {
+      o.out = value();
+    } else if (flag == "--random") {
+      o.random = kfa_apps::parse_dims(flag, value(), "B,H,N,D",
+                                      {"batch", "heads", "seqlen", "head_dim"});
+    } else if (flag == "--heads-kv") {
+      o.heads_kv = kfa_apps::parse_int(flag, value(), 1);
+    } else if (flag == "--seqlen-k") {
+      o.seqlen_k = kfa_apps::parse_int(flag, value(), 1);
+    } else if (flag == "--dtype") {
+      const std::string t = value();
+      if (t == "float" || t == "float32")
+        o.dtype = DType::f32;
+      else if (t == "double" || t == "float64")
+        o.dtype = DType::f64;
+      else
+        throw InputError("--dtype expects float or double, got '" + t + "'");
+    } else if (flag == "--data-seed") {
+      o.data_seed = static_cast<unsigned long long>(kfa_apps::parse_int(flag, value(), 0));
+    } else if (flag == "--repeat") {
+      o.repeat = kfa_apps::parse_int(flag, value(), 1);
+    } else if (flag == "--json") {
+      o.json = true;
+    } else if (flag == "--check") {
+      o.check = true;
+    } else if (flag == "--mode") {
+      const std::string t = value();
+      if (t != "ring" && t != "tree")
+        throw InputError("--mode expects ring or tree, got '" + t + "'");
+      o.mode = t == "ring" ? kmpi::Mode::ring : kmpi::Mode::tree;
+    } else if (flag == "--layout") {
+      const std::string t = value();
+      if (t != "contiguous" && t != "zigzag")
+        throw InputError("--layout expects contiguous or zigzag, got '" + t + "'");
+      o.layout = t == "zigzag" ? kmpi::Layout::zigzag : kmpi::Layout::contiguous;
+    } else if (flag == "--deterministic") {
+      if (o.command != "backward") throw InputError("--deterministic applies to backward only");
+      o.params.deterministic = true;
+    } else {
+      throw InputError("unknown option '" + flag + "' (see kfa-seqpar --help)");
+    }
+  }
+  const bool file_mode = !o.in.empty() || !o.out.empty();
+  if (file_mode && !o.random.empty())
+    throw InputError("--random cannot be combined with --in/--out");
+  if (!file_mode && o.random.empty())
+    throw InputError("give --in IN.h5 --out OUT.h5 or --random B,H,N,D");
+  if (file_mode && (o.in.empty() || o.out.empty()))
+    throw InputError(o.in.empty() ? "--out needs --in" : "--in needs --out");
+  if (file_mode && (o.heads_kv || o.seqlen_k))
+    throw InputError("--heads-kv and --seqlen-k apply to --random only");
+  if (file_mode && o.check)
+    throw InputError("--check applies to --random only (it needs the whole problem on each rank)");
+  if (!o.random.empty() && o.heads_kv && o.random[1] % *o.heads_kv != 0)
+    throw InputError("--heads-kv " + std::to_string(*o.heads_kv) +
+                     " must divide the heads of --random (" + std::to_string(o.random[1]) + ")");
+  for (long long n : o.random)
+    if (n > 2147483647LL) throw InputError("--random values must fit in int");
+  return o;
+}
+
+// ---- The problem: this rank's rows ------------------------------------------------------
+
+int comm_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int comm_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+std::vector<RowRange> my_rows(const Options& o, long long seqlen) {
+  std::vector<RowRange> out;
+  for (const kmpi::Segment& s : kmpi::owned_rows(o.layout, seqlen, comm_rank(), comm_size()))
+    out.push_back({hsize_t(s.begin), hsize_t(s.size)});
+  return out;
+}
+
+// Element (b, h, i, d) of tensor `which` of a --random problem: a hash of the data seed, the
+// tensor and the global element index, uniform in [-1, 1) (rounded to float for float runs),
+// so any rank can make any rows and the problem does not depend on the rank count.
+double random_value(unsigned long long seed, int which, unsigned long long index, DType t) {
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ULL + std::uint64_t(which) * 0xD1B54A32D192ED03ULL +
+                    index * 0xBF58476D1CE4E5B9ULL;
+  x ^= x >> 30;  // splitmix64's finaliser
+  x *= 0xBF58476D1CE4E5B9ULL;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBULL;
+  x ^= x >> 31;
+  const double u = double(x >> 11) * 0x1.0p-53 * 2.0 - 1.0;
+  return t == DType::f32 ? double(float(u)) : u;
+}
+
+// Rows `rows` of random tensor `which` of global dims (B, H, N, D).
+Dataset random_rows(const Options& o, int which, std::vector<hsize_t> dims,
+                    const std::vector<RowRange>& rows) {
+  const hsize_t N = dims[2], D = dims[3];
+  Dataset d;
+  d.dtype = o.dtype;
+  d.dims = dims;
+  d.dims[2] = 0;
+  for (const RowRange& r : rows)
+    d.dims[2] += r.size;
+  d.data.reserve(d.size());
+  for (hsize_t b = 0; b < dims[0]; ++b)
+    for (hsize_t h = 0; h < dims[1]; ++h)
+      for (const RowRange& r : rows)
+        for (hsize_t i = r.begin; i < r.begin + r.size; ++i)
+          for (hsize_t e = 0; e < D; ++e)
+            d.data.push_back(random_value(o.data_seed, which, ((b * dims[1] + h) * N + i) * D + e,
+                                          o.dtype));
+  return d;
+}
+
+std::vector<RowRange> all_rows(hsize_t n) { return {{0, n}}; }
+
+struct Problem {
+  long long B = 0, Hq = 0, Hk = 0, Nq = 0, Nk = 0, D = 0;
+  Dataset q, k, v, o, lse, dout, dlse;  // this rank's rows
+};
+
+Problem load(const Options& o) {
+  Problem p;
+  if (!o.random.empty()) {
+    p.B = o.random[0];
+    p.Hq = o.random[1];
+    p.Nq = o.random[2];
+    p.D = o.random[3];
+    p.Hk = o.heads_kv.value_or(p.Hq);
+    p.Nk = o.seqlen_k.value_or(p.Nq);
+    const auto qr = my_rows(o, p.Nq), kr = my_rows(o, p.Nk);
+    const std::vector<hsize_t> qd{hsize_t(p.B), hsize_t(p.Hq), hsize_t(p.Nq), hsize_t(p.D)},
+        kd{hsize_t(p.B), hsize_t(p.Hk), hsize_t(p.Nk), hsize_t(p.D)};
+    p.q = random_rows(o, 0, qd, qr);
+    p.k = random_rows(o, 1, kd, kr);
+    p.v = random_rows(o, 2, kd, kr);
+    if (o.command == "backward") p.dout = random_rows(o, 3, qd, qr);
+    return p;
+  }
+  kfa_apps::ParallelH5File in(o.in, MPI_COMM_WORLD);
+  const Dataset qh = in.header("/q", 4), kh = in.header("/k", 4);
+  p.B = qh.dims[0];
+  p.Hq = qh.dims[1];
+  p.Nq = qh.dims[2];
+  p.D = qh.dims[3];
+  p.Hk = kh.dims[1];
+  p.Nk = kh.dims[2];
+  const auto qr = my_rows(o, p.Nq), kr = my_rows(o, p.Nk);
+  p.q = in.read_rows("/q", 4, qr);
+  p.k = in.read_rows("/k", 4, kr);
+  p.v = in.read_rows("/v", 4, kr);
+  for (const auto* d : {&p.k, &p.v})
+    if (d->dtype != p.q.dtype)
+      throw InputError(std::string("dataset ") + (d == &p.k ? "/k" : "/v") + " is " +
+                       name(d->dtype) + " but /q is " + name(p.q.dtype) +
+                       "; all inputs must share one type");
+  if (o.command == "backward") {
+    p.o = in.read_rows("/o", 4, qr);
+    p.lse = in.read_rows("/lse", 3, qr);
+    p.dout = in.read_rows("/do", 4, qr);
+    if (in.has("/dlse")) p.dlse = in.read_rows("/dlse", 3, qr);
+    // The library checks the shapes against q; the types must match /q's.
+    for (const auto* d : {&p.o, &p.dout})
+      if (d->dtype != p.q.dtype)
+        throw InputError(std::string("dataset ") + (d == &p.o ? "/o" : "/do") + " is " +
+                         name(d->dtype) + " but /q is " + name(p.q.dtype) +
+                         "; all inputs must share one type");
+  }
+  return p;
+}
+
+// ---- Device views ------------------------------------------------------------------------
+
+template <class T>
+using Dev4 = Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space>;
+template <class T>
+using Dev3 = Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space>;
+
+template <class View>
+View to_device(const Dataset& d, const char* label) {
+  View v;
+  const auto alloc = Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label));
+  if constexpr (View::rank == 4)
+    v = View(alloc, d.dims[0], d.dims[1], d.dims[2], d.dims[3]);
+  else
+    v = View(alloc, d.dims[0], d.dims[1], d.dims[2]);
+  auto h = Kokkos::create_mirror_view(v);
+  for (std::size_t e = 0; e < d.data.size(); ++e)
+    h.data()[e] = static_cast<typename View::value_type>(d.data[e]);
+  Kokkos::deep_copy(v, h);
+  return v;
+}
+
+template <class View>
+Dataset to_dataset(const View& v, DType t) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  Dataset d;
+  d.dtype = t;
+  for (unsigned r = 0; r < View::rank; ++r)
+    d.dims.push_back(v.extent(r));
+  d.data.assign(h.data(), h.data() + h.span());
+  return d;
+}
+
+// ---- Timing --------------------------------------------------------------------------------
+
+struct Timing {
+  double median_s = 0;                 // of the slowest rank's time per run
+  double total_s = 0, comm_s = 0;      // this rank's, per run
+};
+
+// One untimed warm-up, then `repeat` runs from a barrier to the slowest rank's end.
+template <class Pass>
+Timing time_pass(const Options& o, kmpi::Timings& t, const Pass& pass) {
+  pass();
+  t = {};
+  std::vector<double> times;
+  for (long long r = 0; r < o.repeat; ++r) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = MPI_Wtime();
+    pass();
+    double dt = MPI_Wtime() - t0;
+    MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    times.push_back(dt);
+  }
+  std::sort(times.begin(), times.end());
+  Timing tm;
+  const std::size_t n = times.size();
+  tm.median_s = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+  tm.total_s = t.total_s / double(o.repeat);
+  tm.comm_s = t.comm_s / double(o.repeat);
+  return tm;
+}
+
+// ---- The check: this rank's rows against a single-rank computation --------------------------
+
+// The whole --random problem on this rank, for the single-rank computation.
+struct Whole {
+  Dataset q, k, v, dout;
+};
+Whole whole_problem(const Options& o, const Problem& p) {
+  const std::vector<hsize_t> qd{hsize_t(p.B), hsize_t(p.Hq), hsize_t(p.Nq), hsize_t(p.D)},
+      kd{hsize_t(p.B), hsize_t(p.Hk), hsize_t(p.Nk), hsize_t(p.D)};
+  Whole w{random_rows(o, 0, qd, all_rows(p.Nq)), random_rows(o, 1, kd, all_rows(p.Nk)),
+          random_rows(o, 2, kd, all_rows(p.Nk)), {}};
+  if (o.command == "backward") w.dout = random_rows(o, 3, qd, all_rows(p.Nq));
+  return w;
+}
+
+// This rank's rows of a whole (B, H, N[, D]) host tensor.
+template <class HostView>
+HostView rows_of(const HostView& g, const std::vector<RowRange>& rows) {
+  hsize_t n = 0;
+  for (const RowRange& r : rows)
+    n += r.size;
+  HostView out;
+  if constexpr (HostView::rank == 4)
+    out = HostView(std::string("rows"), g.extent(0), g.extent(1), n, g.extent(3));
+  else
+    out = HostView(std::string("rows"), g.extent(0), g.extent(1), n);
+  for (std::size_t b = 0; b < g.extent(0); ++b)
+    for (std::size_t h = 0; h < g.extent(1); ++h) {
+      std::size_t row = 0;
+      for (const RowRange& r : rows)
+        for (hsize_t i = r.begin; i < r.begin + r.size; ++i, ++row) {
+          if constexpr (HostView::rank == 4) {
+            for (std::size_t d = 0; d < g.extent(3); ++d)
+              out(b, h, row, d) = g(b, h, i, d);
+          } else {
+            out(b, h, row) = g(b, h, i);
+          }
+        }
+    }
+  return out;
+}
+
+template <class View>
+auto to_host_double(const View& v) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  using Out = std::conditional_t<View::rank == 4, kfa::reference::Tensor4, kfa::reference::Tensor3>;
+  Out out;
+  if constexpr (View::rank == 4)
+    out = Out(std::string("host"), v.extent(0), v.extent(1), v.extent(2), v.extent(3));
+  else
+    out = Out(std::string("host"), v.extent(0), v.extent(1), v.extent(2));
+  for (std::size_t e = 0; e < h.span(); ++e)
+    out.data()[e] = double(h.data()[e]);
+  return out;
+}
+
+// The rule's verdict over all ranks: the worst rank's error and bound for each output.
+struct Verdict {
+  bool ok = true;
+  std::vector<std::pair<std::string, kfa::reference::Check>> worst;
+};
+Verdict agree_on(const std::vector<std::pair<std::string, kfa::reference::Check>>& mine) {
+  Verdict v;
+  for (const auto& [name, c] : mine) {
+    // The rank whose error is largest relative to its bound speaks for all.
+    struct {
+      double ratio;
+      int rank;
+    } in{c.bound > 0 ? c.err / c.bound : (c.err > 0 ? 1e300 : 0), comm_rank()}, out{};
+    MPI_Allreduce(&in, &out, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD);
+    double eb[2] = {c.err, c.bound};
+    MPI_Bcast(eb, 2, MPI_DOUBLE, out.rank, MPI_COMM_WORLD);
+    kfa::reference::Check w;
+    w.err = eb[0];
+    w.bound = eb[1];
+    v.ok = v.ok && w.ok();
+    v.worst.emplace_back(name, w);
+  }
+  return v;
+}
+
+// The single-rank forward of the whole problem in T and in double; this rank's rows of
+// (O, LSE) against them.
+template <class T>
+Verdict check_forward(const Options& o, const Problem& p, const Dev4<T>& out, const Dev3<T>& lse) {
+  const Whole w = whole_problem(o, p);
+  const auto qr = my_rows(o, p.Nq);
+  std::vector<std::pair<std::string, kfa::reference::Check>> checks;
+  auto single = [&](auto zero) {
+    using U = decltype(zero);
+    auto q = to_device<Dev4<U>>(w.q, "q"), k = to_device<Dev4<U>>(w.k, "k"),
+         v = to_device<Dev4<U>>(w.v, "v");
+    Dev4<U> o1("o1", p.B, p.Hq, p.Nq, p.D);
+    Dev3<U> l1("l1", p.B, p.Hq, p.Nq);
+    kfa::forward(Exec(), q, k, v, o1, l1, o.params);
+    return std::pair{rows_of(to_host_double(o1), qr), rows_of(to_host_double(l1), qr)};
+  };
+  const auto [o64, l64] = single(0.0);
+  const auto [oT, lT] = single(T(0));
+  checks.emplace_back("O", kfa::reference::apply_rule<T>(to_host_double(out), oT, o64));
+  checks.emplace_back("LSE", kfa::reference::apply_rule<T>(to_host_double(lse), lT, l64));
+  return agree_on(checks);
+}
+
+template <class T>
+Verdict check_backward(const Options& o, const Problem& p, const Dev4<T>& dq, const Dev4<T>& dk,
+                       const Dev4<T>& dv) {
+  const Whole w = whole_problem(o, p);
+  const auto qr = my_rows(o, p.Nq), kr = my_rows(o, p.Nk);
+  auto single = [&](auto zero) {
+    using U = decltype(zero);
+    auto q = to_device<Dev4<U>>(w.q, "q"), k = to_device<Dev4<U>>(w.k, "k"),
+         v = to_device<Dev4<U>>(w.v, "v"), d = to_device<Dev4<U>>(w.dout, "do");
+    Dev4<U> o1("o1", p.B, p.Hq, p.Nq, p.D), dq1("dq1", p.B, p.Hq, p.Nq, p.D),
+        dk1("dk1", p.B, p.Hk, p.Nk, p.D), dv1("dv1", p.B, p.Hk, p.Nk, p.D);
+    Dev3<U> l1("l1", p.B, p.Hq, p.Nq);
+    kfa::forward(Exec(), q, k, v, o1, l1, o.params);
+    kfa::backward(Exec(), q, k, v, o1, l1, d, dq1, dk1, dv1, o.params);
+    return std::array{rows_of(to_host_double(dq1), qr), rows_of(to_host_double(dk1), kr),
+                      rows_of(to_host_double(dv1), kr)};
+  };
+  const auto g64 = single(0.0);
+  const auto gT = single(T(0));
+  std::vector<std::pair<std::string, kfa::reference::Check>> checks;
+  const char* names[] = {"dQ", "dK", "dV"};
+  const Dev4<T>* mine[] = {&dq, &dk, &dv};
+  for (int i = 0; i < 3; ++i)
+    checks.emplace_back(names[i],
+                        kfa::reference::apply_rule<T>(to_host_double(*mine[i]), gT[i], g64[i]));
+  return agree_on(checks);
+}
+
+// ---- Report --------------------------------------------------------------------------------
+
+std::string describe(const Options& o, const Problem& p) {
+  const auto& pr = o.params;
+  std::ostringstream os;
+  os << "kfa-seqpar " << o.command << ": " << comm_size() << " ranks, mode "
+     << (o.mode == kmpi::Mode::ring ? "ring" : "tree") << ", layout "
+     << (o.layout == kmpi::Layout::zigzag ? "zigzag" : "contiguous") << "; B=" << p.B
+     << " Hq=" << p.Hq << " Hkv=" << p.Hk << " Nq=" << p.Nq << " Nk=" << p.Nk << " D=" << p.D
+     << " " << name(p.q.dtype) << " causal=" << (pr.causal ? "yes" : "no") << " window=("
+     << pr.window_left << "," << pr.window_right << ")";
+  if (pr.softcap > 0) os << " softcap=" << pr.softcap;
+  if (pr.dropout > 0)
+    os << " dropout=" << pr.dropout << " seed=" << pr.seed << " offset=" << pr.offset;
+  if (o.command == "backward") os << (pr.deterministic ? " deterministic" : " atomic-dq");
+  os << " on " << Exec::name();
+  return os.str();
+}
+
+// Prints the summary (rank 0) with every rank's compute and MPI time.
+void report(const Options& o, const Problem& p, const Timing& tm, double flops,
+            const std::optional<Verdict>& verdict) {
+  const int P = comm_size();
+  const double mine[3] = {double(p.q.dims[2]), tm.total_s - tm.comm_s, tm.comm_s};
+  std::vector<double> all(3 * std::size_t(P));
+  MPI_Gather(mine, 3, MPI_DOUBLE, all.data(), 3, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  if (comm_rank() != 0) return;
+  const double gflops = flops / tm.median_s * 1e-9;
+  std::printf("%s\n", describe(o, p).c_str());
+  std::printf("time: median %.6f s over %lld runs (slowest rank); %.2f GFLOP/s\n", tm.median_s,
+              o.repeat, gflops);
+  for (int r = 0; r < P; ++r)
+    std::printf("  rank %d: %.0f query rows, compute %.6f s, MPI %.6f s (%.1f%%) per run\n", r,
+                all[3 * r], all[3 * r + 1], all[3 * r + 2],
+                100 * all[3 * r + 2] / std::max(1e-300, all[3 * r + 1] + all[3 * r + 2]));
+  if (verdict) {
+    std::printf("check against the single-rank result (float64 and same precision):");
+    for (const auto& [name, c] : verdict->worst)
+      std::printf(" %s err %.3g (bound %.3g)", name.c_str(), c.err, c.bound);
+    std::printf(": %s\n", verdict->ok ? "PASS" : "FAIL");
+  }
+  if (!o.out.empty())
+    std::printf("wrote %s to %s\n", o.command == "forward" ? "/o /lse" : "/dq /dk /dv",
+                o.out.c_str());
+  if (!o.json) return;
+  const auto& pr = o.params;
+  std::printf(
+      "{\"command\":\"%s\",\"ranks\":%d,\"mode\":\"%s\",\"layout\":\"%s\",\"dtype\":\"%s\","
+      "\"batch\":%lld,\"heads_q\":%lld,\"heads_kv\":%lld,\"seqlen_q\":%lld,\"seqlen_k\":%lld,"
+      "\"head_dim\":%lld,\"causal\":%s,\"window_left\":%d,\"window_right\":%d,\"softcap\":%s,"
+      "\"dropout\":%s,\"seed\":%llu,\"offset\":%llu,\"deterministic\":%s,\"repeat\":%lld,"
+      "\"median_s\":%.9g,\"gflops\":%.6g,\"execution_space\":\"%s\"",
+      o.command.c_str(), P, o.mode == kmpi::Mode::ring ? "ring" : "tree",
+      o.layout == kmpi::Layout::zigzag ? "zigzag" : "contiguous", name(p.q.dtype), p.B, p.Hq, p.Hk,
+      p.Nq, p.Nk, p.D, pr.causal ? "true" : "false", pr.window_left, pr.window_right,
+      kfa_apps::exact(pr.softcap).c_str(), kfa_apps::exact(pr.dropout).c_str(),
+      static_cast<unsigned long long>(pr.seed), static_cast<unsigned long long>(pr.offset),
+      pr.deterministic ? "true" : "false", o.repeat, tm.median_s, gflops, Exec::name());
+  for (const auto& [key, col] : {std::pair{"rows", 0}, {"compute_s", 1}, {"comm_s", 2}}) {
+    std::printf(",\"%s\":[", key);
+    for (int r = 0; r < P; ++r)
+      std::printf("%s%.9g", r ? "," : "", all[3 * r + col]);
+    std::printf("]");
+  }
+  std::printf(",\"check\":\"%s\"", !verdict ? "not run" : verdict->ok ? "pass" : "fail");
+  if (verdict)
+    for (const auto& [name, c] : verdict->worst)
+      std::printf(",\"err_%s\":%.6g,\"bound_%s\":%.6g", name.c_str(), c.err, name.c_str(),
+                  c.bound);
+  std::printf("}\n");
+}
+
+// ---- The passes ----------------------------------------------------------------------------
+
+template <class T>
+int run_forward(const Options& o, const Problem& p) {
+  kmpi::Timings timings;
+  const kmpi::SeqPar sp{MPI_COMM_WORLD, p.Nq, p.Nk, o.layout, o.mode, &timings};
+  auto q = to_device<Dev4<T>>(p.q, "q"), k = to_device<Dev4<T>>(p.k, "k"),
+       v = to_device<Dev4<T>>(p.v, "v");
+  Dev4<T> out("o", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
+  Dev3<T> lse("lse", q.extent(0), q.extent(1), q.extent(2));
+  const Timing tm =
+      time_pass(o, timings, [&] { kmpi::forward(Exec(), q, k, v, out, lse, o.params, sp); });
+  std::optional<Verdict> verdict;
+  if (o.check) verdict = check_forward<T>(o, p, out, lse);
+  if (!o.out.empty()) {
+    const Dataset od = to_dataset(out, p.q.dtype), ld = to_dataset(lse, p.q.dtype);
+    const auto qr = my_rows(o, p.Nq);
+    const std::vector<hsize_t> g4{hsize_t(p.B), hsize_t(p.Hq), hsize_t(p.Nq), hsize_t(p.D)},
+        g3{hsize_t(p.B), hsize_t(p.Hq), hsize_t(p.Nq)};
+    kfa_apps::write_rows_atomic(o.out, {{"/o", g4, &od, qr}, {"/lse", g3, &ld, qr}},
+                                MPI_COMM_WORLD);
+  }
+  report(o, p, tm, kfa::forward_flops(p.B, p.Hq, p.Nq, p.Nk, p.D, o.params), verdict);
+  return !verdict || verdict->ok ? 0 : 1;
+}
+
+template <class T>
+int run_backward(const Options& o, const Problem& p) {
+  kmpi::Timings timings;
+  const kmpi::SeqPar sp{MPI_COMM_WORLD, p.Nq, p.Nk, o.layout, o.mode, &timings};
+  auto q = to_device<Dev4<T>>(p.q, "q"), k = to_device<Dev4<T>>(p.k, "k"),
+       v = to_device<Dev4<T>>(p.v, "v"), dout = to_device<Dev4<T>>(p.dout, "do");
+  Dev4<T> out;
+  Dev3<T> lse, dlse;
+  if (p.o.dims.empty()) {  // --random: the forward it needs, once and untimed
+    out = Dev4<T>("o", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
+    lse = Dev3<T>("lse", q.extent(0), q.extent(1), q.extent(2));
+    kmpi::forward(Exec(), q, k, v, out, lse, o.params, sp);
+  } else {
+    out = to_device<Dev4<T>>(p.o, "o");
+    lse = to_device<Dev3<T>>(p.lse, "lse");
+  }
+  if (!p.dlse.dims.empty()) dlse = to_device<Dev3<T>>(p.dlse, "dlse");
+  Dev4<T> dq("dq", q.extent(0), q.extent(1), q.extent(2), q.extent(3)),
+      dk("dk", k.extent(0), k.extent(1), k.extent(2), k.extent(3)),
+      dv("dv", k.extent(0), k.extent(1), k.extent(2), k.extent(3));
+  const Timing tm = time_pass(o, timings, [&] {
+    if (dlse.size() > 0)
+      kmpi::backward(Exec(), q, k, v, out, lse, dout, dlse, dq, dk, dv, o.params, sp);
+    else
+      kmpi::backward(Exec(), q, k, v, out, lse, dout, dq, dk, dv, o.params, sp);
+  });
+  std::optional<Verdict> verdict;
+  if (o.check) verdict = check_backward<T>(o, p, dq, dk, dv);
+  if (!o.out.empty()) {
+    const Dataset dqd = to_dataset(dq, p.q.dtype), dkd = to_dataset(dk, p.q.dtype),
+                  dvd = to_dataset(dv, p.q.dtype);
+    const auto qr = my_rows(o, p.Nq), kr = my_rows(o, p.Nk);
+    const std::vector<hsize_t> gq{hsize_t(p.B), hsize_t(p.Hq), hsize_t(p.Nq), hsize_t(p.D)},
+        gk{hsize_t(p.B), hsize_t(p.Hk), hsize_t(p.Nk), hsize_t(p.D)};
+    kfa_apps::write_rows_atomic(
+        o.out, {{"/dq", gq, &dqd, qr}, {"/dk", gk, &dkd, kr}, {"/dv", gk, &dvd, kr}},
+        MPI_COMM_WORLD);
+  }
+  report(o, p, tm, kfa::backward_flops(p.B, p.Hq, p.Nq, p.Nk, p.D, o.params), verdict);
+  return !verdict || verdict->ok ? 0 : 1;
+}
+
+// Runs `f` on every rank; when it throws InputError on any rank, every rank throws the lowest
+// failing rank's message (so none is left in a later collective).
+template <class F>
+auto collectively(const F& f) {
+  std::string err;
+  decltype(f()) result{};
+  try {
+    result = f();
+  } catch (const InputError& e) {
+    err = e.what();
+  }
+  try {
+    kmpi::agree(MPI_COMM_WORLD, err);
+  } catch (const kfa::Error& e) {
+    const std::string msg = e.what();
+    throw InputError(msg.rfind("kfa: ", 0) == 0 ? msg.substr(5) : msg);
+  }
+  return result;
+}
+
+int main_pass(const Options& o) {
+  const Problem p = collectively([&] { return load(o); });
+  const bool f32 = p.q.dtype == DType::f32;
+  if (o.command == "backward") return f32 ? run_backward<float>(o, p) : run_backward<double>(o, p);
+  return f32 ? run_forward<float>(o, p) : run_forward<double>(o, p);
+}
+
+void print_error(const std::string& msg) {
+  if (comm_rank() != 0) return;
+  std::fflush(stdout);
+  std::fprintf(stderr, "kfa-seqpar: error: %s\n", msg.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  Options opts;
+  try {
+    opts = parse(argc, argv);  // the same argv, so the same verdict, on every rank
+  } catch (const InputError& e) {
+    print_error(e.what());
+    MPI_Finalize();
+    return 2;
+  }
+  int status = 2;
+  {
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    try {
+      status = main_pass(opts);
+    } catch (const kfa::Error& e) {  // the library's collective check: every rank is here
+      const std::string msg = e.what();
+      print_error(msg.rfind("kfa: ", 0) == 0 ? msg.substr(5) : msg);
+    } catch (const InputError& e) {  // raised on every rank alike (see collectively)
+      print_error(e.what());
+    } catch (const std::exception& e) {
+      // Unexpected, maybe on this rank only: end the whole job rather than leave ranks waiting.
+      std::fprintf(stderr, "kfa-seqpar: error on rank %d: %s\n", comm_rank(), e.what());
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+  }
+  MPI_Finalize();
+  return status;
+}

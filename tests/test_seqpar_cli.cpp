@@ -1,0 +1,160 @@
+// The kfa-seqpar program under mpiexec, through its contract: --random --check passes for each
+// mode and layout (forward and backward); HDF5 round trips, each rank writing only its rows,
+// checked against the reference; bad input exits 2 with one line, on every rank, and leaves
+// no output file.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "h5io.hpp"
+#include "problem.hpp"
+#include "program.hpp"
+
+#if !defined(KFA_SEQPAR_PATH) || !defined(KFA_MPIEXEC)
+#error "KFA_SEQPAR_PATH and KFA_MPIEXEC must name the program and mpiexec"
+#endif
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace kfa_test;
+using kfa_apps::Dataset;
+using kfa_apps::DType;
+
+// Open MPI's permission to run as root and to oversubscribe comes from the environment ctest
+// sets for this test.
+ProgramRun seqpar(int ranks, const std::string& args) {
+  return run_program(std::string(KFA_MPIEXEC) + " -n " + std::to_string(ranks) + " " +
+                     KFA_SEQPAR_PATH + " " + args);
+}
+
+TEST(SeqParCli, RandomCheckPassesInEveryModeAndLayout) {
+  struct Run {
+    int ranks;
+    std::string args;
+  };
+  const Run runs[] = {
+      {2, "forward --random 1,2,301,32 --mode ring --layout zigzag --causal"},
+      {3, "forward --random 2,4,160,64 --heads-kv 2 --mode tree --layout contiguous --window 20,5"},
+      {4, "forward --random 1,2,130,16 --seqlen-k 97 --mode tree --layout zigzag --softcap 5"},
+      {2, "backward --random 1,2,203,32 --mode ring --layout contiguous --causal --dropout 0.2 "
+          "--seed 9"},
+      {3, "backward --random 1,4,150,64 --heads-kv 1 --mode tree --layout zigzag --causal "
+          "--deterministic"},
+      {4, "backward --random 1,1,3,16 --mode ring --layout zigzag --dtype double"},
+  };
+  for (const Run& run : runs) {
+    SCOPED_TRACE(run.args + " on " + std::to_string(run.ranks) + " ranks");
+    const ProgramRun r = seqpar(run.ranks, run.args + " --check --json --repeat 2");
+    EXPECT_EQ(r.status, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("PASS"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("\"ranks\":" + std::to_string(run.ranks)), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("\"comm_s\":["), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("rank " + std::to_string(run.ranks - 1) + ":"), std::string::npos);
+  }
+}
+
+// Forward then backward through files at 3 ranks: the output files hold the whole tensors
+// (each rank wrote its rows) and pass the tolerance rule against the reference.
+TEST(SeqParCli, RoundTripThroughParallelHdf5) {
+  const Shape s{1, 4, 2, 131, 131, 32};
+  Problem pb(s, 77);
+  kfa::Params p;
+  p.causal = true;
+  const Dataset q = from_tensor(pb.q, DType::f32), k = from_tensor(pb.k, DType::f32),
+                v = from_tensor(pb.v, DType::f32);
+  const fs::path in = work_dir() / "sp_in.h5", out = work_dir() / "sp_out.h5";
+  kfa_apps::write_atomic(in.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}});
+  fs::remove(out);
+  ProgramRun r = seqpar(3, "forward --in " + in.string() + " --out " + out.string() +
+                               " --mode ring --layout zigzag --causal");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const Tensor4 qt = to_tensor(q), kt = to_tensor(k), vt = to_tensor(v);
+  Dataset o, lse;
+  {
+    kfa_apps::H5File f(out.string());
+    o = f.read("/o", 4);
+    lse = f.read("/lse", 3);
+  }
+  EXPECT_EQ(o.dtype, DType::f32);
+  EXPECT_EQ(o.dims, q.dims);
+  const auto cf = kfa::reference::check_forward<float>(qt, kt, vt, p, to_tensor(o), to_tensor3(lse));
+  EXPECT_TRUE(cf.ok()) << "O err " << cf.o.err << " (bound " << cf.o.bound << "), LSE err "
+                       << cf.lse.err << " (bound " << cf.lse.bound << ")";
+
+  // The backward reads the forward's /o and /lse, with /do and /dlse.
+  std::mt19937_64 gen(78);
+  const Tensor4 dout = random_tensor("do", s.batch, s.heads_q, s.seqlen_q, s.head_dim, gen);
+  const Dataset dod = from_tensor(dout, DType::f32);
+  Dataset dlse;
+  dlse.dtype = DType::f32;
+  dlse.dims = lse.dims;
+  for (std::size_t e = 0; e < lse.size(); ++e)
+    dlse.data.push_back(double(float(0.25 * std::sin(double(e)))));
+  const fs::path bin = work_dir() / "sp_bin.h5", bout = work_dir() / "sp_bout.h5";
+  kfa_apps::write_atomic(bin.string(), {{"/q", &q},
+                                        {"/k", &k},
+                                        {"/v", &v},
+                                        {"/o", &o},
+                                        {"/lse", &lse},
+                                        {"/do", &dod},
+                                        {"/dlse", &dlse}});
+  fs::remove(bout);
+  r = seqpar(3, "backward --in " + bin.string() + " --out " + bout.string() +
+                    " --mode tree --layout contiguous --causal --deterministic");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  kfa_apps::H5File f(bout.string());
+  const Tensor4 dq = to_tensor(f.read("/dq", 4)), dk = to_tensor(f.read("/dk", 4)),
+                dv = to_tensor(f.read("/dv", 4));
+  const auto cb = kfa::reference::check_backward<float>(qt, kt, vt, p, dout, to_tensor3(dlse), dq,
+                                                        dk, dv);
+  for (const auto& [name, c] : {std::pair{"dQ", cb.dq}, {"dK", cb.dk}, {"dV", cb.dv}})
+    EXPECT_TRUE(c.ok()) << name << ": err " << c.err << " > bound " << c.bound;
+}
+
+// Each failure: exit 2 on every rank, one line from rank 0, no output file.
+TEST(SeqParCli, BadInputEndsEveryRankWithOneLine) {
+  const Shape s{1, 2, 2, 40, 40, 16};
+  Problem pb(s, 5);
+  const Dataset q = from_tensor(pb.q, DType::f32), k = from_tensor(pb.k, DType::f32);
+  Problem other({1, 2, 2, 40, 40, 8}, 6);
+  const Dataset v8 = from_tensor(other.v, DType::f32);  // head_dim 8, not 16
+  const fs::path bad = work_dir() / "sp_bad.h5", out = work_dir() / "sp_never.h5";
+  kfa_apps::write_atomic(bad.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v8}});
+  struct Case {
+    std::string args, want;
+  };
+  const Case cases[] = {
+      {"forward --in " + (work_dir() / "missing.h5").string() + " --out " + out.string(),
+       "cannot open input file"},
+      {"forward --in " + bad.string() + " --out " + out.string(), "rank 0: mpi::forward: v"},
+      {"backward --in " + bad.string() + " --out " + out.string(), "missing dataset /o"},
+      {"forward --in " + bad.string() + " --out " + out.string() + " --mode sideways",
+       "--mode expects ring or tree"},
+      {"forward --random 1,2,64,16 --check --dropout 1", "--dropout must be in [0, 1)"},
+      {"forward --in " + bad.string() + " --out " + out.string() + " --check",
+       "--check applies to --random only"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args);
+    fs::remove(out);
+    const ProgramRun r = seqpar(3, c.args);
+    EXPECT_EQ(r.status, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find("kfa-seqpar: error: "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(c.want), std::string::npos) << r.err;
+    // Only rank 0 reports (mpiexec adds its own note about the exit status).
+    EXPECT_EQ(r.err.find("kfa-seqpar: error: "), r.err.rfind("kfa-seqpar: error: ")) << r.err;
+    EXPECT_FALSE(fs::exists(out));
+  }
+  // An output folder that does not exist: every rank fails, nothing is left behind.
+  const Dataset v = from_tensor(pb.v, DType::f32);
+  const fs::path good = work_dir() / "sp_good.h5";
+  kfa_apps::write_atomic(good.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}});
+  const ProgramRun r = seqpar(2, "forward --in " + good.string() + " --out " +
+                                     (work_dir() / "no" / "such" / "dir.h5").string());
+  EXPECT_EQ(r.status, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("cannot create output file"), std::string::npos) << r.err;
+}
+
+}  // namespace
