@@ -28,7 +28,9 @@ using kfa_apps::DType;
 
 using CliRun = ProgramRun;
 
-CliRun run_cli(const std::string& args) { return run_program(std::string(KFA_CLI_PATH) + " " + args); }
+CliRun run_cli(const std::string& args) {
+  return run_program(std::string(KFA_CLI_PATH) + " " + args);
+}
 
 fs::path write_inputs(const std::string& name, const Dataset& q, const Dataset& k,
                       const Dataset& v) {

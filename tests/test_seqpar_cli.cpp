@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <random>
 #include <string>
 
 #include "h5io.hpp"
@@ -38,10 +39,12 @@ TEST(SeqParCli, RandomCheckPassesInEveryModeAndLayout) {
       {2, "forward --random 1,2,301,32 --mode ring --layout zigzag --causal"},
       {3, "forward --random 2,4,160,64 --heads-kv 2 --mode tree --layout contiguous --window 20,5"},
       {4, "forward --random 1,2,130,16 --seqlen-k 97 --mode tree --layout zigzag --softcap 5"},
-      {2, "backward --random 1,2,203,32 --mode ring --layout contiguous --causal --dropout 0.2 "
-          "--seed 9"},
-      {3, "backward --random 1,4,150,64 --heads-kv 1 --mode tree --layout zigzag --causal "
-          "--deterministic"},
+      {2,
+       "backward --random 1,2,203,32 --mode ring --layout contiguous --causal --dropout 0.2 "
+       "--seed 9"},
+      {3,
+       "backward --random 1,4,150,64 --heads-kv 1 --mode tree --layout zigzag --causal "
+       "--deterministic"},
       {4, "backward --random 1,1,3,16 --mode ring --layout zigzag --dtype double"},
   };
   for (const Run& run : runs) {
@@ -79,7 +82,8 @@ TEST(SeqParCli, RoundTripThroughParallelHdf5) {
   }
   EXPECT_EQ(o.dtype, DType::f32);
   EXPECT_EQ(o.dims, q.dims);
-  const auto cf = kfa::reference::check_forward<float>(qt, kt, vt, p, to_tensor(o), to_tensor3(lse));
+  const auto cf =
+      kfa::reference::check_forward<float>(qt, kt, vt, p, to_tensor(o), to_tensor3(lse));
   EXPECT_TRUE(cf.ok()) << "O err " << cf.o.err << " (bound " << cf.o.bound << "), LSE err "
                        << cf.lse.err << " (bound " << cf.lse.bound << ")";
 
@@ -107,10 +111,55 @@ TEST(SeqParCli, RoundTripThroughParallelHdf5) {
   kfa_apps::H5File f(bout.string());
   const Tensor4 dq = to_tensor(f.read("/dq", 4)), dk = to_tensor(f.read("/dk", 4)),
                 dv = to_tensor(f.read("/dv", 4));
-  const auto cb = kfa::reference::check_backward<float>(qt, kt, vt, p, dout, to_tensor3(dlse), dq,
-                                                        dk, dv);
+  const auto cb =
+      kfa::reference::check_backward<float>(qt, kt, vt, p, dout, to_tensor3(dlse), dq, dk, dv);
   for (const auto& [name, c] : {std::pair{"dQ", cb.dq}, {"dK", cb.dk}, {"dV", cb.dv}})
     EXPECT_TRUE(c.ok()) << name << ": err " << c.err << " > bound " << c.bound;
+}
+
+// Fewer rows than ranks, from a file with /dlse: ranks that own no rows still take the
+// dlse path with the others (the choice must not depend on a rank's own rows).
+TEST(SeqParCli, TinySequenceFromFileWithDlse) {
+  const Shape s{1, 2, 1, 2, 2, 16};
+  Problem pb(s, 90);
+  kfa::Params p;
+  const Dataset q = from_tensor(pb.q, DType::f64), k = from_tensor(pb.k, DType::f64),
+                v = from_tensor(pb.v, DType::f64);
+  // The forward's outputs from the reference (double), and random dO and dLSE.
+  Tensor4 o("o", 1, 2, 2, 16);
+  Tensor3 lse("lse", 1, 2, 2), dl("dl", 1, 2, 2);
+  kfa::reference::forward<double>(pb.q, pb.k, pb.v, p, o, lse);
+  std::mt19937_64 gen(91);
+  const Tensor4 dout = random_tensor("do", 1, 2, 2, 16, gen);
+  for (std::size_t e = 0; e < dl.span(); ++e)
+    dl.data()[e] = 0.5 - 0.25 * double(e);
+  auto d3 = [](const Tensor3& t) {
+    Dataset d;
+    d.dtype = DType::f64;
+    d.dims = {t.extent(0), t.extent(1), t.extent(2)};
+    d.data.assign(t.data(), t.data() + t.span());
+    return d;
+  };
+  const Dataset od = from_tensor(o, DType::f64), ld = d3(lse), dod = from_tensor(dout, DType::f64),
+                dld = d3(dl);
+  const fs::path in = work_dir() / "sp_tiny.h5", out = work_dir() / "sp_tiny_out.h5";
+  kfa_apps::write_atomic(in.string(), {{"/q", &q},
+                                       {"/k", &k},
+                                       {"/v", &v},
+                                       {"/o", &od},
+                                       {"/lse", &ld},
+                                       {"/do", &dod},
+                                       {"/dlse", &dld}});
+  fs::remove(out);
+  const ProgramRun r = seqpar(3, "backward --in " + in.string() + " --out " + out.string() +
+                                     " --mode ring --layout zigzag");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  kfa_apps::H5File f(out.string());
+  const auto c = kfa::reference::check_backward<double>(
+      pb.q, pb.k, pb.v, p, dout, dl, to_tensor(f.read("/dq", 4)), to_tensor(f.read("/dk", 4)),
+      to_tensor(f.read("/dv", 4)));
+  for (const auto& [name, cr] : {std::pair{"dQ", c.dq}, {"dK", c.dk}, {"dV", c.dv}})
+    EXPECT_TRUE(cr.ok()) << name << ": err " << cr.err << " > bound " << cr.bound;
 }
 
 // Each failure: exit 2 on every rank, one line from rank 0, no output file.
@@ -122,14 +171,29 @@ TEST(SeqParCli, BadInputEndsEveryRankWithOneLine) {
   const Dataset v8 = from_tensor(other.v, DType::f32);  // head_dim 8, not 16
   const fs::path bad = work_dir() / "sp_bad.h5", out = work_dir() / "sp_never.h5";
   kfa_apps::write_atomic(bad.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v8}});
+  // /v shorter than /k: the ranks owning the missing rows must not fail alone.
+  Problem shorter({1, 2, 2, 40, 25, 16}, 7);
+  const Dataset v25 = from_tensor(shorter.v, DType::f32);
+  const fs::path short_v = work_dir() / "sp_short.h5";
+  kfa_apps::write_atomic(short_v.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v25}});
+  // 3 kv heads for 2 query heads: the library's collective check refuses it on every rank.
+  Problem three({1, 3, 3, 40, 40, 16}, 8);
+  const Dataset k3 = from_tensor(three.k, DType::f32), v3 = from_tensor(three.v, DType::f32);
+  const fs::path heads = work_dir() / "sp_heads.h5";
+  kfa_apps::write_atomic(heads.string(), {{"/q", &q}, {"/k", &k3}, {"/v", &v3}});
+  const Dataset v = from_tensor(pb.v, DType::f32);
+  const fs::path good = work_dir() / "sp_good.h5";
+  kfa_apps::write_atomic(good.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}});
   struct Case {
     std::string args, want;
   };
   const Case cases[] = {
       {"forward --in " + (work_dir() / "missing.h5").string() + " --out " + out.string(),
        "cannot open input file"},
-      {"forward --in " + bad.string() + " --out " + out.string(), "rank 0: mpi::forward: v"},
-      {"backward --in " + bad.string() + " --out " + out.string(), "missing dataset /o"},
+      {"forward --in " + bad.string() + " --out " + out.string(), "dataset /v has shape"},
+      {"forward --in " + short_v.string() + " --out " + out.string(), "dataset /v has shape"},
+      {"forward --in " + heads.string() + " --out " + out.string(), "rank 0: mpi::forward: "},
+      {"backward --in " + good.string() + " --out " + out.string(), "missing dataset /o"},
       {"forward --in " + bad.string() + " --out " + out.string() + " --mode sideways",
        "--mode expects ring or tree"},
       {"forward --random 1,2,64,16 --check --dropout 1", "--dropout must be in [0, 1)"},
@@ -148,9 +212,6 @@ TEST(SeqParCli, BadInputEndsEveryRankWithOneLine) {
     EXPECT_FALSE(fs::exists(out));
   }
   // An output folder that does not exist: every rank fails, nothing is left behind.
-  const Dataset v = from_tensor(pb.v, DType::f32);
-  const fs::path good = work_dir() / "sp_good.h5";
-  kfa_apps::write_atomic(good.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}});
   const ProgramRun r = seqpar(2, "forward --in " + good.string() + " --out " +
                                      (work_dir() / "no" / "such" / "dir.h5").string());
   EXPECT_EQ(r.status, 2) << r.out << r.err;

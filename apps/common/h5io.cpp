@@ -159,14 +159,25 @@ Handle collective_transfer() {
   return Handle{std::exchange(dxpl.id, -1), H5Pclose};
 }
 
+// Whether every rank of comm is ok (a collective step: none goes on alone into HDF5's
+// collective calls when another has failed).
+bool all_ok(bool ok, MPI_Comm comm) {
+  int v = ok ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MIN, comm);
+  return v == 1;
+}
+
 }  // namespace
 
 ParallelH5File::ParallelH5File(const std::string& path, MPI_Comm comm) : path_(path) {
   silence_hdf5();
+  std::string err;
   if (!std::ifstream(path).good())
-    throw InputError("cannot open input file '" + path + "': " + std::strerror(errno));
-  if (H5Fis_hdf5(path.c_str()) <= 0)
-    throw InputError("input file '" + path + "' is not a readable HDF5 file (corrupted?)");
+    err = "cannot open input file '" + path + "': " + std::strerror(errno);
+  else if (H5Fis_hdf5(path.c_str()) <= 0)
+    err = "input file '" + path + "' is not a readable HDF5 file (corrupted?)";
+  if (!all_ok(err.empty(), comm))
+    throw InputError(err.empty() ? "cannot open input file '" + path + "' on another rank" : err);
   const Handle fapl = mpio_access(comm);
   id_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.id);
   if (id_ < 0) throw InputError("cannot open '" + path + "' as HDF5 (corrupted?)");
@@ -191,12 +202,20 @@ Dataset ParallelH5File::header(const std::string& name, int rank) const {
 Dataset ParallelH5File::read_rows(const std::string& name, int rank,
                                   const std::vector<RowRange>& rows) const {
   const std::string where = "dataset " + name + " in '" + path_ + "'";
-  const Dataset global = header(name, rank);
-  for (const RowRange& r : rows)
-    if (r.begin + r.size > global.dims[2])
-      throw InputError(where + " has seqlen " + std::to_string(global.dims[2]) +
-                       ", fewer than the rows asked for");
+  if (!has(name)) throw InputError("missing " + where);
   Handle ds{H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose};
+  if (ds.id < 0) throw InputError("cannot open " + where);
+  const Dataset global = read_header(ds.id, where, rank);
+  // HDF5 fills a selection in file order, so the rows must come ascending and disjoint.
+  hsize_t end = 0;
+  for (const RowRange& r : rows) {
+    if (r.size > 0 && r.begin < end)
+      throw InputError("read_rows of " + where + ": row ranges must be ascending and disjoint");
+    if (r.size > 0) end = r.begin + r.size;
+  }
+  if (end > global.dims[2])
+    throw InputError(where + " has seqlen " + std::to_string(global.dims[2]) +
+                     ", fewer than the rows asked for");
   Handle fspace{H5Dget_space(ds.id), H5Sclose};
   select_rows(fspace.id, global.dims, rows);
   Dataset out;
@@ -226,7 +245,10 @@ void write_rows_atomic(const std::string& path, const std::vector<RowSlab>& slab
   {
     const Handle fapl = mpio_access(comm);
     Handle file{H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id), H5Fclose};
-    if (file.id < 0) throw InputError("cannot create output file '" + tmp + "'");
+    if (!all_ok(file.id >= 0, comm)) {
+      if (rank == 0) std::remove(tmp.c_str());
+      throw InputError("cannot create output file '" + tmp + "'");
+    }
     const Handle dxpl = collective_transfer();
     for (const RowSlab& s : slabs) {
       Handle fspace{H5Screate_simple(int(s.global_dims.size()), s.global_dims.data(), nullptr),
@@ -235,21 +257,23 @@ void write_rows_atomic(const std::string& path, const std::vector<RowSlab>& slab
       Handle ds{H5Dcreate2(file.id, s.name.c_str(), file_type(s.local->dtype), fspace.id,
                            H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
                 H5Dclose};
-      if (ds.id < 0) {
+      if (!all_ok(ds.id >= 0, comm)) {  // then no rank enters the collective write
         ok = 0;
-        continue;
+        break;
       }
       select_rows(fspace.id, s.global_dims, s.rows);
       const std::vector<hsize_t> mine = local_dims(s.global_dims, s.rows);
       Handle mspace{H5Screate_simple(int(mine.size()), mine.data(), nullptr), H5Sclose};
       if (s.local->data.empty()) H5Sselect_none(mspace.id);
       const double dummy = 0;
-      if (H5Dwrite(ds.id, H5T_NATIVE_DOUBLE, mspace.id, fspace.id, dxpl.id,
-                   s.local->data.empty() ? &dummy : s.local->data.data()) < 0)
+      const herr_t written = H5Dwrite(ds.id, H5T_NATIVE_DOUBLE, mspace.id, fspace.id, dxpl.id,
+                                      s.local->data.empty() ? &dummy : s.local->data.data());
+      if (!all_ok(written >= 0, comm)) {
         ok = 0;
+        break;
+      }
     }
   }  // closed (collectively) before anyone renames
-  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
   if (rank == 0 && (!ok || std::rename(tmp.c_str(), path.c_str()) != 0)) {
     ok = 0;
     std::remove(tmp.c_str());

@@ -63,6 +63,7 @@ const char* kUsage =
     "  pass flags, as kfa:\n";
 
 struct Options {
+  bool help = false;  // --help: rank 0 prints the usage
   std::string command, in, out;
   std::vector<long long> random;  // B,H,N,D
   std::optional<long long> heads_kv, seqlen_k;
@@ -80,8 +81,8 @@ Options parse(int argc, char** argv) {
   Options o;
   o.command = argv[1];
   if (o.command == "--help" || o.command == "-h") {
-    std::cout << kUsage << kfa_apps::kPassFlagsUsage;
-    std::exit(0);
+    o.help = true;
+    return o;
   }
   if (o.command != "forward" && o.command != "backward")
     throw InputError("unknown command '" + o.command + "' (expected: forward or backward)");
@@ -94,15 +95,16 @@ Options parse(int argc, char** argv) {
     };
     if (kfa_apps::parse_pass_flag(flag, value, o.params)) continue;
     if (flag == "--help" || flag == "-h") {
-      std::cout << kUsage << kfa_apps::kPassFlagsUsage;
-      std::exit(0);
-    } else if (flag == "--in") {
+      o.help = true;
+      return o;
+    }
+    if (flag == "--in") {
       o.in = value();
     } else if (flag == "--out") {
       o.out = value();
     } else if (flag == "--random") {
-      o.random = kfa_apps::parse_dims(flag, value(), "B,H,N,D",
-                                      {"batch", "heads", "seqlen", "head_dim"});
+      o.random =
+          kfa_apps::parse_dims(flag, value(), "B,H,N,D", {"batch", "heads", "seqlen", "head_dim"});
     } else if (flag == "--heads-kv") {
       o.heads_kv = kfa_apps::parse_int(flag, value(), 1);
     } else if (flag == "--seqlen-k") {
@@ -210,12 +212,21 @@ Dataset random_rows(const Options& o, int which, std::vector<hsize_t> dims,
       for (const RowRange& r : rows)
         for (hsize_t i = r.begin; i < r.begin + r.size; ++i)
           for (hsize_t e = 0; e < D; ++e)
-            d.data.push_back(random_value(o.data_seed, which, ((b * dims[1] + h) * N + i) * D + e,
-                                          o.dtype));
+            d.data.push_back(
+                random_value(o.data_seed, which, ((b * dims[1] + h) * N + i) * D + e, o.dtype));
   return d;
 }
 
-std::vector<RowRange> all_rows(hsize_t n) { return {{0, n}}; }
+std::vector<RowRange> all_rows(hsize_t n) {
+  return {{0, n}};
+}
+
+std::string shape_of(const std::vector<hsize_t>& dims) {
+  std::string out = "(";
+  for (std::size_t i = 0; i < dims.size(); ++i)
+    out += (i ? "," : "") + std::to_string(dims[i]);
+  return out + ")";
+}
 
 struct Problem {
   long long B = 0, Hq = 0, Hk = 0, Nq = 0, Nk = 0, D = 0;
@@ -241,33 +252,49 @@ Problem load(const Options& o) {
     return p;
   }
   kfa_apps::ParallelH5File in(o.in, MPI_COMM_WORLD);
-  const Dataset qh = in.header("/q", 4), kh = in.header("/k", 4);
+  // Every header first (every rank reads the same ones, so all agree), then the rows: a
+  // dataset whose shape disagrees must fail on every rank before any collective read.
+  const bool bwd = o.command == "backward";
+  const Dataset qh = in.header("/q", 4), kh = in.header("/k", 4), vh = in.header("/v", 4);
   p.B = qh.dims[0];
   p.Hq = qh.dims[1];
   p.Nq = qh.dims[2];
   p.D = qh.dims[3];
   p.Hk = kh.dims[1];
   p.Nk = kh.dims[2];
+  const std::vector<hsize_t> qd = qh.dims, kd = kh.dims, rows3(qd.begin(), qd.begin() + 3);
+  auto expect = [&](const char* name, const Dataset& h, const std::vector<hsize_t>& want,
+                    const char* like) {
+    if (h.dims != want)
+      throw InputError(std::string("dataset ") + name + " has shape " + shape_of(h.dims) + " but " +
+                       like + " gives " + shape_of(want));
+    if (h.dtype != qh.dtype)
+      throw InputError(std::string("dataset ") + name + " is " + kfa_apps::name(h.dtype) +
+                       " but /q is " + kfa_apps::name(qh.dtype) +
+                       "; all inputs must share one type");
+  };
+  for (hsize_t b : {qh.dims[0], kh.dims[0]})
+    if (b == 0) throw InputError("datasets /q and /k must not be empty");
+  expect("/v", vh, kd, "/k");
+  if (kh.dims[0] != qh.dims[0] || kh.dims[3] != qh.dims[3])
+    throw InputError("dataset /k has shape " + shape_of(kd) + " but /q has " + shape_of(qd) +
+                     " (batch and head_dim must match)");
+  const bool has_dlse = bwd && in.has("/dlse");
+  if (bwd) {
+    expect("/o", in.header("/o", 4), qd, "/q");
+    expect("/do", in.header("/do", 4), qd, "/q");
+    expect("/lse", in.header("/lse", 3), rows3, "/q");
+    if (has_dlse) expect("/dlse", in.header("/dlse", 3), rows3, "/q");
+  }
   const auto qr = my_rows(o, p.Nq), kr = my_rows(o, p.Nk);
   p.q = in.read_rows("/q", 4, qr);
   p.k = in.read_rows("/k", 4, kr);
   p.v = in.read_rows("/v", 4, kr);
-  for (const auto* d : {&p.k, &p.v})
-    if (d->dtype != p.q.dtype)
-      throw InputError(std::string("dataset ") + (d == &p.k ? "/k" : "/v") + " is " +
-                       name(d->dtype) + " but /q is " + name(p.q.dtype) +
-                       "; all inputs must share one type");
-  if (o.command == "backward") {
+  if (bwd) {
     p.o = in.read_rows("/o", 4, qr);
     p.lse = in.read_rows("/lse", 3, qr);
     p.dout = in.read_rows("/do", 4, qr);
-    if (in.has("/dlse")) p.dlse = in.read_rows("/dlse", 3, qr);
-    // The library checks the shapes against q; the types must match /q's.
-    for (const auto* d : {&p.o, &p.dout})
-      if (d->dtype != p.q.dtype)
-        throw InputError(std::string("dataset ") + (d == &p.o ? "/o" : "/do") + " is " +
-                         name(d->dtype) + " but /q is " + name(p.q.dtype) +
-                         "; all inputs must share one type");
+    if (has_dlse) p.dlse = in.read_rows("/dlse", 3, qr);
   }
   return p;
 }
@@ -308,8 +335,8 @@ Dataset to_dataset(const View& v, DType t) {
 // ---- Timing --------------------------------------------------------------------------------
 
 struct Timing {
-  double median_s = 0;                 // of the slowest rank's time per run
-  double total_s = 0, comm_s = 0;      // this rank's, per run
+  double median_s = 0;             // of the slowest rank's time per run
+  double total_s = 0, comm_s = 0;  // this rank's, per run
 };
 
 // One untimed warm-up, then `repeat` runs from a barrier to the slowest rank's end.
@@ -344,8 +371,10 @@ struct Whole {
 Whole whole_problem(const Options& o, const Problem& p) {
   const std::vector<hsize_t> qd{hsize_t(p.B), hsize_t(p.Hq), hsize_t(p.Nq), hsize_t(p.D)},
       kd{hsize_t(p.B), hsize_t(p.Hk), hsize_t(p.Nk), hsize_t(p.D)};
-  Whole w{random_rows(o, 0, qd, all_rows(p.Nq)), random_rows(o, 1, kd, all_rows(p.Nk)),
-          random_rows(o, 2, kd, all_rows(p.Nk)), {}};
+  Whole w{random_rows(o, 0, qd, all_rows(p.Nq)),
+          random_rows(o, 1, kd, all_rows(p.Nk)),
+          random_rows(o, 2, kd, all_rows(p.Nk)),
+          {}};
   if (o.command == "backward") w.dout = random_rows(o, 3, qd, all_rows(p.Nq));
   return w;
 }
@@ -475,9 +504,9 @@ std::string describe(const Options& o, const Problem& p) {
   os << "kfa-seqpar " << o.command << ": " << comm_size() << " ranks, mode "
      << (o.mode == kmpi::Mode::ring ? "ring" : "tree") << ", layout "
      << (o.layout == kmpi::Layout::zigzag ? "zigzag" : "contiguous") << "; B=" << p.B
-     << " Hq=" << p.Hq << " Hkv=" << p.Hk << " Nq=" << p.Nq << " Nk=" << p.Nk << " D=" << p.D
-     << " " << name(p.q.dtype) << " causal=" << (pr.causal ? "yes" : "no") << " window=("
-     << pr.window_left << "," << pr.window_right << ")";
+     << " Hq=" << p.Hq << " Hkv=" << p.Hk << " Nq=" << p.Nq << " Nk=" << p.Nk << " D=" << p.D << " "
+     << name(p.q.dtype) << " causal=" << (pr.causal ? "yes" : "no") << " window=(" << pr.window_left
+     << "," << pr.window_right << ")";
   if (pr.softcap > 0) os << " softcap=" << pr.softcap;
   if (pr.dropout > 0)
     os << " dropout=" << pr.dropout << " seed=" << pr.seed << " offset=" << pr.offset;
@@ -534,8 +563,7 @@ void report(const Options& o, const Problem& p, const Timing& tm, double flops,
   std::printf(",\"check\":\"%s\"", !verdict ? "not run" : verdict->ok ? "pass" : "fail");
   if (verdict)
     for (const auto& [name, c] : verdict->worst)
-      std::printf(",\"err_%s\":%.6g,\"bound_%s\":%.6g", name.c_str(), c.err, name.c_str(),
-                  c.bound);
+      std::printf(",\"err_%s\":%.6g,\"bound_%s\":%.6g", name.c_str(), c.err, name.c_str(), c.bound);
   std::printf("}\n");
 }
 
@@ -586,7 +614,7 @@ int run_backward(const Options& o, const Problem& p) {
       dk("dk", k.extent(0), k.extent(1), k.extent(2), k.extent(3)),
       dv("dv", k.extent(0), k.extent(1), k.extent(2), k.extent(3));
   const Timing tm = time_pass(o, timings, [&] {
-    if (dlse.size() > 0)
+    if (!p.dlse.dims.empty())  // the file's, not this rank's row count: every rank alike
       kmpi::backward(Exec(), q, k, v, out, lse, dout, dlse, dq, dk, dv, o.params, sp);
     else
       kmpi::backward(Exec(), q, k, v, out, lse, dout, dq, dk, dv, o.params, sp);
@@ -652,14 +680,25 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 2;
   }
+  if (opts.help) {
+    if (comm_rank() == 0) std::cout << kUsage << kfa_apps::kPassFlagsUsage;
+    MPI_Finalize();
+    return 0;
+  }
   int status = 2;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);
     try {
       status = main_pass(opts);
-    } catch (const kfa::Error& e) {  // the library's collective check: every rank is here
+    } catch (const kfa::Error& e) {
       const std::string msg = e.what();
-      print_error(msg.rfind("kfa: ", 0) == 0 ? msg.substr(5) : msg);
+      // "kfa: rank R: ..." comes from a collective check, raised on every rank alike; any
+      // other kfa::Error (a kernel launch refused) may be on this rank only.
+      if (msg.rfind("kfa: rank ", 0) != 0) {
+        std::fprintf(stderr, "kfa-seqpar: error on rank %d: %s\n", comm_rank(), msg.c_str());
+        MPI_Abort(MPI_COMM_WORLD, 2);
+      }
+      print_error(msg.substr(5));
     } catch (const InputError& e) {  // raised on every rank alike (see collectively)
       print_error(e.what());
     } catch (const std::exception& e) {

@@ -216,12 +216,13 @@ TEST(SeqPar, ForwardEveryModeAndLayoutMatchesReference) {
 TEST(SeqPar, BackwardEveryModeAndLayoutMatchesReference) {
   const std::vector<Case> all = cases();
   for (std::size_t i = 0; i < all.size(); ++i)
-    for (auto mode : {kmpi::Mode::ring, kmpi::Mode::tree})
-      for (auto layout : {kmpi::Layout::contiguous, kmpi::Layout::zigzag}) {
-        Case c = all[i];
-        c.params.deterministic = i % 2 == 1;  // both dQ paths, over every mask
-        check_backward(c, mode, layout, /*with_dlse=*/i % 3 == 0);
-      }
+    for (bool deterministic : {false, true})  // both dQ paths, every case
+      for (auto mode : {kmpi::Mode::ring, kmpi::Mode::tree})
+        for (auto layout : {kmpi::Layout::contiguous, kmpi::Layout::zigzag}) {
+          Case c = all[i];
+          c.params.deterministic = deterministic;
+          check_backward(c, mode, layout, /*with_dlse=*/(i + deterministic) % 2 == 0);
+        }
 }
 
 // Deterministic: two runs give the same bits, in both modes (sums across ranks in rank order).
@@ -248,10 +249,15 @@ TEST(SeqPar, OwnedRowsCoverTheSequenceOnce) {
     for (long long N : {0LL, 1LL, 3LL, 10LL, 1001LL})
       for (auto layout : {kmpi::Layout::contiguous, kmpi::Layout::zigzag}) {
         std::vector<int> hits(N, 0);
-        for (int r = 0; r < P; ++r)
-          for (const auto& s : kmpi::owned_rows(layout, N, r, P))
+        for (int r = 0; r < P; ++r) {
+          long long end = 0;  // each rank's rows ascend (row-slab I/O relies on it)
+          for (const auto& s : kmpi::owned_rows(layout, N, r, P)) {
+            EXPECT_GE(s.begin, end) << "P=" << P << " N=" << N << " rank " << r;
+            end = s.begin + s.size;
             for (long long i = s.begin; i < s.begin + s.size; ++i)
               ++hits[i];
+          }
+        }
         for (long long i = 0; i < N; ++i)
           EXPECT_EQ(hits[i], 1) << "P=" << P << " N=" << N << " row " << i;
       }

@@ -18,13 +18,21 @@
 ///    rank's rows). The backward sends dK/dV accumulators along with K/V; they come home after the
 ///    last step; dQ stays local.
 ///  - tree: every rank gathers all queries (MPI_Allgatherv), computes their partials against its
-///    own key shard, and the partials meet in MPI_Reduce_scatterv with a user-defined,
+///    own key shard, and the partials meet in MPI_Reduce_scatter with a user-defined,
 ///    non-commutative MPI_Op that applies the combiner in rank order (so the result is the same
 ///    on every run), leaving each rank its own rows of O and their global LSE. Chosen over an
 ///    MPI_Allreduce because each rank needs only its rows: a reduce-scatter moves N (D + 1)
-///    values per rank instead of twice that. The backward gathers Q, dO, O and LSE likewise,
-///    computes dK/dV of its shard completely and reduces dQ by the same reduce-scatter (a sum).
+///    values per rank instead of twice that. The backward gathers the rows [Q, dO, LSE, delta]
+///    likewise, computes dK/dV of its shard completely and reduces dQ by a reduce-scatter (a
+///    sum; in rank order under params.deterministic).
 ///
+/// params.deterministic: no atomics in the kernels and every cross-rank sum in a fixed order,
+/// so the backward is bitwise repeatable run to run for a given rank count and layout (not
+/// across rank counts: the blocks, and so the rounding, change with them).
+///
+/// Message sizes: MPI counts are ints, so the largest message (a K/V shard pair, or the tree's
+/// gathered rows) must hold fewer than 2^31 values; the collective check refuses larger
+/// problems on every rank (use more ranks, or fewer heads per call).
 /// The backward uses the final, global LSE and D = rowsum(dO * O), so each shard's
 /// P = exp(S - LSE) is exact and no re-merge is needed. Masks and dropout are evaluated at
 /// global positions, so every mode, layout and rank count gives the single-device result
@@ -160,7 +168,9 @@ double* comm_sink(const ExecSpace& space, const SeqPar& sp) {
   space.fence();
   return &sp.timings->comm_s;
 }
-inline double* total_sink(const SeqPar& sp) { return sp.timings ? &sp.timings->total_s : nullptr; }
+inline double* total_sink(const SeqPar& sp) {
+  return sp.timings ? &sp.timings->total_s : nullptr;
+}
 
 template <class T>
 MPI_Datatype mpi_type() {
@@ -460,6 +470,22 @@ void sum_op(void* in, void* inout, int* len, MPI_Datatype* type) {
     b[i] = a[i] + b[i];
 }
 
+/// MPI counts are ints: the largest message of a pass (values of T) must fit in one. Ring: the
+/// [K, V] (or [dK, dV]) pair of the largest shard; tree: all ranks' gathered rows of `width`
+/// values per (row, batch, head), and their displacements.
+inline void check_message_sizes(const char* pass, const SeqPar& sp, int nranks, double batch,
+                                double heads_q, double heads_k, double head_dim, double width) {
+  const double ring =
+      2 * batch * heads_k * double(max_count(sp.layout, sp.seqlen_k, nranks)) * head_dim;
+  const double tree = double(sp.seqlen_q) * batch * heads_q * width;
+  const double biggest = sp.mode == Mode::ring ? ring : tree;
+  if (biggest > 2147483647.0)
+    impl::fail(pass, "the ", sp.mode == Mode::ring ? "ring" : "tree",
+               " mode needs MPI messages of ", biggest,
+               " values, more than an MPI count (int) holds; use more ranks or split ",
+               "the batch or heads across calls");
+}
+
 /// The global sequence lengths must be usable as the kernels' int extents.
 inline void check_lengths(const char* pass, const SeqPar& sp) {
   if (sp.seqlen_q < 1 || sp.seqlen_k < 1 || sp.seqlen_q > 2147483647LL ||
@@ -534,6 +560,8 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
   detail::check_collectively("mpi::forward", sp, params, dims, [&] {
     impl::validate_params("mpi::forward", params);
     detail::check_lengths("mpi::forward", sp);
+    detail::check_message_sizes("mpi::forward", sp, P, q.extent(0), q.extent(1), k.extent(1),
+                                q.extent(3), q.extent(3) + 1.0);
     detail::expect_rows("mpi::forward", "q", q, owned_count(sp.layout, sp.seqlen_q, rank, P),
                         "query");
     detail::expect_rows("mpi::forward", "k", k, owned_count(sp.layout, sp.seqlen_k, rank, P),
@@ -695,7 +723,8 @@ void ring_backward(const ExecSpace& space, const Q& q, const K& k, const V& v, c
   const auto qseg = owned_rows(sp.layout, sp.seqlen_q, rank, P);
   const std::size_t max_elems = 2 * B * Hk * std::size_t(max_count(sp.layout, sp.seqlen_k, P)) * D;
   auto flat = [&](const char* label) {
-    return Flat<T, Mem>{Kokkos::View<T*, Mem>(std::string(label), max_elems)};
+    return Flat<T, Mem>{Kokkos::View<T*, Mem>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), max_elems)};
   };
   // [K, V] of the travelling shard (double-buffered), [dK, dV] of this step's block (two, one
   // of which may still be in flight), and the incoming accumulator.
@@ -896,6 +925,8 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
   check_collectively("mpi::backward", sp, params, dims, [&] {
     impl::validate_params("mpi::backward", params);
     check_lengths("mpi::backward", sp);
+    check_message_sizes("mpi::backward", sp, P, q.extent(0), q.extent(1), k.extent(1), q.extent(3),
+                        2.0 * q.extent(3) + 2);
     expect_rows("mpi::backward", "q", q, owned_count(sp.layout, sp.seqlen_q, rank, P), "query");
     expect_rows("mpi::backward", "k", k, owned_count(sp.layout, sp.seqlen_k, rank, P), "key");
     impl::validate_backward("mpi::backward", q, k, v, o, lse, dout, dlse, dq, dk, dv);
