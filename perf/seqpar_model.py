@@ -130,10 +130,11 @@ def main():
     print(f"\nKernel rate R per (pass, mask, N) from the 1-rank runs; link fitted from the tree "
           f"forward: alpha = {alpha:.1e} s, beta = {beta / 1e9:.2f} GB/s.\n")
 
-    # The kernel rates at scale: the ring's 1-rank rate at the largest N measured.
-    nmax = max(k[1] for k in runs)
-    rates = {(k[0], k[2]): flops(r) / r["median_s"] for k, r in runs.items()
-             if k[1] == nmax and k[3] == "ring" and k[4] == 1}
+    # The kernel rates at scale: the ring's 1-rank rate at the largest N measured for the pass.
+    rates = {}
+    for k, r in sorted(runs.items(), key=lambda kv: kv[0][1]):
+        if k[3] == "ring" and k[4] == 1:
+            rates[(k[0], k[2])] = flops(r) / r["median_s"]
     bwd_ratio = rates.get(("backward", False), 1.0) / rates.get(("forward", False), 1.0)
     # Predictions at scale: B=1, H=1, D=64, float, no mask; the rate measured here and a GPU one.
     ps = [2 ** i for i in range(3, 11)]
