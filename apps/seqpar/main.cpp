@@ -487,13 +487,9 @@ Verdict check_backward(const Options& o, const Problem& p, const Dev4<T>& dq, co
   };
   const auto g64 = single(0.0);
   const auto gT = single(T(0));
-  std::vector<std::pair<std::string, kfa::reference::Check>> checks;
-  const char* names[] = {"dQ", "dK", "dV"};
-  const Dev4<T>* mine[] = {&dq, &dk, &dv};
-  for (int i = 0; i < 3; ++i)
-    checks.emplace_back(names[i],
-                        kfa::reference::apply_rule<T>(to_host_double(*mine[i]), gT[i], g64[i]));
-  return agree_on(checks);
+  return agree_on({{"dQ", kfa::reference::apply_rule<T>(to_host_double(dq), gT[0], g64[0])},
+                   {"dK", kfa::reference::apply_rule<T>(to_host_double(dk), gT[1], g64[1])},
+                   {"dV", kfa::reference::apply_rule<T>(to_host_double(dv), gT[2], g64[2])}});
 }
 
 // ---- Report --------------------------------------------------------------------------------
@@ -527,8 +523,8 @@ void report(const Options& o, const Problem& p, const Timing& tm, double flops,
   std::printf("%s\n", describe(o, p).c_str());
   std::printf("time: median %.6f s over %lld runs (slowest rank); %.2f GFLOP/s\n", tm.median_s,
               o.repeat, gflops);
-  for (int r = 0; r < P; ++r)
-    std::printf("  rank %d: %.0f query rows, compute %.6f s, MPI %.6f s (%.1f%%) per run\n", r,
+  for (std::size_t r = 0; r < std::size_t(P); ++r)
+    std::printf("  rank %zu: %.0f query rows, compute %.6f s, MPI %.6f s (%.1f%%) per run\n", r,
                 all[3 * r], all[3 * r + 1], all[3 * r + 2],
                 100 * all[3 * r + 2] / std::max(1e-300, all[3 * r + 1] + all[3 * r + 2]));
   if (verdict) {
@@ -556,7 +552,7 @@ void report(const Options& o, const Problem& p, const Timing& tm, double flops,
       pr.deterministic ? "true" : "false", o.repeat, tm.median_s, gflops, Exec::name());
   for (const auto& [key, col] : {std::pair{"rows", 0}, {"compute_s", 1}, {"comm_s", 2}}) {
     std::printf(",\"%s\":[", key);
-    for (int r = 0; r < P; ++r)
+    for (std::size_t r = 0; r < std::size_t(P); ++r)
       std::printf("%s%.9g", r ? "," : "", all[3 * r + col]);
     std::printf("]");
   }
