@@ -229,6 +229,15 @@ void check_case(const Shape& s, const kfa::Params& p, int salt = 0, double amp_q
                           << " (naive same-precision err " << c.lse.naive_err << ")";
 }
 
+/// A random dL/dLSE in [-1, 1) for a problem of shape s.
+inline Tensor3 random_dlse(const Shape& s, std::mt19937_64& gen) {
+  Tensor3 dlse(std::string("dlse"), s.batch, s.heads_q, s.seqlen_q);
+  std::uniform_real_distribution<double> dist(-1, 1);
+  for (std::size_t e = 0; e < dlse.span(); ++e)
+    dlse.data()[e] = dist(gen);
+  return dlse;
+}
+
 /// Runs forward and backward in precision T on a fresh problem with random dO (and dlse when
 /// with_dlse) and applies the tolerance rule to dQ, dK and dV.
 template <class T>
@@ -241,13 +250,7 @@ void check_backward_case(const Shape& s, const kfa::Params& p, bool with_dlse = 
   Problem pb(s, seed, amp_qk);
   std::mt19937_64 gen(seed + 1);
   const Tensor4 dout = random_tensor("dout", s.batch, s.heads_q, s.seqlen_q, s.head_dim, gen);
-  Tensor3 dlse;
-  if (with_dlse) {
-    dlse = Tensor3(std::string("dlse"), s.batch, s.heads_q, s.seqlen_q);
-    std::uniform_real_distribution<double> dist(-1, 1);
-    for (std::size_t e = 0; e < dlse.span(); ++e)
-      dlse.data()[e] = dist(gen);
-  }
+  const Tensor3 dlse = with_dlse ? random_dlse(s, gen) : Tensor3();
   const auto g = run_backward<T>(pb, p, dout, dlse);
   ASSERT_TRUE(all_written(g.dq)) << "dq has unwritten (NaN) elements";
   ASSERT_TRUE(all_written(g.dk)) << "dk has unwritten (NaN) elements";

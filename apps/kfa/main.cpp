@@ -39,6 +39,7 @@
 
 #include "cli.hpp"
 #include "h5io.hpp"
+#include "views.hpp"
 
 namespace {
 
@@ -254,43 +255,16 @@ void check_memory(DType dtype, double q_elems, double kv_elems, double head_dim,
 template <class T>
 using DeviceTensor = Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space>;
 
-// Copies a dataset (row-major, as double) into a new device view of its shape: rank 4 for the
-// tensors, rank 3 for LSE and its gradient.
-template <class View>
-View dataset_to_device(const Dataset& d, const char* label) {
-  const auto alloc = Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label));
-  View v;
-  if constexpr (View::rank == 4)
-    v = View(alloc, d.dims[0], d.dims[1], d.dims[2], d.dims[3]);
-  else
-    v = View(alloc, d.dims[0], d.dims[1], d.dims[2]);
-  auto h = Kokkos::create_mirror_view(v);
-  for (std::size_t e = 0; e < d.data.size(); ++e)
-    h.data()[e] = static_cast<typename View::value_type>(d.data[e]);
-  Kokkos::deep_copy(v, h);
-  return v;
-}
-
 template <class T>
 DeviceTensor<T> to_device(const Dataset& d, const char* label) {
-  return dataset_to_device<DeviceTensor<T>>(d, label);
+  return kfa_apps::dataset_to_view<DeviceTensor<T>>(d, label);
 }
 
 template <class T>
 Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> to_device3(const Dataset& d,
                                                                        const char* label) {
-  return dataset_to_device<Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space>>(d, label);
-}
-
-template <class View>
-Dataset to_dataset(const View& v, DType t) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-  Dataset d;
-  d.dtype = t;
-  for (unsigned r = 0; r < View::rank; ++r)
-    d.dims.push_back(v.extent(r));
-  d.data.assign(h.data(), h.data() + h.span());
-  return d;
+  return kfa_apps::dataset_to_view<Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space>>(
+      d, label);
 }
 
 kfa::reference::Tensor4 to_reference(const Dataset& d) {
@@ -403,8 +377,8 @@ int run_forward(const Options& o, const Problem& p) {
   // The outputs come back to the host only when something reads them.
   Dataset o_ds, lse_ds;
   if (o.check || !o.out.empty()) {
-    o_ds = to_dataset(out, t);
-    lse_ds = to_dataset(lse, t);
+    o_ds = kfa_apps::view_to_dataset(out, t);
+    lse_ds = kfa_apps::view_to_dataset(lse, t);
   }
 
   CheckResult chk;
@@ -477,9 +451,9 @@ int run_backward(const Options& o, const Problem& p) {
 
   Dataset dq_ds, dk_ds, dv_ds;
   if (o.check || !o.out.empty()) {
-    dq_ds = to_dataset(dq, t);
-    dk_ds = to_dataset(dk, t);
-    dv_ds = to_dataset(dv, t);
+    dq_ds = kfa_apps::view_to_dataset(dq, t);
+    dk_ds = kfa_apps::view_to_dataset(dk, t);
+    dv_ds = kfa_apps::view_to_dataset(dv, t);
   }
   bool ran = false, ok = true;
   kfa::reference::BackwardCheck c;

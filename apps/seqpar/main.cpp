@@ -44,6 +44,7 @@
 
 #include "cli.hpp"
 #include "h5io.hpp"
+#include "views.hpp"
 
 namespace {
 
@@ -306,32 +307,6 @@ using Dev4 = Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space>;
 template <class T>
 using Dev3 = Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space>;
 
-template <class View>
-View to_device(const Dataset& d, const char* label) {
-  View v;
-  const auto alloc = Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label));
-  if constexpr (View::rank == 4)
-    v = View(alloc, d.dims[0], d.dims[1], d.dims[2], d.dims[3]);
-  else
-    v = View(alloc, d.dims[0], d.dims[1], d.dims[2]);
-  auto h = Kokkos::create_mirror_view(v);
-  for (std::size_t e = 0; e < d.data.size(); ++e)
-    h.data()[e] = static_cast<typename View::value_type>(d.data[e]);
-  Kokkos::deep_copy(v, h);
-  return v;
-}
-
-template <class View>
-Dataset to_dataset(const View& v, DType t) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-  Dataset d;
-  d.dtype = t;
-  for (unsigned r = 0; r < View::rank; ++r)
-    d.dims.push_back(v.extent(r));
-  d.data.assign(h.data(), h.data() + h.span());
-  return d;
-}
-
 // ---- Timing --------------------------------------------------------------------------------
 
 struct Timing {
@@ -454,8 +429,9 @@ Verdict check_forward(const Options& o, const Problem& p, const Dev4<T>& out, co
   std::vector<std::pair<std::string, kfa::reference::Check>> checks;
   auto single = [&](auto zero) {
     using U = decltype(zero);
-    auto q = to_device<Dev4<U>>(w.q, "q"), k = to_device<Dev4<U>>(w.k, "k"),
-         v = to_device<Dev4<U>>(w.v, "v");
+    auto q = kfa_apps::dataset_to_view<Dev4<U>>(w.q, "q"),
+         k = kfa_apps::dataset_to_view<Dev4<U>>(w.k, "k"),
+         v = kfa_apps::dataset_to_view<Dev4<U>>(w.v, "v");
     Dev4<U> o1("o1", p.B, p.Hq, p.Nq, p.D);
     Dev3<U> l1("l1", p.B, p.Hq, p.Nq);
     kfa::forward(Exec(), q, k, v, o1, l1, o.params);
@@ -475,8 +451,10 @@ Verdict check_backward(const Options& o, const Problem& p, const Dev4<T>& dq, co
   const auto qr = my_rows(o, p.Nq), kr = my_rows(o, p.Nk);
   auto single = [&](auto zero) {
     using U = decltype(zero);
-    auto q = to_device<Dev4<U>>(w.q, "q"), k = to_device<Dev4<U>>(w.k, "k"),
-         v = to_device<Dev4<U>>(w.v, "v"), d = to_device<Dev4<U>>(w.dout, "do");
+    auto q = kfa_apps::dataset_to_view<Dev4<U>>(w.q, "q"),
+         k = kfa_apps::dataset_to_view<Dev4<U>>(w.k, "k"),
+         v = kfa_apps::dataset_to_view<Dev4<U>>(w.v, "v"),
+         d = kfa_apps::dataset_to_view<Dev4<U>>(w.dout, "do");
     Dev4<U> o1("o1", p.B, p.Hq, p.Nq, p.D), dq1("dq1", p.B, p.Hq, p.Nq, p.D),
         dk1("dk1", p.B, p.Hk, p.Nk, p.D), dv1("dv1", p.B, p.Hk, p.Nk, p.D);
     Dev3<U> l1("l1", p.B, p.Hq, p.Nq);
@@ -569,8 +547,9 @@ template <class T>
 int run_forward(const Options& o, const Problem& p) {
   kmpi::Timings timings;
   const kmpi::SeqPar sp{MPI_COMM_WORLD, p.Nq, p.Nk, o.layout, o.mode, &timings};
-  auto q = to_device<Dev4<T>>(p.q, "q"), k = to_device<Dev4<T>>(p.k, "k"),
-       v = to_device<Dev4<T>>(p.v, "v");
+  auto q = kfa_apps::dataset_to_view<Dev4<T>>(p.q, "q"),
+       k = kfa_apps::dataset_to_view<Dev4<T>>(p.k, "k"),
+       v = kfa_apps::dataset_to_view<Dev4<T>>(p.v, "v");
   Dev4<T> out("o", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
   Dev3<T> lse("lse", q.extent(0), q.extent(1), q.extent(2));
   const Timing tm =
@@ -578,7 +557,8 @@ int run_forward(const Options& o, const Problem& p) {
   std::optional<Verdict> verdict;
   if (o.check) verdict = check_forward<T>(o, p, out, lse);
   if (!o.out.empty()) {
-    const Dataset od = to_dataset(out, p.q.dtype), ld = to_dataset(lse, p.q.dtype);
+    const Dataset od = kfa_apps::view_to_dataset(out, p.q.dtype),
+                  ld = kfa_apps::view_to_dataset(lse, p.q.dtype);
     const auto qr = my_rows(o, p.Nq);
     const std::vector<hsize_t> g4{hsize_t(p.B), hsize_t(p.Hq), hsize_t(p.Nq), hsize_t(p.D)},
         g3{hsize_t(p.B), hsize_t(p.Hq), hsize_t(p.Nq)};
@@ -593,8 +573,10 @@ template <class T>
 int run_backward(const Options& o, const Problem& p) {
   kmpi::Timings timings;
   const kmpi::SeqPar sp{MPI_COMM_WORLD, p.Nq, p.Nk, o.layout, o.mode, &timings};
-  auto q = to_device<Dev4<T>>(p.q, "q"), k = to_device<Dev4<T>>(p.k, "k"),
-       v = to_device<Dev4<T>>(p.v, "v"), dout = to_device<Dev4<T>>(p.dout, "do");
+  auto q = kfa_apps::dataset_to_view<Dev4<T>>(p.q, "q"),
+       k = kfa_apps::dataset_to_view<Dev4<T>>(p.k, "k"),
+       v = kfa_apps::dataset_to_view<Dev4<T>>(p.v, "v"),
+       dout = kfa_apps::dataset_to_view<Dev4<T>>(p.dout, "do");
   Dev4<T> out;
   Dev3<T> lse, dlse;
   if (p.o.dims.empty()) {  // --random: the forward it needs, once and untimed
@@ -602,10 +584,10 @@ int run_backward(const Options& o, const Problem& p) {
     lse = Dev3<T>("lse", q.extent(0), q.extent(1), q.extent(2));
     kmpi::forward(Exec(), q, k, v, out, lse, o.params, sp);
   } else {
-    out = to_device<Dev4<T>>(p.o, "o");
-    lse = to_device<Dev3<T>>(p.lse, "lse");
+    out = kfa_apps::dataset_to_view<Dev4<T>>(p.o, "o");
+    lse = kfa_apps::dataset_to_view<Dev3<T>>(p.lse, "lse");
   }
-  if (!p.dlse.dims.empty()) dlse = to_device<Dev3<T>>(p.dlse, "dlse");
+  if (!p.dlse.dims.empty()) dlse = kfa_apps::dataset_to_view<Dev3<T>>(p.dlse, "dlse");
   Dev4<T> dq("dq", q.extent(0), q.extent(1), q.extent(2), q.extent(3)),
       dk("dk", k.extent(0), k.extent(1), k.extent(2), k.extent(3)),
       dv("dv", k.extent(0), k.extent(1), k.extent(2), k.extent(3));
@@ -618,8 +600,9 @@ int run_backward(const Options& o, const Problem& p) {
   std::optional<Verdict> verdict;
   if (o.check) verdict = check_backward<T>(o, p, dq, dk, dv);
   if (!o.out.empty()) {
-    const Dataset dqd = to_dataset(dq, p.q.dtype), dkd = to_dataset(dk, p.q.dtype),
-                  dvd = to_dataset(dv, p.q.dtype);
+    const Dataset dqd = kfa_apps::view_to_dataset(dq, p.q.dtype),
+                  dkd = kfa_apps::view_to_dataset(dk, p.q.dtype),
+                  dvd = kfa_apps::view_to_dataset(dv, p.q.dtype);
     const auto qr = my_rows(o, p.Nq), kr = my_rows(o, p.Nk);
     const std::vector<hsize_t> gq{hsize_t(p.B), hsize_t(p.Hq), hsize_t(p.Nq), hsize_t(p.D)},
         gk{hsize_t(p.B), hsize_t(p.Hk), hsize_t(p.Nk), hsize_t(p.D)};

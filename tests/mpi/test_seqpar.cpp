@@ -169,13 +169,7 @@ void check_backward(const Case& c, kmpi::Mode mode, kmpi::Layout layout, bool wi
   Problem pb(s, seed);
   std::mt19937_64 gen(seed + 1);
   const Tensor4 dout = random_tensor("dout", s.batch, s.heads_q, s.seqlen_q, s.head_dim, gen);
-  Tensor3 dlse;
-  if (with_dlse) {
-    dlse = Tensor3(std::string("dlse"), s.batch, s.heads_q, s.seqlen_q);
-    std::uniform_real_distribution<double> dist(-1, 1);
-    for (std::size_t e = 0; e < dlse.span(); ++e)
-      dlse.data()[e] = dist(gen);
-  }
+  const Tensor3 dlse = with_dlse ? random_dlse(s, gen) : Tensor3();
   const kmpi::SeqPar sp{MPI_COMM_WORLD, s.seqlen_q, s.seqlen_k, layout, mode};
   const RankGradients g = run_backward(pb, c.params, dout, dlse, sp);
   EXPECT_TRUE(all_written(g.dq) && all_written(g.dk) && all_written(g.dv));

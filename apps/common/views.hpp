@@ -1,0 +1,41 @@
+#pragma once
+// Datasets (row-major doubles) to and from Kokkos Views, for the kfa programs.
+
+#include <Kokkos_Core.hpp>
+
+#include <string>
+
+#include "h5io.hpp"
+
+namespace kfa_apps {
+
+/// A new View of the dataset's shape (rank 4 for tensors, rank 3 for LSE and its gradient)
+/// holding its values converted to the View's type.
+template <class View>
+View dataset_to_view(const Dataset& d, const char* label) {
+  const auto alloc = Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label));
+  View v;
+  if constexpr (View::rank == 4)
+    v = View(alloc, d.dims[0], d.dims[1], d.dims[2], d.dims[3]);
+  else
+    v = View(alloc, d.dims[0], d.dims[1], d.dims[2]);
+  auto h = Kokkos::create_mirror_view(v);
+  for (std::size_t e = 0; e < d.data.size(); ++e)
+    h.data()[e] = static_cast<typename View::value_type>(d.data[e]);
+  Kokkos::deep_copy(v, h);
+  return v;
+}
+
+/// The View's values as a dataset of type t (to be written in that type).
+template <class View>
+Dataset view_to_dataset(const View& v, DType t) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  Dataset d;
+  d.dtype = t;
+  for (unsigned r = 0; r < View::rank; ++r)
+    d.dims.push_back(v.extent(r));
+  d.data.assign(h.data(), h.data() + h.span());
+  return d;
+}
+
+}  // namespace kfa_apps
