@@ -4,4 +4,5 @@
 /// backends this Kokkos build enables. core/ includes only this file from backends/.
 
 #include <kfa/backends/generic/tile.hpp>
+#include <kfa/backends/host/tile.hpp>
 #include <kfa/backends/host/traits.hpp>

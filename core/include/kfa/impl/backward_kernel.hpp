@@ -55,6 +55,7 @@ template <class ExecSpace, class T, class Views>
 struct BackwardCommon {
   using acc_t = backends::accum_t<T>;
   using traits = backends::TileTraits<ExecSpace, T>;
+  using ops = backends::TileOps<ExecSpace, acc_t>;
   using policy_t = Kokkos::TeamPolicy<ExecSpace>;
   using member_t = typename policy_t::member_type;
   using scratch_view =
@@ -189,23 +190,50 @@ struct BackwardCommon {
     });
   }
 
-  /// Row i of head (b, h): P * Z and dS against the key tile at k0 (nc keys), into prow and
-  /// dsrow (Bt entries; zero for masked keys, and for the whole row when the query saw no key).
+  /// P * Z and dS of query tile q0 (nr rows, staged in sc) of head (b, h) against key tile k0
+  /// (nc keys), into sc.p and sc.ds (Bt x Bt, columns [0, nc)): S = Q_i K_j^T and
+  /// dP = dO_i V_j^T as tile products on the keys any row sees, then the row step. Ends with a
+  /// team barrier, so the caller may read P and dS at once.
+  KOKKOS_INLINE_FUNCTION void tile_p_ds(const member_t& team, int b, int h, int q0, int nr, int k0,
+                                        int nc, const Tiles& sc) const {
+    const int D = head_dim;
+    const int lo = mask.lo(q0) - k0, hi = mask.hi(q0 + nr - 1) + 1 - k0;
+    const int cb = lo > 0 ? lo : 0, ce = hi < nc ? hi : nc;
+    ops::gemm(team, nr, ce - cb, D, sc.qs, D, 1, sc.kt + cb, Bt, sc.p + cb, Bt, false);    // S
+    ops::gemm(team, nr, ce - cb, D, sc.dos, D, 1, sc.vt + cb, Bt, sc.ds + cb, Bt, false);  // dP
+    team.team_barrier();
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
+      row_p_ds(team, b, h, q0 + r, k0, nc, sc.lse_s[r], sc.delta_s[r], sc.p + r * Bt,
+               sc.ds + r * Bt);
+    });
+    team.team_barrier();
+  }
+
+  /// Row i of head (b, h) against the key tile at k0 (nc keys): turns the scores S in prow and
+  /// dP in dsrow into P * Z and dS (zero for masked keys, and for the whole row when the query
+  /// saw no key).
   KOKKOS_INLINE_FUNCTION void row_p_ds(const member_t& team, int b, int h, int i, int k0, int nc,
-                                       const acc_t* qrow, const acc_t* dorow, acc_t lse_i,
-                                       acc_t delta_i, const acc_t* kt, const acc_t* vt, acc_t* prow,
+                                       acc_t lse_i, acc_t delta_i, acc_t* prow,
                                        acc_t* dsrow) const {
-    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, nc), [&](int c) {
+    const int lo = mask.lo(i) - k0, hi = mask.hi(i) + 1 - k0;
+    int c0 = lo > 0 ? lo : 0, c1 = hi < nc ? hi : nc;
+    // A query that saw no key has LSE = -inf; its P is 0, not exp(+inf).
+    if (c0 >= c1 || !(lse_i > -backends::infinity<acc_t>())) c0 = c1 = nc;
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c0), [&](int c) {
       prow[c] = acc_t(0);
       dsrow[c] = acc_t(0);
     });
-    const int lo = mask.lo(i) - k0, hi = mask.hi(i) + 1 - k0;
-    const int c0 = lo > 0 ? lo : 0, c1 = hi < nc ? hi : nc;
-    // A query that saw no key has LSE = -inf; its P is 0, not exp(+inf).
-    if (c0 >= c1 || !(lse_i > -backends::infinity<acc_t>())) return;
-    const int D = head_dim;
-    backends::row_scores(team, qrow, kt, Bt, D, c0, c1, prow);    // S
-    backends::row_scores(team, dorow, vt, Bt, D, c0, c1, dsrow);  // dP
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c1, nc), [&](int c) {
+      prow[c] = acc_t(0);
+      dsrow[c] = acc_t(0);
+    });
+    if (c0 >= c1) return;
+    if (!dropout.enabled && !(softcap > acc_t(0))) {  // the common case, vectorised
+      ops::row_exp_sum(team, prow, c0, c1, lse_i);    // P = exp(S - LSE); the sum is not needed
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c0, c1),
+                           [&](int c) { dsrow[c] = prow[c] * (dsrow[c] - delta_i); });
+      return;
+    }
     const acc_t cap = softcap, inv_cap = cap > acc_t(0) ? acc_t(1) / cap : acc_t(0);
     dropout.for_each(team, b, h, i, k0, c0, c1, [&](int c, acc_t z) {
       acc_t s = prow[c], dcap = acc_t(1);
@@ -265,6 +293,7 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views> {
   using base = BackwardCommon<ExecSpace, T, Views>;
   using typename base::acc_t;
   using typename base::member_t;
+  using typename base::ops;
   using Tiles = typename base::Tiles;
   bool atomic_dq;
   int level;
@@ -304,25 +333,19 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views> {
         team.team_barrier();  // the previous query tile is no longer read
         this->load_query_tile(team, b, h, q0, nr, sc.qs, sc.dos, sc.lse_s, sc.delta_s);
         team.team_barrier();
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
-          this->row_p_ds(team, b, h, q0 + r, k0, nc, sc.qs + r * D, sc.dos + r * D, sc.lse_s[r],
-                         sc.delta_s[r], sc.kt, sc.vt, sc.p + r * Bt, sc.ds + r * Bt);
-          if (!atomic_dq) return;
-          acc_t* dqrow = sc.dqs + r * D;
-          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
-                               [&](int d) { dqrow[d] = acc_t(0); });
-          backends::accumulate_rows(team, sc.ds + r * Bt, 1, sc.ks, D, D, 0, nc, dqrow);
+        this->tile_p_ds(team, b, h, q0, nr, k0, nc, sc);
+        if (atomic_dq) {  // dQ_i += scale dS K_j, added into dq
+          ops::gemm(team, nr, D, nc, sc.ds, Bt, 1, sc.ks, D, sc.dqs, D, false);
+          team.team_barrier();
           const acc_t dq_scale = this->scale;
-          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D), [&](int d) {
-            Kokkos::atomic_add(&this->t.dq(b, h, q0 + r, d), static_cast<T>(dq_scale * dqrow[d]));
+          Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr * D), [&](int idx) {
+            Kokkos::atomic_add(&this->t.dq(b, h, q0 + idx / D, idx % D),
+                               static_cast<T>(dq_scale * sc.dqs[idx]));
           });
-        });
-        team.team_barrier();
-        // dV_j += P^T dO_i and dK_j += dS^T (scale Q_i): key rows, columns of P and dS.
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nc), [&](int c) {
-          backends::accumulate_rows(team, sc.p + c, Bt, sc.dos, D, D, 0, nr, sc.dvs + c * D);
-          backends::accumulate_rows(team, sc.ds + c, Bt, sc.qs, D, D, 0, nr, sc.dks + c * D);
-        });
+        }
+        // dV_j += P^T dO_i and dK_j += dS^T (scale Q_i), reading P and dS transposed in place.
+        ops::gemm(team, nc, D, nr, sc.p, 1, Bt, sc.dos, D, sc.dvs, D, true);
+        ops::gemm(team, nc, D, nr, sc.ds, 1, Bt, sc.qs, D, sc.dks, D, true);
       }
     team.team_barrier();
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nc * D), [&](int idx) {
@@ -345,6 +368,7 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views> {
   using base = BackwardCommon<ExecSpace, T, Views>;
   using typename base::acc_t;
   using typename base::member_t;
+  using typename base::ops;
   using Tiles = typename base::Tiles;
   int level;
 
@@ -379,11 +403,8 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views> {
       team.team_barrier();  // the previous key tile is no longer read
       this->load_key_tile(team, b, hk, k0, nc, sc.ks, sc.kt, sc.vt);
       team.team_barrier();
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
-        this->row_p_ds(team, b, h, q0 + r, k0, nc, sc.qs + r * D, sc.dos + r * D, sc.lse_s[r],
-                       sc.delta_s[r], sc.kt, sc.vt, sc.p + r * Bt, sc.ds + r * Bt);
-        backends::accumulate_rows(team, sc.ds + r * Bt, 1, sc.ks, D, D, 0, nc, sc.dqs + r * D);
-      });
+      this->tile_p_ds(team, b, h, q0, nr, k0, nc, sc);
+      ops::gemm(team, nr, D, nc, sc.ds, Bt, 1, sc.ks, D, sc.dqs, D, true);  // dQ_i += dS K_j
     }
     team.team_barrier();
     const acc_t dq_scale = this->scale;

@@ -36,6 +36,7 @@ struct ForwardKernel {
   using value_type = typename Q::non_const_value_type;
   using acc_t = backends::accum_t<value_type>;
   using traits = backends::TileTraits<ExecSpace, value_type>;
+  using ops = backends::TileOps<ExecSpace, acc_t>;
   using policy_t = Kokkos::TeamPolicy<ExecSpace>;
   using member_t = typename policy_t::member_type;
   using scratch_view =
@@ -164,9 +165,18 @@ struct ForwardKernel {
         vs[idx] = static_cast<acc_t>(v(b, hk, k0 + c, d));
       });
       team.team_barrier();
+      // Keys of this tile that any of its rows sees: [cb, ce). S_ij = Q_i K_j^T on those
+      // columns, the online-softmax step row by row (P into S's place), then O~ += P V_j.
+      const int lo = mask.lo(q0) - k0, hi = mask.hi(q0 + nr - 1) + 1 - k0;
+      const int cb = lo > 0 ? lo : 0, ce = hi < nc ? hi : nc;
+      ops::gemm(team, nr, ce - cb, D, qs, D, 1, kt + cb, Bc, s + cb, Bc, false);
+      team.team_barrier();
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
-        update_row(team, b, h, r, q0 + r, k0, nc, qs, kt, vs, s, os, m, l);
+        update_row(team, b, h, r, q0 + r, k0, cb, ce, s, os, m, l);
       });
+      team.team_barrier();
+      ops::gemm(team, nr, D, ce - cb, s + cb, Bc, 1, vs + static_cast<std::ptrdiff_t>(cb) * D, D,
+                os, D, true);
     }
     team.team_barrier();
 
@@ -193,46 +203,42 @@ struct ForwardKernel {
     });
   }
 
-  /// Online-softmax update of query row r (global index i) of head (b, h) with the key tile
-  /// at k0.
+  /// Online-softmax step of query row r (global index i) of head (b, h) against the key tile
+  /// at k0 whose scores S_ij fill columns [cb, ce) of s: turns the row's scores into
+  /// P (zero for keys the row does not see), rescales its O~ and updates m and l. O~ += P V_j
+  /// follows for the whole tile.
   KOKKOS_INLINE_FUNCTION void update_row(const member_t& team, int b, int h, int r, int i, int k0,
-                                         int nc, const acc_t* qs, const acc_t* kt, const acc_t* vs,
-                                         acc_t* s, acc_t* os, acc_t* m, acc_t* l) const {
+                                         int cb, int ce, acc_t* s, acc_t* os, acc_t* m,
+                                         acc_t* l) const {
     const int lo = mask.lo(i) - k0, hi = mask.hi(i) + 1 - k0;
-    const int c0 = lo > 0 ? lo : 0, c1 = hi < nc ? hi : nc;
-    if (c0 >= c1) return;  // this row sees no key of this tile
-    const int D = head_dim;
+    const int c0 = lo > cb ? lo : cb, c1 = hi < ce ? hi : ce;
     acc_t* srow = s + r * Bc;
-    backends::row_scores(team, qs + r * D, kt, Bc, D, c0, c1, srow);
+    // Keys this row does not see contribute P = 0 to the tile product.
+    if (c0 >= c1) {  // none: m, l and O~ stay
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, cb, ce), [&](int c) { srow[c] = 0; });
+      return;
+    }
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, cb, c0), [&](int c) { srow[c] = 0; });
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c1, ce), [&](int c) { srow[c] = 0; });
     if (softcap > acc_t(0)) {
       const acc_t inv_cap = acc_t(1) / softcap;
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c0, c1),
                            [&](int c) { srow[c] = softcap * backends::tanh(srow[c] * inv_cap); });
     }
-    acc_t tile_max;
-    Kokkos::parallel_reduce(
-        Kokkos::ThreadVectorRange(team, c0, c1),
-        [&](int c, acc_t& mx) { mx = srow[c] > mx ? srow[c] : mx; }, Kokkos::Max<acc_t>(tile_max));
+    const acc_t tile_max = ops::row_max(team, srow, c0, c1);
     // Merge the tile's partial into the row's with the combiner (kfa/combine.hpp). The tile's
     // P is formed relative to the merged maximum, which folds the combiner's beta into P.
     const Rescale<acc_t> merge = rescale(m[r], tile_max);
     const acc_t m_new = merge.m, alpha = merge.alpha;  // alpha = 0 on the first visible tile
-    acc_t row_sum = 0;
-    Kokkos::parallel_reduce(
-        Kokkos::ThreadVectorRange(team, c0, c1),
-        [&](int c, acc_t& sum) {
-          const acc_t p = backends::exp(srow[c] - m_new);
-          srow[c] = p;
-          sum += p;
-        },
-        row_sum);
+    const acc_t row_sum = ops::row_exp_sum(team, srow, c0, c1, m_new);
     // Dropout acts on P after the row statistics: m and l (hence LSE) stay those of the
     // undropped softmax, and O~ accumulates (P * Z) V.
     if (dropout.enabled)
       dropout.for_each(team, b, h, i, k0, c0, c1, [&](int c, acc_t z) { srow[c] *= z; });
-    acc_t* orow = os + r * D;
-    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D), [&](int d) { orow[d] *= alpha; });
-    backends::row_pv(team, srow, vs, D, D, c0, c1, orow);
+    acc_t* orow = os + r * head_dim;
+    if (alpha != acc_t(1))
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, head_dim),
+                           [&](int d) { orow[d] *= alpha; });
     Kokkos::single(Kokkos::PerThread(team), [&]() {
       m[r] = m_new;
       l[r] = alpha * l[r] + row_sum;

@@ -35,38 +35,61 @@ struct TileTraits {
   }
 };
 
-/// s[c] = sum_d q[d] * kt[d * ldk + c] for c in [c0, c1): one row of S = Q_i K_j^T, with the
-/// key tile stored transposed (kt is head_dim x Bc) so the inner loop is unit stride in c.
-template <class Member, class Acc>
-KOKKOS_INLINE_FUNCTION void row_scores(const Member& member, const Acc* q, const Acc* kt, int ldk,
-                                       int head_dim, int c0, int c1, Acc* s) {
-  Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, c0, c1), [&](int c) { s[c] = Acc(0); });
-  for (int d = 0; d < head_dim; ++d) {
-    const Acc qd = q[d];
-    const Acc* kd = kt + static_cast<std::ptrdiff_t>(d) * ldk;
-    Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, c0, c1),
-                         [&](int c) { s[c] += qd * kd[c]; });
+/// Tile products and row operations of the kernels on ExecSpace for accumulation type Acc.
+/// The primary template is the portable version: threads of the team own rows of the result,
+/// vector lanes its columns. host/tile.hpp specialises it for host spaces.
+///
+/// gemm is called by the whole team; row_max and row_exp_sum by one thread (inside a
+/// TeamThreadRange), its vector lanes sharing the row. Callers put the team barriers between
+/// a product and its readers.
+template <class ExecSpace, class Acc, class Enable = void>
+struct TileOps {
+  /// C = A B, or C += A B with `accumulate`, for C m x n (row stride ldc), B k x n (row stride
+  /// ldb, unit column stride) and A m x k with element (i, p) at a[i * a_rs + p * a_cs], so
+  /// that a transposed operand (P^T, dS^T) is read in place.
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void gemm(const Member& team, int m, int n, int k, const Acc* a,
+                                          int a_rs, int a_cs, const Acc* b, int ldb, Acc* c,
+                                          int ldc, bool accumulate) {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, m), [&](int i) {
+      Acc* ci = c + static_cast<std::ptrdiff_t>(i) * ldc;
+      if (!accumulate)
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](int j) { ci[j] = Acc(0); });
+      for (int p = 0; p < k; ++p) {
+        const Acc ai =
+            a[static_cast<std::ptrdiff_t>(i) * a_rs + static_cast<std::ptrdiff_t>(p) * a_cs];
+        const Acc* bp = b + static_cast<std::ptrdiff_t>(p) * ldb;
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                             [&](int j) { ci[j] += ai * bp[j]; });
+      }
+    });
   }
-}
 
-/// o[d] += sum_{r in [r0, r1)} w[r * w_stride] * x[r * ldx + d] for d in [0, n): a weighted
-/// sum of rows of x. With w a row of P and x = V_j it is one row of O += P V_j; with w a column
-/// of P (w_stride = Bc) and x = dO_i it is one row of dV_j += P^T dO_i.
-template <class Member, class Acc>
-KOKKOS_INLINE_FUNCTION void accumulate_rows(const Member& member, const Acc* w, int w_stride,
-                                            const Acc* x, int ldx, int n, int r0, int r1, Acc* o) {
-  for (int r = r0; r < r1; ++r) {
-    const Acc wr = w[static_cast<std::ptrdiff_t>(r) * w_stride];
-    const Acc* xr = x + static_cast<std::ptrdiff_t>(r) * ldx;
-    Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, n), [&](int d) { o[d] += wr * xr[d]; });
+  /// max of x[c0, c1) (-inf for an empty range).
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION Acc row_max(const Member& member, const Acc* x, int c0, int c1) {
+    Acc mx;
+    Kokkos::parallel_reduce(
+        Kokkos::ThreadVectorRange(member, c0, c1), [&](int c, Acc& m) { m = x[c] > m ? x[c] : m; },
+        Kokkos::Max<Acc>(mx));
+    return mx;
   }
-}
 
-/// o[d] += sum_{c in [c0, c1)} p[c] * v[c * ldv + d]: one row of O += P_ij V_j.
-template <class Member, class Acc>
-KOKKOS_INLINE_FUNCTION void row_pv(const Member& member, const Acc* p, const Acc* v, int ldv,
-                                   int head_dim, int c0, int c1, Acc* o) {
-  accumulate_rows(member, p, 1, v, ldv, head_dim, c0, c1, o);
-}
+  /// x[c] = exp(x[c] - shift) on [c0, c1); returns their sum.
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION Acc row_exp_sum(const Member& member, Acc* x, int c0, int c1,
+                                                Acc shift) {
+    Acc sum = 0;
+    Kokkos::parallel_reduce(
+        Kokkos::ThreadVectorRange(member, c0, c1),
+        [&](int c, Acc& s) {
+          const Acc p = backends::exp(x[c] - shift);
+          x[c] = p;
+          s += p;
+        },
+        sum);
+    return sum;
+  }
+};
 
 }  // namespace kfa::backends

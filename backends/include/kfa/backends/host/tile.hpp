@@ -1,0 +1,200 @@
+#pragma once
+/// \file host/tile.hpp
+/// Tile products and row operations for host execution spaces, written so the compiler
+/// vectorises them: register-blocked small matrix products and a branch-free exp.
+///
+/// Host teams are one thread (host/traits.hpp), so these functions ignore the team and loop
+/// over the whole tile. Every loop that matters has compile-time trip counts and unit stride:
+///  - gemm: an MR x NR block of C lives in local arrays that the compiler keeps in vector
+///    registers for the whole k loop (NR = two vector registers of Acc, MR rows), each step
+///    one broadcast of A per row and two loads of B, as in a BLAS micro-kernel. Edges fall
+///    back to a plain loop.
+///  - row_max / row_exp_sum: lane arrays of one vector register hold partial maxima and sums,
+///    so no floating-point reassociation (-ffast-math) is needed to vectorise the reductions.
+///  - exp for float: glibc's vector expf is only used under -ffast-math, which would also
+///    break the -inf handling of masks; exp_float below is Cephes' polynomial (about 1 ulp
+///    on the range softmax uses) in a form the compiler vectorises.
+/// Build with -march=native (the KFA_NATIVE option) to let the compiler use AVX2/AVX-512.
+
+#include <kfa/backends/generic/tile.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace kfa::backends::host {
+
+/// Bytes of the widest vector register the compiler may use for this translation unit.
+#if defined(__AVX512F__)
+inline constexpr int vector_bytes = 64;
+#elif defined(__AVX__)
+inline constexpr int vector_bytes = 32;
+#else
+inline constexpr int vector_bytes = 16;
+#endif
+
+/// Lanes of Acc in one vector register.
+template <class Acc>
+inline constexpr int lanes = vector_bytes / static_cast<int>(sizeof(Acc));
+
+/// Micro-kernel shape: NR columns (two registers) by MR rows. With 32 registers (AVX-512)
+/// 8 x 2 accumulators leave room for the operands; with 16 (AVX2, SSE) 4 x 2 do.
+template <class Acc>
+inline constexpr int micro_nr = 2 * lanes<Acc>;
+inline constexpr int micro_mr = vector_bytes == 64 ? 8 : 4;
+
+/// exp(x) for float, vectorisable: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by Cephes'
+/// degree-6 polynomial, 2^n built in the exponent bits. Returns 0 below -87 (exp(-87) is
+/// 1.6e-38, within a few ulp of the smallest normal float) and for -inf.
+KOKKOS_INLINE_FUNCTION float exp_float(float x) {
+  const float lo = -87.0f, hi = 88.0f;
+  float xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  // Round x / ln2 to the nearest integer: adding 1.5 * 2^23 leaves the integer in the low bits.
+  const float shifter = 12582912.0f;
+  const float n = (xc * 1.44269504088896341f + shifter) - shifter;
+  float r = xc - n * 0.693359375f;  // ln2 in two parts: the first is exact in n * it
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const std::int32_t bits = (static_cast<std::int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return x < lo ? 0.0f : p * scale;
+}
+
+/// exp for the accumulation type: the vectorisable float version, the library's for double.
+template <class Acc>
+KOKKOS_INLINE_FUNCTION Acc exp(Acc x) {
+  if constexpr (std::is_same_v<Acc, float>)
+    return exp_float(x);
+  else
+    return backends::exp(x);
+}
+
+/// One MR x NR block of C (+)= A B; see TileOps::gemm for the operands.
+template <int MR, int NR, class Acc>
+KOKKOS_INLINE_FUNCTION void micro_kernel(int k, const Acc* a, int a_rs, int a_cs, const Acc* b,
+                                         int ldb, Acc* c, int ldc, bool accumulate) {
+  Acc acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j)
+      acc[i][j] = Acc(0);
+  for (int p = 0; p < k; ++p) {
+    const Acc* bp = b + static_cast<std::ptrdiff_t>(p) * ldb;
+    const Acc* ap = a + static_cast<std::ptrdiff_t>(p) * a_cs;
+    for (int i = 0; i < MR; ++i) {
+      const Acc ai = ap[static_cast<std::ptrdiff_t>(i) * a_rs];
+      for (int j = 0; j < NR; ++j)
+        acc[i][j] += ai * bp[j];
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    Acc* ci = c + static_cast<std::ptrdiff_t>(i) * ldc;
+    if (accumulate)
+      for (int j = 0; j < NR; ++j)
+        ci[j] += acc[i][j];
+    else
+      for (int j = 0; j < NR; ++j)
+        ci[j] = acc[i][j];
+  }
+}
+
+/// The edges of C that the micro-kernel blocks do not cover: m x n by plain loops.
+template <class Acc>
+KOKKOS_INLINE_FUNCTION void edge_kernel(int m, int n, int k, const Acc* a, int a_rs, int a_cs,
+                                        const Acc* b, int ldb, Acc* c, int ldc, bool accumulate) {
+  for (int i = 0; i < m; ++i) {
+    Acc* ci = c + static_cast<std::ptrdiff_t>(i) * ldc;
+    if (!accumulate)
+      for (int j = 0; j < n; ++j)
+        ci[j] = Acc(0);
+    for (int p = 0; p < k; ++p) {
+      const Acc ai =
+          a[static_cast<std::ptrdiff_t>(i) * a_rs + static_cast<std::ptrdiff_t>(p) * a_cs];
+      const Acc* bp = b + static_cast<std::ptrdiff_t>(p) * ldb;
+      for (int j = 0; j < n; ++j)
+        ci[j] += ai * bp[j];
+    }
+  }
+}
+
+}  // namespace kfa::backends::host
+
+namespace kfa::backends {
+
+/// Host tile operations: the whole tile on the team's one thread, vectorised by the compiler.
+template <class ExecSpace, class Acc>
+struct TileOps<
+    ExecSpace, Acc,
+    std::enable_if_t<Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible>> {
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void gemm(const Member& /*team*/, int m, int n, int k, const Acc* a,
+                                          int a_rs, int a_cs, const Acc* b, int ldb, Acc* c,
+                                          int ldc, bool accumulate) {
+    constexpr int MR = host::micro_mr, NR = host::micro_nr<Acc>;
+    int i0 = 0;
+    for (; i0 + MR <= m; i0 += MR) {
+      const Acc* ai = a + static_cast<std::ptrdiff_t>(i0) * a_rs;
+      Acc* ci = c + static_cast<std::ptrdiff_t>(i0) * ldc;
+      int j0 = 0;
+      for (; j0 + NR <= n; j0 += NR)
+        host::micro_kernel<MR, NR>(k, ai, a_rs, a_cs, b + j0, ldb, ci + j0, ldc, accumulate);
+      if (j0 < n)
+        host::edge_kernel(MR, n - j0, k, ai, a_rs, a_cs, b + j0, ldb, ci + j0, ldc, accumulate);
+    }
+    if (i0 < m)
+      host::edge_kernel(m - i0, n, k, a + static_cast<std::ptrdiff_t>(i0) * a_rs, a_rs, a_cs, b,
+                        ldb, c + static_cast<std::ptrdiff_t>(i0) * ldc, ldc, accumulate);
+  }
+
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION Acc row_max(const Member& /*member*/, const Acc* x, int c0,
+                                            int c1) {
+    constexpr int L = host::lanes<Acc>;
+    Acc lane[L];
+    for (int j = 0; j < L; ++j)
+      lane[j] = -infinity<Acc>();
+    int c = c0;
+    for (; c + L <= c1; c += L)
+      for (int j = 0; j < L; ++j)
+        lane[j] = x[c + j] > lane[j] ? x[c + j] : lane[j];
+    Acc mx = -infinity<Acc>();
+    for (; c < c1; ++c)
+      mx = x[c] > mx ? x[c] : mx;
+    for (int j = 0; j < L; ++j)
+      mx = lane[j] > mx ? lane[j] : mx;
+    return mx;
+  }
+
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION Acc row_exp_sum(const Member& /*member*/, Acc* x, int c0, int c1,
+                                                Acc shift) {
+    constexpr int L = host::lanes<Acc>;
+    Acc lane[L];
+    for (int j = 0; j < L; ++j)
+      lane[j] = Acc(0);
+    int c = c0;
+    for (; c + L <= c1; c += L)
+      for (int j = 0; j < L; ++j) {
+        const Acc p = host::exp(x[c + j] - shift);
+        x[c + j] = p;
+        lane[j] += p;
+      }
+    Acc sum = 0;
+    for (; c < c1; ++c) {
+      x[c] = host::exp(x[c] - shift);
+      sum += x[c];
+    }
+    for (int j = 0; j < L; ++j)
+      sum += lane[j];
+    return sum;
+  }
+};
+
+}  // namespace kfa::backends
