@@ -360,12 +360,21 @@ struct CheckResult {
   kfa::reference::ForwardCheck c;
 };
 
+// The dataset as a device tensor; its host copy is released at once unless `keep` (the check
+// reads it later): the program's peak memory stays near the device tensors' own.
 template <class T>
-int run_forward(const Options& o, const Problem& p) {
+DeviceTensor<T> upload(Dataset& d, const char* label, bool keep) {
+  auto v = to_device<T>(d, label);
+  if (!keep) std::vector<double>().swap(d.data);
+  return v;
+}
+
+template <class T>
+int run_forward(const Options& o, Problem& p) {
   const DType t = o.dtype;
-  auto q = to_device<T>(p.q, "kfa::q");
-  auto k = to_device<T>(p.k, "kfa::k");
-  auto v = to_device<T>(p.v, "kfa::v");
+  auto q = upload<T>(p.q, "kfa::q", o.check);
+  auto k = upload<T>(p.k, "kfa::k", o.check);
+  auto v = upload<T>(p.v, "kfa::v", o.check);
   DeviceTensor<T> out(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::o")),
                       q.extent(0), q.extent(1), q.extent(2), q.extent(3));
   Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> lse(
@@ -420,12 +429,12 @@ int run_forward(const Options& o, const Problem& p) {
 }
 
 template <class T>
-int run_backward(const Options& o, const Problem& p) {
+int run_backward(const Options& o, Problem& p) {
   const DType t = o.dtype;
-  auto q = to_device<T>(p.q, "kfa::q");
-  auto k = to_device<T>(p.k, "kfa::k");
-  auto v = to_device<T>(p.v, "kfa::v");
-  auto dout = to_device<T>(p.dout, "kfa::do");
+  auto q = upload<T>(p.q, "kfa::q", o.check);
+  auto k = upload<T>(p.k, "kfa::k", o.check);
+  auto v = upload<T>(p.v, "kfa::v", o.check);
+  auto dout = upload<T>(p.dout, "kfa::do", o.check);
   const int B = q.extent(0), Hq = q.extent(1), Hk = k.extent(1), Nq = q.extent(2), Nk = k.extent(2),
             D = q.extent(3);
   DeviceTensor<T> out, dq, dk, dv;

@@ -35,15 +35,15 @@ struct TileTraits {
   }
 };
 
-/// Tile products and row operations of the kernels on ExecSpace for accumulation type Acc.
-/// The primary template is the portable version: threads of the team own rows of the result,
-/// vector lanes its columns. host/tile.hpp specialises it for host spaces.
+/// Portable tile products and row operations for accumulation type Acc: threads of the team
+/// own rows of the result, vector lanes its columns. Correct on every backend; TileOps uses it
+/// unless a backend specialises TileOps.
 ///
 /// gemm is called by the whole team; row_max and row_exp_sum by one thread (inside a
 /// TeamThreadRange), its vector lanes sharing the row. Callers put the team barriers between
 /// a product and its readers.
-template <class ExecSpace, class Acc, class Enable = void>
-struct TileOps {
+template <class Acc>
+struct PortableTileOps {
   /// C = A B, or C += A B with `accumulate`, for C m x n (row stride ldc), B k x n (row stride
   /// ldb, unit column stride) and A m x k with element (i, p) at a[i * a_rs + p * a_cs], so
   /// that a transposed operand (P^T, dS^T) is read in place.
@@ -65,7 +65,7 @@ struct TileOps {
     });
   }
 
-  /// max of x[c0, c1) (-inf for an empty range).
+  /// max of x[c0, c1), for c0 < c1.
   template <class Member>
   static KOKKOS_INLINE_FUNCTION Acc row_max(const Member& member, const Acc* x, int c0, int c1) {
     Acc mx;
@@ -91,5 +91,10 @@ struct TileOps {
     return sum;
   }
 };
+
+/// Tile products and row operations of the kernels on ExecSpace for accumulation type Acc
+/// (the interface of PortableTileOps). host/tile.hpp specialises it for host spaces.
+template <class ExecSpace, class Acc, class Enable = void>
+struct TileOps : PortableTileOps<Acc> {};
 
 }  // namespace kfa::backends

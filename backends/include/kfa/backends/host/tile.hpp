@@ -45,7 +45,8 @@ inline constexpr int micro_mr = vector_bytes == 64 ? 8 : 4;
 
 /// exp(x) for float, vectorisable: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by Cephes'
 /// degree-6 polynomial, 2^n built in the exponent bits. Returns 0 below -87 (exp(-87) is
-/// 1.6e-38, within a few ulp of the smallest normal float) and for -inf.
+/// 1.6e-38, near the smallest normal float) and for -inf, saturates at exp(88) above 88
+/// (softmax's arguments are <= 0 up to rounding), and keeps NaN.
 KOKKOS_INLINE_FUNCTION float exp_float(float x) {
   const float lo = -87.0f, hi = 88.0f;
   float xc = x < lo ? lo : x;
@@ -62,7 +63,8 @@ KOKKOS_INLINE_FUNCTION float exp_float(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.0f;
-  const std::int32_t bits = (static_cast<std::int32_t>(n) + 127) << 23;
+  // n is an integer in [-126, 127], or NaN for a NaN x (which p carries on); never convert NaN.
+  const std::int32_t bits = (static_cast<std::int32_t>(n == n ? n : 0.0f) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return x < lo ? 0.0f : p * scale;

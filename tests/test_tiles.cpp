@@ -1,0 +1,165 @@
+// The tile products and row operations the kernels are built from (backends/), each against a
+// double-precision computation of its own: the host version (register-blocked, vectorised)
+// and the portable one, on shapes that hit the micro-kernel blocks and every edge path, with
+// transposed operands read in place; and the host's float exp against std::exp.
+#include <kfa/backends/traits.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace {
+
+using Host = Kokkos::DefaultHostExecutionSpace;
+using Member = Kokkos::TeamPolicy<Host>::member_type;
+
+/// Runs f(member) on one team of one thread of the host space.
+template <class F>
+void on_one_team(const F& f) {
+  Kokkos::parallel_for(Kokkos::TeamPolicy<Host>(1, 1), [&](const Member& team) { f(team); });
+  Kokkos::fence();
+}
+
+template <class Acc>
+std::vector<Acc> random_values(std::size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  std::vector<Acc> x(n);
+  for (auto& e : x)
+    e = static_cast<Acc>(u(gen));
+  return x;
+}
+
+struct Shape {
+  int m, n, k;
+};
+
+template <class Ops, class Acc>
+void check_gemm(const Shape& sh, bool transposed_a, bool accumulate) {
+  const int m = sh.m, n = sh.n, k = sh.k;
+  // A stored either as m x k (row stride k) or as its transpose k x m, read through strides;
+  // B and C with a leading dimension larger than their width, as the kernels' tiles have.
+  const int a_rs = transposed_a ? 1 : k + 3, a_cs = transposed_a ? m + 5 : 1;
+  const int ldb = n + 7, ldc = n + 2;
+  const auto a = random_values<Acc>(std::size_t(transposed_a ? k * a_cs : m * a_rs), 1);
+  const auto b = random_values<Acc>(std::size_t(k) * ldb, 2);
+  auto c = random_values<Acc>(std::size_t(m) * ldc + 1, 3);
+  const auto c0 = c;
+  on_one_team([&](const Member& team) {
+    Ops::gemm(team, m, n, k, a.data(), a_rs, a_cs, b.data(), ldb, c.data(), ldc, accumulate);
+  });
+  const double eps = std::numeric_limits<Acc>::epsilon();
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double ref = accumulate ? double(c0[i * ldc + j]) : 0.0, mag = std::abs(ref);
+      for (int p = 0; p < k; ++p) {
+        const double t = double(a[i * a_rs + p * a_cs]) * double(b[p * ldb + j]);
+        ref += t;
+        mag += std::abs(t);
+      }
+      // The standard bound for a sum of k + 1 products, in any order: (k + 1) eps sum |terms|.
+      ASSERT_NEAR(c[i * ldc + j], ref, (k + 2) * eps * mag + 1e-300)
+          << "m=" << m << " n=" << n << " k=" << k << " at (" << i << ", " << j << ")";
+    }
+  // Nothing outside the m x n block is written.
+  for (int i = 0; i < m; ++i)
+    for (int j = n; j < ldc; ++j)
+      ASSERT_EQ(c[i * ldc + j], c0[i * ldc + j]);
+  ASSERT_EQ(c.back(), c0.back());
+}
+
+template <class Ops, class Acc>
+void check_rows() {
+  for (const auto& [c0, c1] : {std::pair{0, 64}, {3, 61}, {5, 6}, {0, 17}, {40, 40}}) {
+    auto x = random_values<Acc>(64, static_cast<unsigned>(c0 * 100 + c1));
+    for (auto& e : x)
+      e *= Acc(30);  // scores spread over a range where exp matters
+    const auto x0 = x;
+    Acc mx = 0, sum = 0;
+    const Acc shift = Acc(7.5);
+    on_one_team([&](const Member& team) {
+      Kokkos::single(Kokkos::PerTeam(team), [&]() {
+        mx = Ops::row_max(team, x.data(), c0, c1);
+        sum = Ops::row_exp_sum(team, x.data(), c0, c1, shift);
+      });
+    });
+    double ref_max = -std::numeric_limits<double>::infinity(), ref_sum = 0;
+    const double eps = std::numeric_limits<Acc>::epsilon();
+    for (int c = 0; c < 64; ++c) {
+      if (c < c0 || c >= c1) {
+        ASSERT_EQ(x[c], x0[c]) << "outside [c0, c1) is not touched";
+        continue;
+      }
+      ref_max = std::max(ref_max, double(x0[c]));
+      const double e = std::exp(double(x0[c]) - double(shift));
+      ref_sum += e;
+      // exp of a rounded argument: the argument's rounding (|x| eps) plus a few ulp.
+      ASSERT_NEAR(x[c], e, e * (4 + std::abs(double(x0[c]))) * eps) << "c=" << c;
+    }
+    if (c0 < c1) {  // row_max asks for a non-empty range
+      EXPECT_EQ(double(mx), ref_max);
+    }
+    EXPECT_NEAR(sum, ref_sum, ref_sum * 70 * eps);
+  }
+}
+
+template <class Ops, class Acc>
+void check_all_gemms() {
+  // Square tiles as the kernels use them, shapes smaller than one micro-kernel block, and
+  // every kind of edge: rows, columns and both, with short and long k.
+  const Shape shapes[] = {{64, 64, 64}, {64, 64, 128}, {128, 64, 64}, {64, 32, 64},  {8, 32, 1},
+                          {1, 1, 1},    {3, 5, 7},     {13, 37, 5},   {64, 17, 128}, {7, 64, 3},
+                          {63, 65, 33}, {16, 48, 64},  {0, 8, 8},     {8, 0, 8},     {8, 8, 0}};
+  for (const Shape& sh : shapes)
+    for (bool transposed : {false, true})
+      for (bool accumulate : {false, true})
+        check_gemm<Ops, Acc>(sh, transposed, accumulate);
+}
+
+using HostOps = kfa::backends::TileOps<Host, float>;
+using HostOpsD = kfa::backends::TileOps<Host, double>;
+
+TEST(Tiles, HostGemmFloat) {
+  check_all_gemms<HostOps, float>();
+}
+TEST(Tiles, HostGemmDouble) {
+  check_all_gemms<HostOpsD, double>();
+}
+TEST(Tiles, PortableGemmFloat) {
+  check_all_gemms<kfa::backends::PortableTileOps<float>, float>();
+}
+TEST(Tiles, PortableGemmDouble) {
+  check_all_gemms<kfa::backends::PortableTileOps<double>, double>();
+}
+TEST(Tiles, HostRowsFloat) {
+  check_rows<HostOps, float>();
+}
+TEST(Tiles, HostRowsDouble) {
+  check_rows<HostOpsD, double>();
+}
+TEST(Tiles, PortableRowsFloat) {
+  check_rows<kfa::backends::PortableTileOps<float>, float>();
+}
+
+// The host float exp over the whole range softmax feeds it (arguments <= 0 and slightly
+// above, from rounding), against std::exp in double: at most 2 ulp of the result.
+TEST(Tiles, HostExpFloat) {
+  const double ulp = std::numeric_limits<float>::epsilon();
+  double worst = 0;
+  for (float x = -87.0f; x <= 2.0f; x += 0.000731f) {
+    const double ref = std::exp(double(x));
+    const double err = std::abs(double(kfa::backends::host::exp_float(x)) - ref) / (ref * ulp);
+    worst = std::max(worst, err);
+  }
+  EXPECT_LE(worst, 2.0);
+  EXPECT_EQ(kfa::backends::host::exp_float(0.0f), 1.0f);
+  EXPECT_EQ(kfa::backends::host::exp_float(-88.0f), 0.0f);  // below the normal range: 0
+  EXPECT_EQ(kfa::backends::host::exp_float(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_TRUE(std::isnan(kfa::backends::host::exp_float(std::nanf(""))));
+}
+
+}  // namespace
