@@ -74,7 +74,8 @@ void check_gemm(const Shape& sh, bool transposed_a, bool accumulate) {
 
 template <class Ops, class Acc>
 void check_rows() {
-  for (const auto& [c0, c1] : {std::pair{0, 64}, {3, 61}, {5, 6}, {0, 17}, {40, 40}}) {
+  for (const auto& range : {std::pair{0, 64}, {3, 61}, {5, 6}, {0, 17}, {40, 40}}) {
+    const int c0 = range.first, c1 = range.second;  // captured below: not a structured binding
     auto x = random_values<Acc>(64, static_cast<unsigned>(c0 * 100 + c1));
     for (auto& e : x)
       e *= Acc(30);  // scores spread over a range where exp matters
@@ -160,6 +161,22 @@ TEST(Tiles, HostExpFloat) {
   EXPECT_EQ(kfa::backends::host::exp_float(-88.0f), 0.0f);  // below the normal range: 0
   EXPECT_EQ(kfa::backends::host::exp_float(-std::numeric_limits<float>::infinity()), 0.0f);
   EXPECT_TRUE(std::isnan(kfa::backends::host::exp_float(std::nanf(""))));
+}
+
+// The host double exp likewise, against long double: at most 2 ulp.
+TEST(Tiles, HostExpDouble) {
+  const long double ulp = std::numeric_limits<double>::epsilon();
+  long double worst = 0;
+  for (double x = -708.0; x <= 2.0; x += 0.0137) {
+    const long double ref = std::exp(static_cast<long double>(x));
+    const long double err = std::abs(kfa::backends::host::exp_double(x) - ref) / (ref * ulp);
+    worst = std::max(worst, err);
+  }
+  EXPECT_LE(worst, 2.0L);
+  EXPECT_EQ(kfa::backends::host::exp_double(0.0), 1.0);
+  EXPECT_EQ(kfa::backends::host::exp_double(-709.0), 0.0);
+  EXPECT_EQ(kfa::backends::host::exp_double(-std::numeric_limits<double>::infinity()), 0.0);
+  EXPECT_TRUE(std::isnan(kfa::backends::host::exp_double(std::nan(""))));
 }
 
 }  // namespace
