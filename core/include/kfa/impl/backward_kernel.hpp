@@ -166,10 +166,9 @@ struct BackwardCommon {
                                               acc_t* qs, acc_t* dos, acc_t* lse_s,
                                               acc_t* delta_s) const {
     const int D = head_dim;
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr * D), [&](int idx) {
-      const int r = idx / D, d = idx % D;
-      qs[idx] = scale * static_cast<acc_t>(t.q(b, h, q0 + r, d));
-      dos[idx] = static_cast<acc_t>(t.dout(b, h, q0 + r, d));
+    ops::for_each_element(team, nr, D, [&](int r, int d) {
+      qs[r * D + d] = scale * static_cast<acc_t>(t.q(b, h, q0 + r, d));
+      dos[r * D + d] = static_cast<acc_t>(t.dout(b, h, q0 + r, d));
     });
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr), [&](int r) {
       lse_s[r] = static_cast<acc_t>(t.lse(b, h, q0 + r));
@@ -181,10 +180,9 @@ struct BackwardCommon {
   KOKKOS_INLINE_FUNCTION void load_key_tile(const member_t& team, int b, int hk, int k0, int nc,
                                             acc_t* ks, acc_t* kt, acc_t* vt) const {
     const int D = head_dim;
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nc * D), [&](int idx) {
-      const int c = idx / D, d = idx % D;
+    ops::for_each_element(team, nc, D, [&](int c, int d) {
       const acc_t kv = static_cast<acc_t>(t.k(b, hk, k0 + c, d));
-      ks[idx] = kv;
+      ks[c * D + d] = kv;
       kt[d * Bt + c] = kv;
       vt[d * Bt + c] = static_cast<acc_t>(t.v(b, hk, k0 + c, d));
     });
@@ -338,9 +336,9 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views> {
           ops::gemm(team, nr, D, nc, sc.ds, Bt, 1, sc.ks, D, sc.dqs, D, false);
           team.team_barrier();
           const acc_t dq_scale = this->scale;
-          Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr * D), [&](int idx) {
-            Kokkos::atomic_add(&this->t.dq(b, h, q0 + idx / D, idx % D),
-                               static_cast<T>(dq_scale * sc.dqs[idx]));
+          ops::for_each_element(team, nr, D, [&](int r, int d) {
+            Kokkos::atomic_add(&this->t.dq(b, h, q0 + r, d),
+                               static_cast<T>(dq_scale * sc.dqs[r * D + d]));
           });
         }
         // dV_j += P^T dO_i and dK_j += dS^T (scale Q_i), reading P and dS transposed in place.
@@ -348,8 +346,8 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views> {
         ops::gemm(team, nc, D, nr, sc.ds, 1, Bt, sc.qs, D, sc.dks, D, true);
       }
     team.team_barrier();
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nc * D), [&](int idx) {
-      const int c = idx / D, d = idx % D;
+    ops::for_each_element(team, nc, D, [&](int c, int d) {
+      const int idx = c * D + d;
       if (this->accumulate) {
         this->t.dk(b, hk, k0 + c, d) += static_cast<T>(sc.dks[idx]);
         this->t.dv(b, hk, k0 + c, d) += static_cast<T>(sc.dvs[idx]);
@@ -408,8 +406,9 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views> {
     }
     team.team_barrier();
     const acc_t dq_scale = this->scale;
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr * D), [&](int idx) {
-      T& out = this->t.dq(b, h, q0 + idx / D, idx % D);
+    ops::for_each_element(team, nr, D, [&](int r, int d) {
+      const int idx = r * D + d;
+      T& out = this->t.dq(b, h, q0 + r, d);
       out = static_cast<T>(dq_scale * sc.dqs[idx]) + (this->accumulate ? out : T(0));
     });
   }

@@ -141,9 +141,9 @@ struct ForwardKernel {
     acc_t* l = scratch_view(scr, std::size_t(Br)).data();
 
     // Q_i is loaded once, pre-multiplied by the scale.
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr * D), [&](int idx) {
-      qs[idx] = scale * static_cast<acc_t>(q(b, h, q0 + idx / D, idx % D));
-      os[idx] = acc_t(0);
+    ops::for_each_element(team, nr, D, [&](int r, int d) {
+      qs[r * D + d] = scale * static_cast<acc_t>(q(b, h, q0 + r, d));
+      os[r * D + d] = acc_t(0);
     });
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr), [&](int r) {
       m[r] = -backends::infinity<acc_t>();
@@ -159,10 +159,9 @@ struct ForwardKernel {
     for (int k0 = t_begin * Bc; k0 < (t_begin + t_n) * Bc; k0 += Bc) {
       const int nc = seqlen_k - k0 < Bc ? seqlen_k - k0 : Bc;
       team.team_barrier();  // the previous tile is no longer read
-      Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nc * D), [&](int idx) {
-        const int c = idx / D, d = idx % D;
+      ops::for_each_element(team, nc, D, [&](int c, int d) {
         kt[d * Bc + c] = static_cast<acc_t>(k(b, hk, k0 + c, d));
-        vs[idx] = static_cast<acc_t>(v(b, hk, k0 + c, d));
+        vs[c * D + d] = static_cast<acc_t>(v(b, hk, k0 + c, d));
       });
       team.team_barrier();
       // Keys of this tile that any of its rows sees: [cb, ce). S_ij = Q_i K_j^T on those

@@ -44,6 +44,15 @@ struct TileTraits {
 /// a product and its readers.
 template <class Acc>
 struct PortableTileOps {
+  /// f(r, c) for every element of a rows x cols tile, by the whole team: one flat range over
+  /// the team's threads and lanes, so consecutive lanes take consecutive columns.
+  template <class Member, class F>
+  static KOKKOS_INLINE_FUNCTION void for_each_element(const Member& team, int rows, int cols,
+                                                      const F& f) {
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, rows * cols),
+                         [&](int idx) { f(idx / cols, idx % cols); });
+  }
+
   /// C = A B, or C += A B with `accumulate`, for C m x n (row stride ldc), B k x n (row stride
   /// ldb, unit column stride) and A m x k with element (i, p) at a[i * a_rs + p * a_cs], so
   /// that a transposed operand (P^T, dS^T) is read in place.
