@@ -47,6 +47,16 @@ def csv(text, conv=str):
     return [conv(x) for x in text.split(",") if x]
 
 
+def source_revision():
+    """git describe of the source tree now: the benchmark binary records its revision only at
+    configure time, so a rebuild without reconfiguring would otherwise go unnoticed."""
+    try:
+        return subprocess.run(["git", "-C", HERE, "describe", "--always", "--dirty"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -273,7 +283,8 @@ def report(a, bench_path, torch_path, mem_path, md_path, command):
     lines += [
         f"- Machine: {machine()}, one core"
         + (f" (taskset -c {a.cpu})" if a.cpu >= 0 else ""),
-        f"- kfa revision {ctx.get('kfa_git_revision', '?')}; Kokkos "
+        f"- kfa revision {ctx.get('kfa_git_revision', '?')} (the benchmark's, fixed when it was "
+        f"configured; source tree at report time: {source_revision()}); Kokkos "
         f"{ctx.get('kokkos_version', '?')}, execution space {space}; compiler {compiler(a.build)}",
         f"- BLAS behind Kokkos Kernels' gemm: {blas(bench_binary(a))}"
         + (f"; sgemm 2048^3 in the same run: {sgemm / 1e9:.1f} GFLOP/s" if sgemm else ""),

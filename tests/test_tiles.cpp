@@ -1,7 +1,8 @@
 // The tile products and row operations the kernels are built from (backends/), each against a
 // double-precision computation of its own: the host version (register-blocked, vectorised)
-// and the portable one, on shapes that hit the micro-kernel blocks and every edge path, with
-// transposed operands read in place; and the host's float exp against std::exp.
+// and the portable one (on a team of several threads where the space has them), on shapes
+// that hit the micro-kernel blocks and every edge path, with transposed operands read in
+// place; and the host's float and double exp against the library's in higher precision.
 #include <kfa/backends/traits.hpp>
 
 #include <gtest/gtest.h>
@@ -17,11 +18,21 @@ namespace {
 using Host = Kokkos::DefaultHostExecutionSpace;
 using Member = Kokkos::TeamPolicy<Host>::member_type;
 
-/// Runs f(member) on one team of one thread of the host space.
+/// Runs f(member) on one team of the host space: one thread, or up to 4 when `threads` and
+/// the space allows (the portable products split rows between the team's threads).
 template <class F>
-void on_one_team(const F& f) {
-  Kokkos::parallel_for(Kokkos::TeamPolicy<Host>(1, 1), [&](const Member& team) { f(team); });
+void on_one_team(const F& f, bool threads = false) {
+  Kokkos::TeamPolicy<Host> one(1, 1);
+  const int most = one.team_size_max([](const Member&) {}, Kokkos::ParallelForTag());
+  const int size = threads ? (most < 4 ? most : 4) : 1;
+  Kokkos::parallel_for(Kokkos::TeamPolicy<Host>(1, size), [&](const Member& team) { f(team); });
   Kokkos::fence();
+}
+
+/// Units in the last place of x in type T.
+template <class T>
+double ulp_of(double x) {
+  return std::ldexp(double(std::numeric_limits<T>::epsilon()), std::ilogb(x));
 }
 
 template <class Acc>
@@ -39,7 +50,7 @@ struct Shape {
 };
 
 template <class Ops, class Acc>
-void check_gemm(const Shape& sh, bool transposed_a, bool accumulate) {
+void check_gemm(const Shape& sh, bool transposed_a, bool accumulate, bool threads) {
   const int m = sh.m, n = sh.n, k = sh.k;
   // A stored either as m x k (row stride k) or as its transpose k x m, read through strides;
   // B and C with a leading dimension larger than their width, as the kernels' tiles have.
@@ -49,9 +60,11 @@ void check_gemm(const Shape& sh, bool transposed_a, bool accumulate) {
   const auto b = random_values<Acc>(std::size_t(k) * ldb, 2);
   auto c = random_values<Acc>(std::size_t(m) * ldc + 1, 3);
   const auto c0 = c;
-  on_one_team([&](const Member& team) {
-    Ops::gemm(team, m, n, k, a.data(), a_rs, a_cs, b.data(), ldb, c.data(), ldc, accumulate);
-  });
+  on_one_team(
+      [&](const Member& team) {
+        Ops::gemm(team, m, n, k, a.data(), a_rs, a_cs, b.data(), ldb, c.data(), ldc, accumulate);
+      },
+      threads);
   const double eps = std::numeric_limits<Acc>::epsilon();
   for (int i = 0; i < m; ++i)
     for (int j = 0; j < n; ++j) {
@@ -74,7 +87,7 @@ void check_gemm(const Shape& sh, bool transposed_a, bool accumulate) {
 
 template <class Ops, class Acc>
 void check_rows() {
-  for (const auto& range : {std::pair{0, 64}, {3, 61}, {5, 6}, {0, 17}, {40, 40}}) {
+  for (const auto& range : {std::pair{0, 64}, {3, 61}, {5, 6}, {0, 17}, {63, 64}}) {
     const int c0 = range.first, c1 = range.second;  // captured below: not a structured binding
     auto x = random_values<Acc>(64, static_cast<unsigned>(c0 * 100 + c1));
     for (auto& e : x)
@@ -101,15 +114,13 @@ void check_rows() {
       // exp of a rounded argument: the argument's rounding (|x| eps) plus a few ulp.
       ASSERT_NEAR(x[c], e, e * (4 + std::abs(double(x0[c]))) * eps) << "c=" << c;
     }
-    if (c0 < c1) {  // row_max asks for a non-empty range
-      EXPECT_EQ(double(mx), ref_max);
-    }
+    EXPECT_EQ(double(mx), ref_max);
     EXPECT_NEAR(sum, ref_sum, ref_sum * 70 * eps);
   }
 }
 
 template <class Ops, class Acc>
-void check_all_gemms() {
+void check_all_gemms(bool threads = false) {
   // Square tiles as the kernels use them, shapes smaller than one micro-kernel block, and
   // every kind of edge: rows, columns and both, with short and long k.
   const Shape shapes[] = {{64, 64, 64}, {64, 64, 128}, {128, 64, 64}, {64, 32, 64},  {8, 32, 1},
@@ -118,7 +129,7 @@ void check_all_gemms() {
   for (const Shape& sh : shapes)
     for (bool transposed : {false, true})
       for (bool accumulate : {false, true})
-        check_gemm<Ops, Acc>(sh, transposed, accumulate);
+        check_gemm<Ops, Acc>(sh, transposed, accumulate, threads);
 }
 
 using HostOps = kfa::backends::TileOps<Host, float>;
@@ -131,10 +142,10 @@ TEST(Tiles, HostGemmDouble) {
   check_all_gemms<HostOpsD, double>();
 }
 TEST(Tiles, PortableGemmFloat) {
-  check_all_gemms<kfa::backends::PortableTileOps<float>, float>();
+  check_all_gemms<kfa::backends::PortableTileOps<float>, float>(true);
 }
 TEST(Tiles, PortableGemmDouble) {
-  check_all_gemms<kfa::backends::PortableTileOps<double>, double>();
+  check_all_gemms<kfa::backends::PortableTileOps<double>, double>(true);
 }
 TEST(Tiles, HostRowsFloat) {
   check_rows<HostOps, float>();
@@ -145,15 +156,41 @@ TEST(Tiles, HostRowsDouble) {
 TEST(Tiles, PortableRowsFloat) {
   check_rows<kfa::backends::PortableTileOps<float>, float>();
 }
+TEST(Tiles, PortableRowsDouble) {
+  check_rows<kfa::backends::PortableTileOps<double>, double>();
+}
+
+// for_each_element visits every (r, c) of the tile exactly once, in both versions.
+template <class Ops>
+void check_for_each_element(bool threads) {
+  for (const auto& shape : {std::pair{1, 1}, {3, 7}, {64, 64}, {13, 59}, {0, 5}}) {
+    const int rows = shape.first, cols = shape.second;
+    std::vector<int> seen(std::size_t(rows) * cols + 1, 0);
+    on_one_team(
+        [&](const Member& team) {
+          Ops::for_each_element(team, rows, cols, [&](int r, int c) {
+            Kokkos::atomic_add(&seen[std::size_t(r) * cols + c], 1);
+          });
+        },
+        threads);
+    for (std::size_t e = 0; e + 1 < seen.size(); ++e)
+      ASSERT_EQ(seen[e], 1) << rows << " x " << cols << " element " << e;
+    ASSERT_EQ(seen.back(), 0);
+  }
+}
+TEST(Tiles, ForEachElement) {
+  check_for_each_element<HostOps>(false);
+  check_for_each_element<kfa::backends::PortableTileOps<float>>(true);
+}
 
 // The host float exp over the whole range softmax feeds it (arguments <= 0 and slightly
 // above, from rounding), against std::exp in double: at most 2 ulp of the result.
 TEST(Tiles, HostExpFloat) {
-  const double ulp = std::numeric_limits<float>::epsilon();
   double worst = 0;
   for (float x = -87.0f; x <= 2.0f; x += 0.000731f) {
     const double ref = std::exp(double(x));
-    const double err = std::abs(double(kfa::backends::host::exp_float(x)) - ref) / (ref * ulp);
+    const double err =
+        std::abs(double(kfa::backends::host::exp_float(x)) - ref) / ulp_of<float>(ref);
     worst = std::max(worst, err);
   }
   EXPECT_LE(worst, 2.0);
@@ -165,11 +202,11 @@ TEST(Tiles, HostExpFloat) {
 
 // The host double exp likewise, against long double: at most 2 ulp.
 TEST(Tiles, HostExpDouble) {
-  const long double ulp = std::numeric_limits<double>::epsilon();
   long double worst = 0;
   for (double x = -708.0; x <= 2.0; x += 0.0137) {
     const long double ref = std::exp(static_cast<long double>(x));
-    const long double err = std::abs(kfa::backends::host::exp_double(x) - ref) / (ref * ulp);
+    const long double err = std::abs(kfa::backends::host::exp_double(x) - ref) /
+                            ulp_of<double>(static_cast<double>(ref));
     worst = std::max(worst, err);
   }
   EXPECT_LE(worst, 2.0L);

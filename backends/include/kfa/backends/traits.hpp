@@ -4,5 +4,9 @@
 /// backends this Kokkos build enables. core/ includes only this file from backends/.
 
 #include <kfa/backends/generic/tile.hpp>
+// KFA_PORTABLE_TILES leaves out the host specialisations, so that a test can run on the host
+// the portable path the other backends use (tests/test_portable.cpp). Not for applications.
+#ifndef KFA_PORTABLE_TILES
 #include <kfa/backends/host/tile.hpp>
 #include <kfa/backends/host/traits.hpp>
+#endif

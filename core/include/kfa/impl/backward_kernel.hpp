@@ -195,8 +195,8 @@ struct BackwardCommon {
   KOKKOS_INLINE_FUNCTION void tile_p_ds(const member_t& team, int b, int h, int q0, int nr, int k0,
                                         int nc, const Tiles& sc) const {
     const int D = head_dim;
-    const int lo = mask.lo(q0) - k0, hi = mask.hi(q0 + nr - 1) + 1 - k0;
-    const int cb = lo > 0 ? lo : 0, ce = hi < nc ? hi : nc;
+    int cb, ce;  // never empty: callers check tiles_meet first
+    mask.tile_columns(q0, nr, k0, nc, cb, ce);
     ops::gemm(team, nr, ce - cb, D, sc.qs, D, 1, sc.kt + cb, Bt, sc.p + cb, Bt, false);    // S
     ops::gemm(team, nr, ce - cb, D, sc.dos, D, 1, sc.vt + cb, Bt, sc.ds + cb, Bt, false);  // dP
     team.team_barrier();

@@ -166,8 +166,8 @@ struct ForwardKernel {
       team.team_barrier();
       // Keys of this tile that any of its rows sees: [cb, ce). S_ij = Q_i K_j^T on those
       // columns, the online-softmax step row by row (P into S's place), then O~ += P V_j.
-      const int lo = mask.lo(q0) - k0, hi = mask.hi(q0 + nr - 1) + 1 - k0;
-      const int cb = lo > 0 ? lo : 0, ce = hi < nc ? hi : nc;
+      int cb, ce;  // never empty: the loop visits only tiles the query tile sees
+      mask.tile_columns(q0, nr, k0, nc, cb, ce);
       ops::gemm(team, nr, ce - cb, D, qs, D, 1, kt + cb, Bc, s + cb, Bc, false);
       team.team_barrier();
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {

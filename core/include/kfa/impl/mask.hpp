@@ -33,6 +33,13 @@ struct Mask {
     const long long h = i + shift + right;
     return h < -1 ? -1 : (h > seqlen_k - 1 ? seqlen_k - 1 : static_cast<int>(h));
   }
+  /// Columns [cb, ce) of the key tile at k0 (nc keys) that some row of the query tile at q0
+  /// (nr rows) sees, relative to k0; cb >= ce when none does.
+  KOKKOS_INLINE_FUNCTION void tile_columns(int q0, int nr, int k0, int nc, int& cb, int& ce) const {
+    const int l = lo(q0) - k0, h = hi(q0 + nr - 1) + 1 - k0;
+    cb = l > 0 ? l : 0;
+    ce = h < nc ? h : nc;
+  }
 };
 
 /// Where a pass's queries and keys sit in a longer sequence: the global index of local query 0

@@ -1,7 +1,7 @@
 #pragma once
 /// \file generic/tile.hpp
-/// Portable tile traits and tile products. Correct on every Kokkos backend; the host and
-/// CUDA backends specialise the traits (and may replace the products) where they know better.
+/// Portable tile traits and tile products. Correct on every Kokkos backend; the host backend
+/// (host/) specialises both for host spaces, and other backends may do the same.
 ///
 /// Names follow the FlashAttention-2 paper: Br query rows and Bc keys per tile; a team owns one
 /// query tile Q_i and walks the key/value tiles K_j, V_j staged in team scratch.

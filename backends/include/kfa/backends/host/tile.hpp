@@ -17,6 +17,7 @@
 /// Build with -march=native (the KFA_NATIVE option) to let the compiler use AVX2/AVX-512.
 
 #include <kfa/backends/generic/tile.hpp>
+#include <kfa/backends/host/traits.hpp>
 
 #include <cstdint>
 #include <cstring>
@@ -25,13 +26,17 @@
 namespace kfa::backends::host {
 
 /// Bytes of the widest vector register the compiler may use for this translation unit.
+constexpr int widest_vector_bytes() {
 #if defined(__AVX512F__)
-inline constexpr int vector_bytes = 64;
+  return 64;
 #elif defined(__AVX__)
-inline constexpr int vector_bytes = 32;
+  return 32;
 #else
-inline constexpr int vector_bytes = 16;
+  return 16;
 #endif
+}
+/// widest_vector_bytes(), as a constant.
+inline constexpr int vector_bytes = widest_vector_bytes();
 
 /// Lanes of Acc in one vector register.
 template <class Acc>
@@ -41,6 +46,7 @@ inline constexpr int lanes = vector_bytes / static_cast<int>(sizeof(Acc));
 /// 8 x 2 accumulators leave room for the operands; with 16 (AVX2, SSE) 4 x 2 do.
 template <class Acc>
 inline constexpr int micro_nr = 2 * lanes<Acc>;
+/// Micro-kernel rows (see micro_nr).
 inline constexpr int micro_mr = vector_bytes == 64 ? 8 : 4;
 
 // GCC and Clang on the host: the micro-kernel in their vector extension, so that the
@@ -49,10 +55,11 @@ inline constexpr int micro_mr = vector_bytes == 64 ? 8 : 4;
 // rows, spilling every accumulator: 6x slower. Device compilers and others use the loops.
 #if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__HIPCC__) && \
     !defined(__SYCL_DEVICE_ONLY__)
+/// Set while this header uses GCC/Clang vector extensions (undefined at its end).
 #define KFA_HOST_VECTOR_EXTENSION 1
-/// One vector register of Acc, loadable from any Acc-aligned address.
+/// One vector register of Acc; loaded and stored with memcpy (tiles are not vector-aligned).
 template <class Acc>
-using vec_t [[gnu::vector_size(vector_bytes), gnu::aligned(alignof(Acc)), gnu::may_alias]] = Acc;
+using vec_t [[gnu::vector_size(vector_bytes)]] = Acc;
 #endif
 
 /// exp(x) for float, vectorisable: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by Cephes'
@@ -63,10 +70,16 @@ KOKKOS_INLINE_FUNCTION float exp_float(float x) {
   const float lo = -87.0f, hi = 88.0f;
   float xc = x < lo ? lo : x;
   xc = xc > hi ? hi : xc;
-  // Round x / ln2 to the nearest integer: adding 1.5 * 2^23 leaves the integer in the low bits.
+  // Round x / ln2 to the nearest integer: adding 1.5 * 2^23 leaves the integer in the low
+  // mantissa bits, read from there as an integer (no float-to-int conversion, so a NaN x
+  // stays defined behaviour whatever the math flags; it gives NaN through p).
   const float shifter = 12582912.0f;
-  const float n = (xc * 1.44269504088896341f + shifter) - shifter;
-  float r = xc - n * 0.693359375f;  // ln2 in two parts: the first is exact in n * it
+  const float t = xc * 1.44269504088896341f + shifter;
+  const float n = t - shifter;
+  std::int32_t t_bits;
+  std::memcpy(&t_bits, &t, sizeof t_bits);
+  const std::int32_t ni = t_bits - 0x4B400000;  // the bits of the shifter
+  float r = xc - n * 0.693359375f;              // ln2 in two parts: the first is exact in n * it
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -75,8 +88,7 @@ KOKKOS_INLINE_FUNCTION float exp_float(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.0f;
-  // n is an integer in [-126, 127], or NaN for a NaN x (which p carries on); never convert NaN.
-  const std::int32_t bits = (static_cast<std::int32_t>(n == n ? n : 0.0f) + 127) << 23;
+  const std::int32_t bits = static_cast<std::int32_t>(static_cast<std::uint32_t>(ni + 127) << 23);
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return x < lo ? 0.0f : p * scale;
@@ -90,8 +102,12 @@ KOKKOS_INLINE_FUNCTION double exp_double(double x) {
   const double lo = -708.0, hi = 709.0;
   double xc = x < lo ? lo : x;
   xc = xc > hi ? hi : xc;
-  const double shifter = 6755399441055744.0;  // 1.5 * 2^52
-  const double n = (xc * 1.4426950408889634074 + shifter) - shifter;
+  const double shifter = 6755399441055744.0;  // 1.5 * 2^52, as in exp_float
+  const double t = xc * 1.4426950408889634074 + shifter;
+  const double n = t - shifter;
+  std::int64_t t_bits;
+  std::memcpy(&t_bits, &t, sizeof t_bits);
+  const std::int64_t ni = t_bits - 0x4338000000000000LL;
   double r = xc - n * 6.93145751953125e-1;
   r = r - n * 1.42860682030941723212e-6;
   const double rr = r * r;
@@ -102,7 +118,7 @@ KOKKOS_INLINE_FUNCTION double exp_double(double x) {
                         rr +
                     2.00000000000000000009e0;
   const double e = 1.0 + 2.0 * (px / (qx - px));
-  const std::int64_t bits = (static_cast<std::int64_t>(n == n ? n : 0.0) + 1023) << 52;
+  const std::int64_t bits = static_cast<std::int64_t>(static_cast<std::uint64_t>(ni + 1023) << 52);
   double scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return x < lo ? 0.0 : e * scale;
@@ -134,7 +150,7 @@ KOKKOS_INLINE_FUNCTION void micro_kernel(int k, const Acc* a, int a_rs, int a_cs
     const Acc* ap = a + static_cast<std::ptrdiff_t>(p) * a_cs;
     vec bv[V];
     for (int v = 0; v < V; ++v)
-      bv[v] = *reinterpret_cast<const vec*>(bp + v * L);
+      std::memcpy(&bv[v], bp + v * L, sizeof(vec));  // an unaligned vector load
     for (int i = 0; i < MR; ++i) {
       const Acc ai = ap[static_cast<std::ptrdiff_t>(i) * a_rs];
       for (int v = 0; v < V; ++v)
@@ -144,8 +160,13 @@ KOKKOS_INLINE_FUNCTION void micro_kernel(int k, const Acc* a, int a_rs, int a_cs
   for (int i = 0; i < MR; ++i) {
     Acc* ci = c + static_cast<std::ptrdiff_t>(i) * ldc;
     for (int v = 0; v < V; ++v) {
-      vec* cv = reinterpret_cast<vec*>(ci + v * L);
-      *cv = accumulate ? *cv + acc[i][v] : acc[i][v];
+      vec out = acc[i][v];
+      if (accumulate) {
+        vec prev;
+        std::memcpy(&prev, ci + v * L, sizeof(vec));
+        out += prev;
+      }
+      std::memcpy(ci + v * L, &out, sizeof(vec));
     }
   }
 #else
@@ -202,6 +223,11 @@ template <class ExecSpace, class Acc>
 struct TileOps<
     ExecSpace, Acc,
     std::enable_if_t<Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible>> {
+  // Every function here does the whole tile on the calling thread: right only for teams of
+  // one thread, which the host traits choose.
+  static_assert(TileTraits<ExecSpace, Acc>::team_size == 1,
+                "host TileOps assume one-thread teams (host/traits.hpp)");
+
   /// f(r, c) over a rows x cols tile as two loops: no division per element, and unit-stride
   /// inner loops the compiler vectorises where f allows.
   template <class Member, class F>
@@ -212,6 +238,7 @@ struct TileOps<
         f(r, c);
   }
 
+  /// C (+)= A B as PortableTileOps::gemm: micro-kernel blocks, plain loops on the edges.
   template <class Member>
   static KOKKOS_INLINE_FUNCTION void gemm(const Member& /*team*/, int m, int n, int k, const Acc* a,
                                           int a_rs, int a_cs, const Acc* b, int ldb, Acc* c,
@@ -232,6 +259,7 @@ struct TileOps<
                         ldb, c + static_cast<std::ptrdiff_t>(i0) * ldc, ldc, accumulate);
   }
 
+  /// max of x[c0, c1), for c0 < c1, with one vector of partial maxima.
   template <class Member>
   static KOKKOS_INLINE_FUNCTION Acc row_max(const Member& /*member*/, const Acc* x, int c0,
                                             int c1) {
@@ -251,6 +279,7 @@ struct TileOps<
     return mx;
   }
 
+  /// x[c] = exp(x[c] - shift) on [c0, c1) with the vectorisable exp; returns their sum.
   template <class Member>
   static KOKKOS_INLINE_FUNCTION Acc row_exp_sum(const Member& /*member*/, Acc* x, int c0, int c1,
                                                 Acc shift) {
@@ -277,3 +306,5 @@ struct TileOps<
 };
 
 }  // namespace kfa::backends
+
+#undef KFA_HOST_VECTOR_EXTENSION

@@ -2,8 +2,8 @@
 /// \file host/traits.hpp
 /// Tile traits for execution spaces that run on the host (Serial, OpenMP, Threads): those
 /// that can access HostSpace.
-/// One thread per team and no vector lanes: the compiler vectorises the unit-stride inner
-/// loops of the tile products itself. Tiles are sized to stay in L2 for head_dim <= 128
+/// One thread per team and no vector lanes: the host tile products (host/tile.hpp) do a whole
+/// tile on one thread in vector registers. Tiles are sized to stay in L2 for head_dim <= 128
 /// (Q_i, O_i, K_j, V_j and S_ij about 80 KiB in float at Br = Bc = 64).
 
 #include <kfa/backends/generic/tile.hpp>
