@@ -33,29 +33,6 @@ constexpr int kBatch = 1, kHeads = 4;
 enum class Pass { forward, backward, forward_backward };
 enum class Impl { kfa, unfused };
 
-template <class T>
-struct Tensors {
-  using View4 = Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space>;
-  View4 q, k, v, o, dout, dq, dk, dv;
-  Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> lse;
-  Tensors(int B, int H, int N, int D, bool backward)
-      : q("q", B, H, N, D),
-        k("k", B, H, N, D),
-        v("v", B, H, N, D),
-        o("o", B, H, N, D),
-        lse("lse", B, H, N) {
-    kfa_bench::fill_hash(q, 1);
-    kfa_bench::fill_hash(k, 2);
-    kfa_bench::fill_hash(v, 3);
-    if (!backward) return;
-    dout = View4("do", B, H, N, D);
-    dq = View4("dq", B, H, N, D);
-    dk = View4("dk", B, H, N, D);
-    dv = View4("dv", B, H, N, D);
-    kfa_bench::fill_hash(dout, 4);
-  }
-};
-
 /// The memory the baseline may take, from KFA_BENCH_MEMORY_GIB.
 double memory_budget_bytes() {
   const char* env = std::getenv("KFA_BENCH_MEMORY_GIB");
@@ -94,7 +71,7 @@ void BM_attention(benchmark::State& state, Impl impl, Pass pass, int N, int D, b
       return;
     }
   }
-  Tensors<T> t(kBatch, kHeads, N, D, backward);
+  kfa_bench::Tensors<T> t(kBatch, kHeads, N, D, backward);
   if (impl == Impl::kfa) {
     time_pass(
         state, pass, [&] { kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p); },

@@ -10,26 +10,6 @@ namespace {
 
 using kfa_bench::Exec;
 
-struct Tensors {
-  Kokkos::View<float****, Exec::memory_space> q, k, v, o, dout, dq, dk, dv;
-  Kokkos::View<float***, Exec::memory_space> lse;
-  Tensors(int B, int H, int N, int D)
-      : q("q", B, H, N, D),
-        k("k", B, H, N, D),
-        v("v", B, H, N, D),
-        o("o", B, H, N, D),
-        dout("do", B, H, N, D),
-        dq("dq", B, H, N, D),
-        dk("dk", B, H, N, D),
-        dv("dv", B, H, N, D),
-        lse("lse", B, H, N) {
-    kfa_bench::fill_hash(q, 1);
-    kfa_bench::fill_hash(k, 2);
-    kfa_bench::fill_hash(v, 3);
-    kfa_bench::fill_hash(dout, 4);
-  }
-};
-
 constexpr int kBatch = 1, kHeads = 2;
 
 void BM_backward(benchmark::State& state) {
@@ -37,7 +17,7 @@ void BM_backward(benchmark::State& state) {
   kfa::Params p;
   p.causal = state.range(2) != 0;
   p.deterministic = state.range(3) != 0;
-  Tensors t(kBatch, kHeads, N, D);
+  kfa_bench::Tensors<float> t(kBatch, kHeads, N, D, true);
   kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p);
   kfa_bench::time_iterations(state, [&] {
     kfa::backward(Exec(), t.q, t.k, t.v, t.o, t.lse, t.dout, t.dq, t.dk, t.dv, p);
@@ -50,7 +30,7 @@ void BM_forward_backward(benchmark::State& state) {
   kfa::Params p;
   p.causal = state.range(2) != 0;
   p.deterministic = state.range(3) != 0;
-  Tensors t(kBatch, kHeads, N, D);
+  kfa_bench::Tensors<float> t(kBatch, kHeads, N, D, true);
   kfa_bench::time_iterations(state, [&] {
     kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p);
     kfa::backward(Exec(), t.q, t.k, t.v, t.o, t.lse, t.dout, t.dq, t.dk, t.dv, p);
@@ -77,7 +57,7 @@ void BM_dropout(benchmark::State& state) {
   kfa::Params p;
   p.dropout = state.range(3) / 100.0;
   p.seed = 42;
-  Tensors t(kBatch, kHeads, N, D);
+  kfa_bench::Tensors<float> t(kBatch, kHeads, N, D, true);
   kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p);
   kfa_bench::time_iterations(state, [&] {
     if (backward)

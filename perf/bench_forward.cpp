@@ -16,13 +16,8 @@ void BM_forward(benchmark::State& state) {
   const int B = 1, H = state.range(0), N = state.range(1), D = state.range(2);
   kfa::Params p;
   p.causal = state.range(3) != 0;
-  Kokkos::View<T****, Exec::memory_space> q("q", B, H, N, D), k("k", B, H, N, D),
-      v("v", B, H, N, D), o("o", B, H, N, D);
-  Kokkos::View<float***, Exec::memory_space> lse("lse", B, H, N);
-  kfa_bench::fill_hash(q, 1);
-  kfa_bench::fill_hash(k, 2);
-  kfa_bench::fill_hash(v, 3);
-  kfa_bench::time_iterations(state, [&] { kfa::forward(Exec(), q, k, v, o, lse, p); });
+  kfa_bench::Tensors<T> t(B, H, N, D, false);
+  kfa_bench::time_iterations(state, [&] { kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p); });
   state.counters["FLOP/s"] = kfa_bench::flop_rate(kfa::forward_flops(B, H, N, N, D, p));
   state.counters["N"] = N;
   state.counters["D"] = D;
@@ -51,9 +46,11 @@ void BM_decode(benchmark::State& state) {
   auto uninit = [](const char* label) {
     return Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing);
   };
-  Kokkos::View<float****, Exec::memory_space> q("q", B, H, Nq, D), o("o", B, H, Nq, D),
-      k(uninit("k"), B, H, Nk, D), v(uninit("v"), B, H, Nk, D);
-  Kokkos::View<float***, Exec::memory_space> lse("lse", B, H, Nq);
+  // LayoutRight: kfa needs a unit head_dim stride on every space.
+  using View4 = Kokkos::View<float****, Kokkos::LayoutRight, Exec::memory_space>;
+  View4 q("q", B, H, Nq, D), o("o", B, H, Nq, D), k(uninit("k"), B, H, Nk, D),
+      v(uninit("v"), B, H, Nk, D);
+  Kokkos::View<float***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", B, H, Nq);
   kfa_bench::fill_hash(q, 1);
   kfa_bench::fill_hash(k, 2);
   kfa_bench::fill_hash(v, 3);

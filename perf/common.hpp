@@ -40,6 +40,32 @@ void fill_hash(const View& t, unsigned salt) {
   Kokkos::fence();
 }
 
+/// The tensors of one attention problem, (B, H, N, D) LayoutRight (kfa needs a unit
+/// head_dim stride, which the default layout of a GPU space does not give), inputs filled by
+/// fill_hash; dO and the gradients only when `backward`.
+template <class T>
+struct Tensors {
+  using View4 = Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space>;
+  View4 q, k, v, o, dout, dq, dk, dv;
+  Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> lse;
+  Tensors(int B, int H, int N, int D, bool backward)
+      : q("q", B, H, N, D),
+        k("k", B, H, N, D),
+        v("v", B, H, N, D),
+        o("o", B, H, N, D),
+        lse("lse", B, H, N) {
+    kfa_bench::fill_hash(q, 1);
+    kfa_bench::fill_hash(k, 2);
+    kfa_bench::fill_hash(v, 3);
+    if (!backward) return;
+    dout = View4("do", B, H, N, D);
+    dq = View4("dq", B, H, N, D);
+    dk = View4("dk", B, H, N, D);
+    dv = View4("dv", B, H, N, D);
+    kfa_bench::fill_hash(dout, 4);
+  }
+};
+
 /// Runs call() once to warm up, then once per benchmark iteration between fences, reporting
 /// the wall time of each as the manual iteration time.
 template <class Call>
