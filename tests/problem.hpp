@@ -59,8 +59,8 @@ struct Problem {
 /// Copies a double host tensor to a device View of T (same extents, LayoutRight).
 template <class T, class Src>
 auto to_device(const Src& src) {
-  Kokkos::View<T****, Exec::memory_space> dst("kfa_test::tensor", src.extent(0), src.extent(1),
-                                              src.extent(2), src.extent(3));
+  Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space> dst(
+      "kfa_test::tensor", src.extent(0), src.extent(1), src.extent(2), src.extent(3));
   auto h = Kokkos::create_mirror_view(dst);
   for (std::size_t e = 0; e < src.span(); ++e)
     h.data()[e] = static_cast<T>(src.data()[e]);
@@ -91,8 +91,10 @@ Outputs<T> run_forward(const Problem& pb, const kfa::Params& params) {
   auto k = to_device<T>(pb.k);
   auto v = to_device<T>(pb.v);
   const auto& s = pb.shape;
-  Kokkos::View<T****, Exec::memory_space> o("o", s.batch, s.heads_q, s.seqlen_q, s.head_dim);
-  Kokkos::View<T***, Exec::memory_space> lse("lse", s.batch, s.heads_q, s.seqlen_q);
+  Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space> o("o", s.batch, s.heads_q,
+                                                                 s.seqlen_q, s.head_dim);
+  Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", s.batch, s.heads_q,
+                                                                  s.seqlen_q);
   Kokkos::deep_copy(o, std::numeric_limits<T>::quiet_NaN());
   Kokkos::deep_copy(lse, std::numeric_limits<T>::quiet_NaN());
   kfa::forward(Exec(), q, k, v, o, lse, params);
@@ -115,16 +117,20 @@ Gradients<T> run_backward(const Problem& pb, const kfa::Params& params, const Te
   auto v = to_device<T>(pb.v);
   auto dodev = to_device<T>(dout);
   const auto& s = pb.shape;
-  Kokkos::View<T****, Exec::memory_space> o("o", s.batch, s.heads_q, s.seqlen_q, s.head_dim);
-  Kokkos::View<T***, Exec::memory_space> lse("lse", s.batch, s.heads_q, s.seqlen_q);
+  Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space> o("o", s.batch, s.heads_q,
+                                                                 s.seqlen_q, s.head_dim);
+  Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", s.batch, s.heads_q,
+                                                                  s.seqlen_q);
   kfa::forward(Exec(), q, k, v, o, lse, params);
-  Kokkos::View<T****, Exec::memory_space> dq("dq", s.batch, s.heads_q, s.seqlen_q, s.head_dim),
+  Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space> dq("dq", s.batch, s.heads_q,
+                                                                  s.seqlen_q, s.head_dim),
       dk("dk", s.batch, s.heads_k, s.seqlen_k, s.head_dim),
       dv("dv", s.batch, s.heads_k, s.seqlen_k, s.head_dim);
   for (const auto& g : {dq, dk, dv})
     Kokkos::deep_copy(g, std::numeric_limits<T>::quiet_NaN());
   if (dlse.span() > 0) {
-    Kokkos::View<T***, Exec::memory_space> gl("dlse", s.batch, s.heads_q, s.seqlen_q);
+    Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> gl("dlse", s.batch, s.heads_q,
+                                                                   s.seqlen_q);
     auto h = Kokkos::create_mirror_view(gl);
     for (std::size_t e = 0; e < h.span(); ++e)
       h.data()[e] = static_cast<T>(dlse.data()[e]);
@@ -141,8 +147,8 @@ Gradients<T> run_backward(const Problem& pb, const kfa::Params& params, const Te
 /// device and copied to the host; empty when params.dropout is 0.
 inline Keep4 keep_mask(const Shape& s, const kfa::Params& params) {
   if (!(params.dropout > 0)) return {};
-  Kokkos::View<std::uint8_t****, Exec::memory_space> keep("keep", s.batch, s.heads_q, s.seqlen_q,
-                                                          s.seqlen_k);
+  Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, Exec::memory_space> keep(
+      "keep", s.batch, s.heads_q, s.seqlen_q, s.seqlen_k);
   kfa::dropout_mask(Exec(), keep, params);
   Keep4 h("keep_host", s.batch, s.heads_q, s.seqlen_q, s.seqlen_k);
   Kokkos::deep_copy(h, keep);
@@ -257,7 +263,11 @@ void check_backward_case(const Shape& s, const kfa::Params& p, bool with_dlse = 
   ASSERT_TRUE(all_written(g.dv)) << "dv has unwritten (NaN) elements";
   const auto c = kfa::reference::check_backward<T>(pb.q, pb.k, pb.v, p, dout, dlse, g.dq, g.dk,
                                                    g.dv, keep_mask(s, p));
-  for (const auto& [name, r] : {std::pair{"dQ", c.dq}, {"dK", c.dk}, {"dV", c.dv}})
+  // A named array rather than a braced list in the loop header: nvcc's front end rejects the
+  // latter.
+  const std::pair<const char*, kfa::reference::Check> checks[] = {
+      {"dQ", c.dq}, {"dK", c.dk}, {"dV", c.dv}};
+  for (const auto& [name, r] : checks)
     EXPECT_TRUE(r.ok()) << name << ": err " << r.err << " > bound " << r.bound
                         << " (naive same-precision err " << r.naive_err << ")";
 }

@@ -184,7 +184,8 @@ TEST(Backward, StridedLayoutMatchesContiguous) {
   const auto contiguous = run_backward<float>(pb, p, dout);
 
   using Strided = Kokkos::View<float****, Kokkos::LayoutStride, Exec::memory_space>;
-  using Bshd = Kokkos::View<float****, Exec::memory_space>;  // (B, N, H, D) storage
+  using Bshd =
+      Kokkos::View<float****, Kokkos::LayoutRight, Exec::memory_space>;  // (B, N, H, D) storage
   const Kokkos::LayoutStride layout(B, std::size_t(N) * H * D, H, D, N, std::size_t(H) * D, D, 1);
   auto make = [&](const Tensor4* src, const char* label) {
     Bshd store(std::string(label), B, N, H, D);
@@ -206,7 +207,7 @@ TEST(Backward, StridedLayoutMatchesContiguous) {
   auto [dqs, dq] = make(nullptr, "dq");
   auto [dks, dk] = make(nullptr, "dk");
   auto [dvs, dv] = make(nullptr, "dv");
-  Kokkos::View<float***, Exec::memory_space> lse("lse", B, H, N);
+  Kokkos::View<float***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", B, H, N);
   kfa::forward(Exec(), q, k, v, o, lse, p);
   kfa::backward(Exec(), q, k, v, o, lse, dov, dq, dk, dv, p);
   Kokkos::fence();

@@ -77,7 +77,7 @@ TEST(Dropout, KeptFractionIsOneMinusP) {
     EXPECT_NEAR(kept_fraction(keep), 1 - p, 0.01) << "p = " << p;
   }
   // dropout = 0: kfa::dropout_mask keeps everything.
-  Kokkos::View<std::uint8_t****, Exec::memory_space> all("all", 1, 2, 33, 65);
+  Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, Exec::memory_space> all("all", 1, 2, 33, 65);
   kfa::dropout_mask(Exec(), all, dropout(0, 42));
   Keep4 h("h", 1, 2, 33, 65);
   Kokkos::deep_copy(h, all);
@@ -237,7 +237,7 @@ INSTANTIATE_TEST_SUITE_P(
 // Bad input: dropout outside [0, 1) in the materialiser; the reference refuses to guess a
 // mask it was not given.
 TEST(Dropout, BadInput) {
-  Kokkos::View<std::uint8_t****, Exec::memory_space> keep("keep", 1, 1, 4, 4);
+  Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, Exec::memory_space> keep("keep", 1, 1, 4, 4);
   for (double p : {1.0, -0.1, std::nan("")}) {
     try {
       kfa::dropout_mask(Exec(), keep, dropout(p, 1));

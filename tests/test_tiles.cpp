@@ -168,9 +168,11 @@ void check_for_each_element(bool threads) {
     std::vector<int> seen(std::size_t(rows) * cols + 1, 0);
     on_one_team(
         [&](const Member& team) {
-          Ops::for_each_element(team, rows, cols, [&](int r, int c) {
-            Kokkos::atomic_add(&seen[std::size_t(r) * cols + c], 1);
-          });
+          int* count = seen.data();
+          Ops::for_each_element(
+              team, rows, cols, KOKKOS_LAMBDA(int r, int c) {
+                Kokkos::atomic_add(&count[std::size_t(r) * cols + c], 1);
+              });
         },
         threads);
     for (std::size_t e = 0; e + 1 < seen.size(); ++e)

@@ -37,7 +37,8 @@ void check_unfused(const Shape& s, bool causal) {
     return t;
   };
   auto o = poisoned(pb.q), dq = poisoned(pb.q), dk = poisoned(pb.k), dv = poisoned(pb.v);
-  Kokkos::View<T***, Exec::memory_space> lse("lse", s.batch, s.heads_q, s.seqlen_q);
+  Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", s.batch, s.heads_q,
+                                                                  s.seqlen_q);
   Kokkos::deep_copy(lse, std::numeric_limits<T>::quiet_NaN());
 
   kfa_bench::unfused::Attention<T> attention(s.batch, s.heads_q, s.seqlen_q, s.seqlen_k, s.head_dim,
@@ -89,7 +90,7 @@ TEST(Unfused, KeepsMaskedProbabilities) {
   Problem pb(s, 11);
   auto q = to_device<double>(pb.q), k = to_device<double>(pb.k), v = to_device<double>(pb.v);
   auto o = to_device<double>(pb.q);
-  Kokkos::View<double***, Exec::memory_space> lse("lse", 1, 1, 50);
+  Kokkos::View<double***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", 1, 1, 50);
   kfa_bench::unfused::Attention<double> attention(1, 1, 50, 50, 16, true);
   attention.forward(q, k, v, o, lse);
   const auto p = to_host<Tensor4>(attention.probabilities(), "p");

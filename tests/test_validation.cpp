@@ -10,8 +10,8 @@
 namespace {
 
 using namespace kfa_test;
-using V4 = Kokkos::View<float****, Exec::memory_space>;
-using V3 = Kokkos::View<float***, Exec::memory_space>;
+using V4 = Kokkos::View<float****, Kokkos::LayoutRight, Exec::memory_space>;
+using V3 = Kokkos::View<float***, Kokkos::LayoutRight, Exec::memory_space>;
 
 struct Args {
   V4 q{"q", 2, 4, 10, 32}, k{"k", 2, 2, 12, 32}, v{"v", 2, 2, 12, 32}, o{"o", 2, 4, 10, 32};

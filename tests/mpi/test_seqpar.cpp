@@ -85,9 +85,10 @@ void check_forward(const Case& c, kmpi::Mode mode, kmpi::Layout layout) {
   auto q = to_device<float>(my_rows(pb.q, layout, "q"));
   auto k = to_device<float>(my_rows(pb.k, layout, "k"));
   auto v = to_device<float>(my_rows(pb.v, layout, "v"));
-  Kokkos::View<float****, Exec::memory_space> o("o", q.extent(0), q.extent(1), q.extent(2),
-                                                q.extent(3));
-  Kokkos::View<float***, Exec::memory_space> lse("lse", q.extent(0), q.extent(1), q.extent(2));
+  Kokkos::View<float****, Kokkos::LayoutRight, Exec::memory_space> o("o", q.extent(0), q.extent(1),
+                                                                     q.extent(2), q.extent(3));
+  Kokkos::View<float***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", q.extent(0),
+                                                                      q.extent(1), q.extent(2));
   Kokkos::deep_copy(o, std::numeric_limits<float>::quiet_NaN());
   Kokkos::deep_copy(lse, std::numeric_limits<float>::quiet_NaN());
   const kmpi::SeqPar sp{MPI_COMM_WORLD, s.seqlen_q, s.seqlen_k, layout, mode};
@@ -119,8 +120,8 @@ Tensor4 assemble(const Tensor4& local, long long N, kmpi::Layout layout) {
   return g;
 }
 
-using Dev4 = Kokkos::View<float****, Exec::memory_space>;
-using Dev3 = Kokkos::View<float***, Exec::memory_space>;
+using Dev4 = Kokkos::View<float****, Kokkos::LayoutRight, Exec::memory_space>;
+using Dev3 = Kokkos::View<float***, Kokkos::LayoutRight, Exec::memory_space>;
 
 /// kfa::mpi::forward then kfa::mpi::backward on this rank's rows, in float; the gradients are
 /// poisoned with NaN beforehand.
@@ -269,8 +270,10 @@ TEST(SeqPar, BadInputOnOneRankEndsEveryRank) {
     auto v = to_device<float>(my_rows(pb.v, layout, "v"));
     if (bad_rows && comm_rank() == last)  // one row too many on the last rank
       q = to_device<float>(Tensor4("q", 1, 2, q.extent(2) + 1, 16));
-    Kokkos::View<float****, Exec::memory_space> o("o", q.extent(0), q.extent(1), q.extent(2), 16);
-    Kokkos::View<float***, Exec::memory_space> lse("lse", q.extent(0), q.extent(1), q.extent(2));
+    Kokkos::View<float****, Kokkos::LayoutRight, Exec::memory_space> o(
+        "o", q.extent(0), q.extent(1), q.extent(2), 16);
+    Kokkos::View<float***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", q.extent(0),
+                                                                        q.extent(1), q.extent(2));
     for (auto mode : {kmpi::Mode::ring, kmpi::Mode::tree}) {
       const kmpi::SeqPar sp{MPI_COMM_WORLD, s.seqlen_q, s.seqlen_k, layout, mode};
       std::string got;
