@@ -134,6 +134,26 @@ KOKKOS_INLINE_FUNCTION Acc exp(Acc x) {
     return exp_double(x);
 }
 
+/// An m x n block of C (+)= A B by plain loops: the edges the micro-kernel blocks leave, and
+/// whole blocks where the vector extension is not available.
+template <class Acc>
+KOKKOS_INLINE_FUNCTION void edge_kernel(int m, int n, int k, const Acc* a, int a_rs, int a_cs,
+                                        const Acc* b, int ldb, Acc* c, int ldc, bool accumulate) {
+  for (int i = 0; i < m; ++i) {
+    Acc* ci = c + static_cast<std::ptrdiff_t>(i) * ldc;
+    if (!accumulate)
+      for (int j = 0; j < n; ++j)
+        ci[j] = Acc(0);
+    for (int p = 0; p < k; ++p) {
+      const Acc ai =
+          a[static_cast<std::ptrdiff_t>(i) * a_rs + static_cast<std::ptrdiff_t>(p) * a_cs];
+      const Acc* bp = b + static_cast<std::ptrdiff_t>(p) * ldb;
+      for (int j = 0; j < n; ++j)
+        ci[j] += ai * bp[j];
+    }
+  }
+}
+
 /// One MR x NR block of C (+)= A B; see TileOps::gemm for the operands.
 template <int MR, int NR, class Acc>
 KOKKOS_INLINE_FUNCTION void micro_kernel(int k, const Acc* a, int a_rs, int a_cs, const Acc* b,
@@ -170,48 +190,9 @@ KOKKOS_INLINE_FUNCTION void micro_kernel(int k, const Acc* a, int a_rs, int a_cs
     }
   }
 #else
-  Acc acc[MR][NR];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j)
-      acc[i][j] = Acc(0);
-  for (int p = 0; p < k; ++p) {
-    const Acc* bp = b + static_cast<std::ptrdiff_t>(p) * ldb;
-    const Acc* ap = a + static_cast<std::ptrdiff_t>(p) * a_cs;
-    for (int i = 0; i < MR; ++i) {
-      const Acc ai = ap[static_cast<std::ptrdiff_t>(i) * a_rs];
-      for (int j = 0; j < NR; ++j)
-        acc[i][j] += ai * bp[j];
-    }
-  }
-  for (int i = 0; i < MR; ++i) {
-    Acc* ci = c + static_cast<std::ptrdiff_t>(i) * ldc;
-    if (accumulate)
-      for (int j = 0; j < NR; ++j)
-        ci[j] += acc[i][j];
-    else
-      for (int j = 0; j < NR; ++j)
-        ci[j] = acc[i][j];
-  }
+  // Without the vector extension: the plain loops of the edges, for a full block.
+  edge_kernel(MR, NR, k, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
 #endif
-}
-
-/// The edges of C that the micro-kernel blocks do not cover: m x n by plain loops.
-template <class Acc>
-KOKKOS_INLINE_FUNCTION void edge_kernel(int m, int n, int k, const Acc* a, int a_rs, int a_cs,
-                                        const Acc* b, int ldb, Acc* c, int ldc, bool accumulate) {
-  for (int i = 0; i < m; ++i) {
-    Acc* ci = c + static_cast<std::ptrdiff_t>(i) * ldc;
-    if (!accumulate)
-      for (int j = 0; j < n; ++j)
-        ci[j] = Acc(0);
-    for (int p = 0; p < k; ++p) {
-      const Acc ai =
-          a[static_cast<std::ptrdiff_t>(i) * a_rs + static_cast<std::ptrdiff_t>(p) * a_cs];
-      const Acc* bp = b + static_cast<std::ptrdiff_t>(p) * ldb;
-      for (int j = 0; j < n; ++j)
-        ci[j] += ai * bp[j];
-    }
-  }
 }
 
 }  // namespace kfa::backends::host
