@@ -40,6 +40,12 @@ double parse_double(const std::string& flag, const std::string& text) {
   return v;
 }
 
+DType parse_dtype(const std::string& flag, const std::string& text) {
+  if (text == "float" || text == "float32") return DType::f32;
+  if (text == "double" || text == "float64") return DType::f64;
+  throw InputError(flag + " expects float or double, got '" + text + "'");
+}
+
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> parts;
   std::stringstream ss(s);

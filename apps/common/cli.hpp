@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "h5io.hpp"
+
 namespace kfa_apps {
 
 /// An integer >= min for `flag`; throws InputError naming the flag otherwise.
@@ -15,6 +17,9 @@ long long parse_int(const std::string& flag, const std::string& text, long long 
 
 /// A finite number for `flag`; throws InputError naming the flag otherwise.
 double parse_double(const std::string& flag, const std::string& text);
+
+/// float (float32) or double (float64) for `flag`; throws InputError naming the flag otherwise.
+DType parse_dtype(const std::string& flag, const std::string& text);
 
 /// "a,b,c" -> {"a", "b", "c"}; a trailing comma gives a trailing empty part.
 std::vector<std::string> split(const std::string& s);

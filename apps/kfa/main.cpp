@@ -48,6 +48,7 @@ using kfa_apps::DType;
 using kfa_apps::exact;
 using kfa_apps::InputError;
 using kfa_apps::parse_dims;
+using kfa_apps::parse_dtype;
 using kfa_apps::parse_int;
 using Exec = Kokkos::DefaultExecutionSpace;
 
@@ -134,13 +135,7 @@ Options parse(int argc, char** argv) {
     } else if (flag == "--seqlen-k") {
       o.seqlen_k = parse_int(flag, value(), 1);
     } else if (flag == "--dtype") {
-      const std::string t = value();
-      if (t == "float" || t == "float32")
-        o.dtype = DType::f32;
-      else if (t == "double" || t == "float64")
-        o.dtype = DType::f64;
-      else
-        throw InputError("--dtype expects float or double, got '" + t + "'");
+      o.dtype = parse_dtype(flag, value());
     } else if (flag == "--data-seed") {
       o.data_seed = static_cast<unsigned long long>(parse_int(flag, value(), 0));
     } else if (flag == "--repeat") {

@@ -111,13 +111,7 @@ Options parse(int argc, char** argv) {
     } else if (flag == "--seqlen-k") {
       o.seqlen_k = kfa_apps::parse_int(flag, value(), 1);
     } else if (flag == "--dtype") {
-      const std::string t = value();
-      if (t == "float" || t == "float32")
-        o.dtype = DType::f32;
-      else if (t == "double" || t == "float64")
-        o.dtype = DType::f64;
-      else
-        throw InputError("--dtype expects float or double, got '" + t + "'");
+      o.dtype = kfa_apps::parse_dtype(flag, value());
     } else if (flag == "--data-seed") {
       o.data_seed = static_cast<unsigned long long>(kfa_apps::parse_int(flag, value(), 0));
     } else if (flag == "--repeat") {
