@@ -3,6 +3,8 @@
 // seed, copied to the default execution space in the precision under test, and the kernel's
 // outputs copied back as double for comparison with kfa::reference.
 
+#include "narrow_float.hpp"
+
 #include <gtest/gtest.h>
 #include <kfa/kfa.hpp>
 #include <kfa/reference.hpp>
@@ -45,6 +47,15 @@ inline Tensor4 random_tensor(const char* label, int b, int h, int n, int d, std:
   return t;
 }
 
+/// Rounds t's entries to T in place (nothing for float and double, whose conversion the
+/// reference sees anyway): a narrow type's kernel and its reference then see the same inputs.
+template <class T>
+void round_to(const Tensor4& t) {
+  if constexpr (kfa::backends::is_narrow_float<T>::value)
+    for (std::size_t e = 0; e < t.span(); ++e)
+      t.data()[e] = static_cast<double>(T(t.data()[e]));
+}
+
 struct Problem {
   Shape shape;
   Tensor4 q, k, v;
@@ -53,6 +64,14 @@ struct Problem {
     q = random_tensor("q", s.batch, s.heads_q, s.seqlen_q, s.head_dim, gen, amp_qk);
     k = random_tensor("k", s.batch, s.heads_k, s.seqlen_k, s.head_dim, gen, amp_qk);
     v = random_tensor("v", s.batch, s.heads_k, s.seqlen_k, s.head_dim, gen);
+  }
+  /// The inputs rounded to T (see round_to).
+  template <class T>
+  Problem& rounded() {
+    round_to<T>(q);
+    round_to<T>(k);
+    round_to<T>(v);
+    return *this;
   }
 };
 
@@ -93,10 +112,10 @@ Outputs<T> run_forward(const Problem& pb, const kfa::Params& params) {
   const auto& s = pb.shape;
   Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space> o("o", s.batch, s.heads_q,
                                                                  s.seqlen_q, s.head_dim);
-  Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", s.batch, s.heads_q,
-                                                                  s.seqlen_q);
-  Kokkos::deep_copy(o, std::numeric_limits<T>::quiet_NaN());
-  Kokkos::deep_copy(lse, std::numeric_limits<T>::quiet_NaN());
+  Kokkos::View<lse_t<T>***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", s.batch, s.heads_q,
+                                                                         s.seqlen_q);
+  Kokkos::deep_copy(o, quiet_nan<T>());
+  Kokkos::deep_copy(lse, quiet_nan<lse_t<T>>());
   kfa::forward(Exec(), q, k, v, o, lse, params);
   Kokkos::fence();
   return {to_host<Tensor4>(o, "o"), to_host<Tensor3>(lse, "lse")};
@@ -119,21 +138,21 @@ Gradients<T> run_backward(const Problem& pb, const kfa::Params& params, const Te
   const auto& s = pb.shape;
   Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space> o("o", s.batch, s.heads_q,
                                                                  s.seqlen_q, s.head_dim);
-  Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", s.batch, s.heads_q,
-                                                                  s.seqlen_q);
+  Kokkos::View<lse_t<T>***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", s.batch, s.heads_q,
+                                                                         s.seqlen_q);
   kfa::forward(Exec(), q, k, v, o, lse, params);
   Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space> dq("dq", s.batch, s.heads_q,
                                                                   s.seqlen_q, s.head_dim),
       dk("dk", s.batch, s.heads_k, s.seqlen_k, s.head_dim),
       dv("dv", s.batch, s.heads_k, s.seqlen_k, s.head_dim);
   for (const auto& g : {dq, dk, dv})
-    Kokkos::deep_copy(g, std::numeric_limits<T>::quiet_NaN());
+    Kokkos::deep_copy(g, quiet_nan<T>());
   if (dlse.span() > 0) {
-    Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> gl("dlse", s.batch, s.heads_q,
-                                                                   s.seqlen_q);
+    Kokkos::View<lse_t<T>***, Kokkos::LayoutRight, Exec::memory_space> gl("dlse", s.batch,
+                                                                          s.heads_q, s.seqlen_q);
     auto h = Kokkos::create_mirror_view(gl);
     for (std::size_t e = 0; e < h.span(); ++e)
-      h.data()[e] = static_cast<T>(dlse.data()[e]);
+      h.data()[e] = static_cast<lse_t<T>>(dlse.data()[e]);
     Kokkos::deep_copy(gl, h);
     kfa::backward(Exec(), q, k, v, o, lse, dodev, gl, dq, dk, dv, params);
   } else {
@@ -219,9 +238,10 @@ inline std::string describe(const kfa::Params& p) {
 template <class T>
 void check_case(const Shape& s, const kfa::Params& p, int salt = 0, double amp_qk = 1.0) {
   const std::uint64_t seed = seed_of(s, salt);
-  SCOPED_TRACE(::testing::Message() << s << " " << describe(p) << " seed=" << seed
-                                    << (std::is_same_v<T, float> ? " float" : " double"));
+  SCOPED_TRACE(::testing::Message()
+               << s << " " << describe(p) << " seed=" << seed << " " << type_name<T>());
   Problem pb(s, seed, amp_qk);
+  pb.rounded<T>();
   auto out = run_forward<T>(pb, p);
   // Poisoned with NaN before the call: a NaN left means an element was not written
   // (the reference itself never produces NaN for finite inputs).
@@ -251,11 +271,13 @@ void check_backward_case(const Shape& s, const kfa::Params& p, bool with_dlse = 
                          double amp_qk = 1.0) {
   const std::uint64_t seed = seed_of(s, salt + 1000);
   SCOPED_TRACE(::testing::Message() << s << " " << describe(p) << (with_dlse ? " dlse" : "")
-                                    << (p.deterministic ? " deterministic" : " atomic") << " seed="
-                                    << seed << (std::is_same_v<T, float> ? " float" : " double"));
+                                    << (p.deterministic ? " deterministic" : " atomic")
+                                    << " seed=" << seed << " " << type_name<T>());
   Problem pb(s, seed, amp_qk);
+  pb.rounded<T>();
   std::mt19937_64 gen(seed + 1);
   const Tensor4 dout = random_tensor("dout", s.batch, s.heads_q, s.seqlen_q, s.head_dim, gen);
+  round_to<T>(dout);
   const Tensor3 dlse = with_dlse ? random_dlse(s, gen) : Tensor3();
   const auto g = run_backward<T>(pb, p, dout, dlse);
   ASSERT_TRUE(all_written(g.dq)) << "dq has unwritten (NaN) elements";

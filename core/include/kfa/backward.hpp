@@ -25,7 +25,8 @@ namespace kfa {
 /// \param dk    output: gradient with respect to k, summed over the query heads of each group.
 /// \param dv    output: gradient with respect to v, summed over the query heads of each group.
 /// \param params the forward's params (scale, masks, softcap), plus `deterministic`.
-/// All tensors: any layout with unit head_dim stride; one value type (float or double).
+/// All tensors: any layout with unit head_dim stride; one value type (float, double or a
+/// narrow float type, as for kfa::forward; narrow types accumulate in float, dq too).
 /// Nothing but o and lse is kept from the forward: P is recomputed as exp(S - LSE).
 /// params.deterministic = false (default) adds dQ with atomics from the key-tile teams, the
 /// faster way on the machines measured (perf/results); true recomputes the tiles in a

@@ -22,8 +22,11 @@ namespace kfa {
 /// \param lse   output (batch, heads_q, seqlen_q): natural log of the softmax denominator of the
 ///              scaled, masked scores; -inf (with o = 0) for a query that sees no key.
 /// \param params scale, masks, softcap (see kfa::Params).
-/// q, k, v share one value type (float or double); o has the same type; lse is float or wider.
-/// Accumulation is in float for float inputs and in double for double.
+/// q, k, v share one value type: float, double, or a narrow float type (Kokkos' half_t and
+/// bhalf_t where the Kokkos build makes them 16-bit types; see backends::is_narrow_float);
+/// o has the same type; lse is float or wider.
+/// Accumulation is in double for double inputs and in float otherwise; a narrow type's inputs
+/// are converted to float on load and o is rounded once, on store.
 /// \throws kfa::Error on the host, before any launch, for shapes that disagree, head_dim outside
 ///         [1, 256], a non-unit head_dim stride or invalid params.
 template <class ExecSpace, class Q, class K, class V, class O, class Lse>
@@ -39,8 +42,9 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
                     std::is_same_v<T, typename V::non_const_value_type> &&
                     std::is_same_v<T, typename O::value_type>,
                 "kfa::forward: q, k, v and o must share one value type (o non-const)");
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "kfa::forward: value type must be float or double");
+  static_assert(backends::is_value_type_v<T>,
+                "kfa::forward: value type must be float, double, or Kokkos half_t / bhalf_t "
+                "where they are 16-bit types (backends::is_narrow_float)");
   using L = typename Lse::value_type;
   static_assert(std::is_floating_point_v<L> && sizeof(L) >= sizeof(float),
                 "kfa::forward: lse must be non-const float or wider");

@@ -13,6 +13,7 @@
 /// the keep-mask (for instance from kfa::dropout_mask) and applies it from the definition:
 /// O = (softmax(S) * Z) V with Z = keep / (1 - p), LSE unaffected.
 
+#include <kfa/backends/portability.hpp>
 #include <kfa/params.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -63,6 +64,35 @@ struct DropoutWeight {
   }
 };
 
+/// The arithmetic type of the naive algorithm "in precision T": T itself, or float for a narrow
+/// type (backends::is_narrow_float), which is computed as the usual unfused 16-bit attention
+/// is (PyTorch's): products accumulated in float, and each materialised matrix (S, P, O, dP,
+/// dS, the gradients) rounded to T.
+template <class T>
+using compute_t = std::conditional_t<backends::is_narrow_float<T>::value, float, T>;
+
+/// x rounded to T and back, for a narrow T; x itself otherwise.
+template <class T>
+compute_t<T> round_to(compute_t<T> x) {
+  if constexpr (backends::is_narrow_float<T>::value)
+    return static_cast<float>(T(x));
+  else
+    return x;
+}
+
+/// Machine epsilon of a value type kfa takes; for a narrow type measured by rounding 1 + 2^-k.
+template <class T>
+double epsilon() {
+  if constexpr (backends::is_narrow_float<T>::value) {
+    double eps = 1;
+    while (static_cast<float>(T(1.0f + static_cast<float>(eps / 2))) != 1.0f)
+      eps /= 2;
+    return eps;
+  } else {
+    return std::numeric_limits<T>::epsilon();
+  }
+}
+
 /// Whether query i sees key j, straight from the definition in kfa::Params.
 inline bool visible(const Params& p, long long i, long long j, long long seqlen_q,
                     long long seqlen_k) {
@@ -75,7 +105,7 @@ inline bool visible(const Params& p, long long i, long long j, long long seqlen_
 
 /// Row i of the scaled, softcapped scores of head h (kv head hk) in precision T, into s[j]
 /// for the visible keys j; returns their maximum (-inf when none is visible).
-template <class T>
+template <class T_, class T = compute_t<T_>>
 T scores_row(const Tensor4& q, const Tensor4& k, const Params& p, int b, int h, int hk, int i,
              T scale, T cap, std::vector<T>& s) {
   const int Nq = q.extent(2), Nk = k.extent(2), D = q.extent(3);
@@ -87,7 +117,7 @@ T scores_row(const Tensor4& q, const Tensor4& k, const Params& p, int b, int h, 
       dot += static_cast<T>(q(b, h, i, d)) * static_cast<T>(k(b, hk, j, d));
     T sj = scale * dot;
     if (cap > 0) sj = cap * std::tanh(sj / cap);
-    s[j] = sj;
+    s[j] = sj = round_to<T_>(sj);
     mx = std::max(mx, sj);
   }
   return mx;
@@ -96,9 +126,11 @@ T scores_row(const Tensor4& q, const Tensor4& k, const Params& p, int b, int h, 
 /// Naive forward computed in precision T from double inputs; results stored as double.
 /// o and lse must be allocated with the shapes of q and (batch, heads_q, seqlen_q); keep is
 /// the dropout keep-mask, needed only when p.dropout > 0.
-template <class T>
+template <class T_>
 void forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params& p,
              const Tensor4& o, const Tensor3& lse, const Keep4& keep = {}) {
+  using T = compute_t<T_>;
+  constexpr bool narrow = backends::is_narrow_float<T_>::value;
   const int B = q.extent(0), Hq = q.extent(1), Nq = q.extent(2), D = q.extent(3);
   const int Hk = k.extent(1), Nk = k.extent(2);
   const DropoutWeight<T> z(p, keep, B, Hq, Nq, Nk);
@@ -109,19 +141,20 @@ void forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params&
     for (int h = 0; h < Hq; ++h) {
       const int hk = h / (Hq / Hk);
       for (int i = 0; i < Nq; ++i) {
-        const T mx = scores_row(q, k, p, b, h, hk, i, scale, cap, s);
+        const T mx = scores_row<T_>(q, k, p, b, h, hk, i, scale, cap, s);
         T sum = 0;
         std::fill(acc.begin(), acc.end(), T(0));
+        for (int j = 0; j < Nk; ++j)
+          if (visible(p, i, j, Nq, Nk)) sum += s[j] = std::exp(s[j] - mx);
         for (int j = 0; j < Nk; ++j) {
           if (!visible(p, i, j, Nq, Nk)) continue;
-          const T pj = std::exp(s[j] - mx);
-          sum += pj;
-          const T pz = pj * z(b, h, i, j);
+          // A narrow type's P is normalised and rounded before P V, as an unfused one is.
+          const T pz = (narrow ? round_to<T_>(s[j] / sum) : s[j]) * z(b, h, i, j);
           for (int d = 0; d < D; ++d)
             acc[d] += pz * static_cast<T>(v(b, hk, j, d));
         }
         for (int d = 0; d < D; ++d)
-          o(b, h, i, d) = sum > 0 ? double(acc[d] / sum) : 0.0;
+          o(b, h, i, d) = sum > 0 ? double(round_to<T_>(narrow ? acc[d] : acc[d] / sum)) : 0.0;
         lse(b, h, i) =
             sum > 0 ? double(mx + std::log(sum)) : -std::numeric_limits<double>::infinity();
       }
@@ -137,10 +170,11 @@ void forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params&
 /// dK and dV summed over the query heads sharing a kv head. dlse may be an empty view (no LSE
 /// gradient); keep is the dropout keep-mask, needed only when p.dropout > 0. Outputs must be
 /// allocated with the shapes of q, k and v.
-template <class T>
+template <class T_>
 void backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params& p,
               const Tensor4& dout, const Tensor3& dlse, const Tensor4& dq, const Tensor4& dk,
               const Tensor4& dv, const Keep4& keep = {}) {
+  using T = compute_t<T_>;
   const int B = q.extent(0), Hq = q.extent(1), Nq = q.extent(2), D = q.extent(3);
   const int Hk = k.extent(1), Nk = k.extent(2);
   const DropoutWeight<T> z(p, keep, B, Hq, Nq, Nk);
@@ -154,21 +188,21 @@ void backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params
     for (int h = 0; h < Hq; ++h) {
       const int hk = h / (Hq / Hk);
       for (int i = 0; i < Nq; ++i) {
-        const T mx = scores_row(q, k, p, b, h, hk, i, scale, cap, s);
+        const T mx = scores_row<T_>(q, k, p, b, h, hk, i, scale, cap, s);
         T sum = 0;
         for (int j = 0; j < Nk; ++j)
           if (visible(p, i, j, Nq, Nk)) sum += pr[j] = std::exp(s[j] - mx);
         std::fill(o.begin(), o.end(), T(0));
         for (int j = 0; j < Nk; ++j) {
           if (!visible(p, i, j, Nq, Nk)) continue;
-          pr[j] /= sum;
+          pr[j] = round_to<T_>(pr[j] / sum);
           const T pz = pr[j] * z(b, h, i, j);
           for (int d = 0; d < D; ++d)
             o[d] += pz * static_cast<T>(v(b, hk, j, d));
         }
         T di = 0;
         for (int d = 0; d < D; ++d)
-          di += static_cast<T>(dout(b, h, i, d)) * o[d];
+          di += static_cast<T>(dout(b, h, i, d)) * round_to<T_>(o[d]);
         const T gl = has_dlse ? static_cast<T>(dlse(b, h, i)) : T(0);
         std::fill(gq.begin(), gq.end(), T(0));
         for (int j = 0; j < Nk; ++j) {
@@ -176,9 +210,11 @@ void backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params
           T dp = 0;
           for (int d = 0; d < D; ++d)
             dp += static_cast<T>(dout(b, h, i, d)) * static_cast<T>(v(b, hk, j, d));
+          dp = round_to<T_>(dp);
           const T zj = z(b, h, i, j);
           T ds = pr[j] * (zj * dp - di + gl);
           if (cap > 0) ds *= T(1) - (s[j] / cap) * (s[j] / cap);
+          ds = round_to<T_>(ds);
           T* gkj = &gk[(std::size_t(hk) * Nk + j) * D];
           T* gvj = &gv[(std::size_t(hk) * Nk + j) * D];
           const T pz = pr[j] * zj;
@@ -189,14 +225,14 @@ void backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params
           }
         }
         for (int d = 0; d < D; ++d)
-          dq(b, h, i, d) = double(gq[d]);
+          dq(b, h, i, d) = double(round_to<T_>(gq[d]));
       }
     }
     for (int hk = 0; hk < Hk; ++hk)
       for (int j = 0; j < Nk; ++j)
         for (int d = 0; d < D; ++d) {
-          dk(b, hk, j, d) = double(gk[(std::size_t(hk) * Nk + j) * D + d]);
-          dv(b, hk, j, d) = double(gv[(std::size_t(hk) * Nk + j) * D + d]);
+          dk(b, hk, j, d) = double(round_to<T_>(gk[(std::size_t(hk) * Nk + j) * D + d]));
+          dv(b, hk, j, d) = double(round_to<T_>(gv[(std::size_t(hk) * Nk + j) * D + d]));
         }
   }
 }
@@ -240,7 +276,9 @@ struct ForwardCheck {
 ///   double: err <= 1e-12 * max(1, max|ref|).
 template <class T, class A, class N, class R>
 Check apply_rule(const A& tested, const N& naive, const R& ref, double factor = 2) {
-  double ref_max = 1;
+  // A narrow type's floor scales with the largest |ref| itself (its ulp is coarse enough that
+  // max(1, .) would hide errors in outputs much smaller than 1).
+  double ref_max = backends::is_narrow_float<T>::value ? 0 : 1;
   for (std::size_t e = 0; e < ref.span(); ++e)
     if (std::isfinite(ref.data()[e])) ref_max = std::max(ref_max, std::fabs(ref.data()[e]));
   Check c;
@@ -249,7 +287,9 @@ Check apply_rule(const A& tested, const N& naive, const R& ref, double factor = 
     c.bound = 1e-12 * ref_max;
   } else {
     c.naive_err = max_abs_diff(naive, ref);
-    c.bound = factor * c.naive_err + 8 * std::numeric_limits<T>::epsilon() * ref_max;
+    // The floor: 8 ulps of float; 2 of a narrow type, whose ulp is already coarse (bf16: 2^-7).
+    const double floor_ulps = backends::is_narrow_float<T>::value ? 2 : 8;
+    c.bound = factor * c.naive_err + floor_ulps * epsilon<T>() * ref_max;
   }
   return c;
 }

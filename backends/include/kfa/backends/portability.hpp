@@ -4,6 +4,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <type_traits>
+
 namespace kfa::backends {
 
 #if KOKKOS_VERSION >= 30700
@@ -22,7 +24,28 @@ KOKKOS_INLINE_FUNCTION constexpr T infinity() {
   return Kokkos::Experimental::infinity<T>::value;
 }
 
-/// Accumulation type: float for float and narrower types, double for double.
+/// Value types stored narrower than float and computed in float: loaded into float tiles,
+/// accumulated in float, rounded once when the result is stored. True for Kokkos' half_t and
+/// bhalf_t where they are real 16-bit types (builds with CUDA, HIP or SYCL; a host-only Kokkos
+/// defines both as float, and bhalf_t exists from Kokkos 3.6). Specialise it for another
+/// storage type that converts explicitly from and to float.
+template <class T>
+struct is_narrow_float : std::false_type {};
+#if defined(KOKKOS_HALF_T_IS_FLOAT) && !KOKKOS_HALF_T_IS_FLOAT
+template <>
+struct is_narrow_float<Kokkos::Experimental::half_t> : std::true_type {};
+#endif
+#if defined(KOKKOS_BHALF_T_IS_FLOAT) && !KOKKOS_BHALF_T_IS_FLOAT
+template <>
+struct is_narrow_float<Kokkos::Experimental::bhalf_t> : std::true_type {};
+#endif
+
+/// Whether kfa takes T as the value type of its tensors: float, double or a narrow float.
+template <class T>
+inline constexpr bool is_value_type_v =
+    std::is_same_v<T, float> || std::is_same_v<T, double> || is_narrow_float<T>::value;
+
+/// Accumulation type: double for double, float for float and the narrow types.
 template <class T>
 using accum_t = std::conditional_t<std::is_same_v<std::remove_cv_t<T>, double>, double, float>;
 

@@ -32,6 +32,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
@@ -40,6 +41,7 @@ namespace kfa::impl {
 /// The views of a backward pass, carried as one value by the kernels.
 template <class Q, class K, class V, class DO, class Lse, class DQ, class DK, class DV>
 struct BackwardViews {
+  using dq_value = typename DQ::value_type;  ///< float for narrow types on the atomic path
   Q q;
   K k;
   V v;
@@ -55,7 +57,7 @@ template <class ExecSpace, class T, class Views>
 struct BackwardCommon {
   using acc_t = backends::accum_t<T>;
   using traits = backends::TileTraits<ExecSpace, T>;
-  using ops = backends::TileOps<ExecSpace, acc_t>;
+  using ops = backends::TileOps<ExecSpace, T>;
   using policy_t = Kokkos::TeamPolicy<ExecSpace>;
   using member_t = typename policy_t::member_type;
   using scratch_view =
@@ -95,6 +97,13 @@ struct BackwardCommon {
 
   /// Whether any row of the query tile at q0 (nr rows) sees any key of the tile at k0 (nc keys):
   /// mask ends grow with the row, so the first row's lo and the last row's hi bound the tile.
+  /// out = x, or out += x when accumulating, rounded once to out's type (a narrow type is
+  /// summed in acc_t, not in 16 bits).
+  template <class Out>
+  KOKKOS_INLINE_FUNCTION void store(Out& out, acc_t x) const {
+    out = Out(accumulate ? static_cast<acc_t>(out) + x : x);
+  }
+
   KOKKOS_INLINE_FUNCTION bool tiles_meet(int q0, int nr, int k0, int nc) const {
     return mask.lo(q0) <= k0 + nc - 1 && mask.hi(q0 + nr - 1) >= k0 &&
            mask.lo(q0) <= mask.hi(q0 + nr - 1);
@@ -281,7 +290,7 @@ struct BackwardPreprocess {
     delta(b, h, i) = sum;
     if (zero_dq)
       for (int d = 0; d < D; ++d)
-        dq(b, h, i, d) = 0;
+        dq(b, h, i, d) = typename DQ::value_type(acc_t(0));
   }
 };
 
@@ -296,8 +305,15 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views> {
   bool atomic_dq;
   int level;
 
+  /// Narrow dq types take no atomic adds: impl::backward gives them a float accumulator.
+  static constexpr bool atomic_capable =
+      !backends::is_narrow_float<typename Views::dq_value>::value;
+
   KeyValueKernel(const base& common, bool atomic_dq_)
-      : base(common), atomic_dq(atomic_dq_), level(base::level_for(scratch_bytes())) {}
+      : base(common), atomic_dq(atomic_dq_), level(base::level_for(scratch_bytes())) {
+    if (atomic_dq && !atomic_capable)
+      fail("backward", "internal: atomic dQ into a 16-bit view (use a float accumulator)");
+  }
 
   std::size_t scratch_bytes() const { return base::scratch_bytes(true); }
 
@@ -332,14 +348,16 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views> {
         this->load_query_tile(team, b, h, q0, nr, sc.qs, sc.dos, sc.lse_s, sc.delta_s);
         team.team_barrier();
         this->tile_p_ds(team, b, h, q0, nr, k0, nc, sc);
-        if (atomic_dq) {  // dQ_i += scale dS K_j, added into dq
-          ops::gemm(team, nr, D, nc, sc.ds, Bt, 1, sc.ks, D, sc.dqs, D, false);
-          team.team_barrier();
-          const acc_t dq_scale = this->scale;
-          ops::for_each_element(team, nr, D, [&](int r, int d) {
-            Kokkos::atomic_add(&this->t.dq(b, h, q0 + r, d),
-                               static_cast<T>(dq_scale * sc.dqs[r * D + d]));
-          });
+        if constexpr (atomic_capable) {
+          if (atomic_dq) {  // dQ_i += scale dS K_j, added into dq
+            ops::gemm(team, nr, D, nc, sc.ds, Bt, 1, sc.ks, D, sc.dqs, D, false);
+            team.team_barrier();
+            const acc_t dq_scale = this->scale;
+            ops::for_each_element(team, nr, D, [&](int r, int d) {
+              Kokkos::atomic_add(&this->t.dq(b, h, q0 + r, d),
+                                 typename Views::dq_value(dq_scale * sc.dqs[r * D + d]));
+            });
+          }
         }
         // dV_j += P^T dO_i and dK_j += dS^T (scale Q_i), reading P and dS transposed in place.
         ops::gemm(team, nc, D, nr, sc.p, 1, Bt, sc.dos, D, sc.dvs, D, true);
@@ -348,13 +366,8 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views> {
     team.team_barrier();
     ops::for_each_element(team, nc, D, [&](int c, int d) {
       const int idx = c * D + d;
-      if (this->accumulate) {
-        this->t.dk(b, hk, k0 + c, d) += static_cast<T>(sc.dks[idx]);
-        this->t.dv(b, hk, k0 + c, d) += static_cast<T>(sc.dvs[idx]);
-      } else {
-        this->t.dk(b, hk, k0 + c, d) = static_cast<T>(sc.dks[idx]);
-        this->t.dv(b, hk, k0 + c, d) = static_cast<T>(sc.dvs[idx]);
-      }
+      this->store(this->t.dk(b, hk, k0 + c, d), sc.dks[idx]);
+      this->store(this->t.dv(b, hk, k0 + c, d), sc.dvs[idx]);
     });
   }
 };
@@ -407,9 +420,7 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views> {
     team.team_barrier();
     const acc_t dq_scale = this->scale;
     ops::for_each_element(team, nr, D, [&](int r, int d) {
-      const int idx = r * D + d;
-      T& out = this->t.dq(b, h, q0 + r, d);
-      out = static_cast<T>(dq_scale * sc.dqs[idx]) + (this->accumulate ? out : T(0));
+      this->store(this->t.dq(b, h, q0 + r, d), dq_scale * sc.dqs[r * D + d]);
     });
   }
 };
@@ -485,8 +496,9 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
                     std::is_same_v<T, typename DK::value_type> &&
                     std::is_same_v<T, typename DV::value_type>,
                 "kfa::backward: dq, dk and dv must be non-const and of the value type of q");
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "kfa::backward: value type must be float or double");
+  static_assert(backends::is_value_type_v<T>,
+                "kfa::backward: value type must be float, double, or Kokkos half_t / bhalf_t "
+                "where they are 16-bit types (backends::is_narrow_float)");
   static_assert(std::is_floating_point_v<typename Lse::non_const_value_type> &&
                     sizeof(typename Lse::non_const_value_type) >= sizeof(float) &&
                     std::is_floating_point_v<typename DLse::non_const_value_type>,
@@ -504,6 +516,32 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
       delta(Kokkos::view_alloc(std::string("kfa::backward::delta"), Kokkos::WithoutInitializing),
             q.extent(0), q.extent(1), q.extent(2));
   const bool atomic_dq = !params.deterministic;
+  if constexpr (backends::is_narrow_float<T>::value) {
+    if (atomic_dq) {
+      // 16-bit atomic adds would round dQ's running sum once per key tile: the key-tile teams
+      // add into a float copy, rounded to T once at the end (FlashAttention-2's dq_accum).
+      using Acc4 = Kokkos::View<float****, Kokkos::LayoutRight, typename ExecSpace::memory_space>;
+      Acc4 dq_acc(
+          Kokkos::view_alloc(std::string("kfa::backward::dq_accum"), Kokkos::WithoutInitializing),
+          q.extent(0), q.extent(1), q.extent(2), q.extent(3));
+      backward_delta(space, delta, dout, o, dlse, dq_acc, true);
+      using AccViews = BackwardViews<Q, K, V, DO, Lse, Acc4, DK, DV>;
+      launch_backward(space,
+                      BackwardCommon<ExecSpace, T, AccViews>(
+                          AccViews{q, k, v, dout, lse, dq_acc, dk, dv}, delta, params, at),
+                      true);
+      Kokkos::parallel_for(
+          "kfa::backward::dq_round",
+          Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>>(
+              space, {0, 0, 0, 0},
+              {static_cast<std::int64_t>(q.extent(0)), static_cast<std::int64_t>(q.extent(1)),
+               static_cast<std::int64_t>(q.extent(2)), static_cast<std::int64_t>(q.extent(3))}),
+          KOKKOS_LAMBDA(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t d) {
+            dq(b, h, i, d) = T(dq_acc(b, h, i, d));
+          });
+      return;
+    }
+  }
   backward_delta(space, delta, dout, o, dlse, dq, atomic_dq);
   launch_backward(space, Common(Views{q, k, v, dout, lse, dq, dk, dv}, delta, params, at),
                   atomic_dq);

@@ -36,7 +36,7 @@ struct ForwardKernel {
   using value_type = typename Q::non_const_value_type;
   using acc_t = backends::accum_t<value_type>;
   using traits = backends::TileTraits<ExecSpace, value_type>;
-  using ops = backends::TileOps<ExecSpace, acc_t>;
+  using ops = backends::TileOps<ExecSpace, value_type>;
   using policy_t = Kokkos::TeamPolicy<ExecSpace>;
   using member_t = typename policy_t::member_type;
   using scratch_view =
@@ -195,7 +195,7 @@ struct ForwardKernel {
       const acc_t lr = l[r];
       const acc_t inv = lr > acc_t(0) ? acc_t(1) / lr : acc_t(0);
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
-                           [&](int d) { o(b, h, q0 + r, d) = os[r * D + d] * inv; });
+                           [&](int d) { o(b, h, q0 + r, d) = value_type(os[r * D + d] * inv); });
       Kokkos::single(Kokkos::PerThread(team), [&]() {
         lse(b, h, q0 + r) = kfa::lse(Partial<acc_t>{m[r], lr});
       });

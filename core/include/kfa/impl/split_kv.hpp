@@ -102,7 +102,7 @@ struct SplitMerge {
       const std::size_t r = part.row(s, b, h, i);
       combine_into(acc, &out, Partial<Acc>{part.ml(r, 0), part.ml(r, 1)}, &part.o(r, d), 1);
     }
-    o(b, h, i, d) = acc.l > Acc(0) ? out / acc.l : Acc(0);
+    o(b, h, i, d) = typename O::value_type(acc.l > Acc(0) ? out / acc.l : Acc(0));
     if (d == 0) lse(b, h, i) = kfa::lse(acc);
   }
 };

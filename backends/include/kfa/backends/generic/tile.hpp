@@ -101,9 +101,11 @@ struct PortableTileOps {
   }
 };
 
-/// Tile products and row operations of the kernels on ExecSpace for accumulation type Acc
-/// (the interface of PortableTileOps). host/tile.hpp specialises it for host spaces.
-template <class ExecSpace, class Acc, class Enable = void>
-struct TileOps : PortableTileOps<Acc> {};
+/// Tile products and row operations of the kernels on ExecSpace for value type T, on tiles of
+/// accum_t<T> (the interface of PortableTileOps). host/tile.hpp specialises it for host
+/// spaces, cuda/tile.hpp for Kokkos::Cuda; the value type lets a backend pick a hardware path
+/// (tensor cores for 16-bit inputs).
+template <class ExecSpace, class T, class Enable = void>
+struct TileOps : PortableTileOps<accum_t<T>> {};
 
 }  // namespace kfa::backends

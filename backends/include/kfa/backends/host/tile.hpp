@@ -200,13 +200,15 @@ KOKKOS_INLINE_FUNCTION void micro_kernel(int k, const Acc* a, int a_rs, int a_cs
 namespace kfa::backends {
 
 /// Host tile operations: the whole tile on the team's one thread, vectorised by the compiler.
-template <class ExecSpace, class Acc>
+/// Tiles hold accum_t<T> whatever the value type T (narrow types were converted on load).
+template <class ExecSpace, class T>
 struct TileOps<
-    ExecSpace, Acc,
+    ExecSpace, T,
     std::enable_if_t<Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible>> {
+  using Acc = accum_t<T>;  ///< the element type of the tiles
   // Every function here does the whole tile on the calling thread: right only for teams of
   // one thread, which the host traits choose.
-  static_assert(TileTraits<ExecSpace, Acc>::team_size == 1,
+  static_assert(TileTraits<ExecSpace, T>::team_size == 1,
                 "host TileOps assume one-thread teams (host/traits.hpp)");
 
   /// f(r, c) over a rows x cols tile as two loops: no division per element, and unit-stride

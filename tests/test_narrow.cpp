@@ -1,0 +1,132 @@
+// 16-bit value types: kfa::forward and kfa::backward with inputs and outputs in a narrow type,
+// computed in float, against the double reference under TESTING.md's rule, whose "naive in the
+// same precision" is the unfused 16-bit attention (products in float, S, P, O, dP, dS and the
+// gradients rounded to the type; kfa::reference::compute_t).
+//
+// Runs with the test bfloat16 of narrow_float.hpp on every build, and with Kokkos' half_t and
+// bhalf_t where the Kokkos build makes them 16-bit types (GPU backends), on the default
+// execution space. Inputs are rounded to the type first, so kernel and reference see the same
+// values.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+#include "problem.hpp"
+
+namespace {
+
+using namespace kfa_test;
+
+template <class... Ts>
+struct List {};
+template <class L, class T, bool add>
+struct Append;
+template <class... Ts, class T>
+struct Append<List<Ts...>, T, true> {
+  using type = List<Ts..., T>;
+};
+template <class... Ts, class T>
+struct Append<List<Ts...>, T, false> {
+  using type = List<Ts...>;
+};
+template <class L>
+struct ToTypes;
+template <class... Ts>
+struct ToTypes<List<Ts...>> {
+  using type = ::testing::Types<Ts...>;
+};
+template <class L, class T>
+using append_if_narrow = typename Append<L, T, kfa::backends::is_narrow_float<T>::value>::type;
+
+// bf16 always; Kokkos' types when they are narrow (otherwise they are float, tested elsewhere).
+using Narrow =
+    typename ToTypes<append_if_narrow<append_if_narrow<List<bf16>, Kokkos::Experimental::half_t>,
+#if defined(KOKKOS_BHALF_T_IS_FLOAT)
+                                      Kokkos::Experimental::bhalf_t
+#else
+                                       float  // no bhalf_t before Kokkos 3.6; float is never
+                                              // narrow, so nothing is added
+#endif
+                                      >>::type;
+
+template <class T>
+class NarrowTest : public ::testing::Test {};
+TYPED_TEST_SUITE(NarrowTest, Narrow);
+
+kfa::Params deterministic(kfa::Params p) {
+  p.deterministic = true;
+  return p;
+}
+
+// Head dims against seqlens that are not multiples of any tile, no mask.
+TYPED_TEST(NarrowTest, ForwardHeadDimsAndSeqlens) {
+  using T = TypeParam;
+  for (int d : {16, 59, 64, 128})
+    for (auto [nq, nk] : {std::pair{1, 239}, std::pair{113, 203}, std::pair{128, 217}})
+      check_case<T>({1, 2, 1, nq, nk, d}, kfa::Params{});
+  check_case<T>({1, 1, 1, 1023, 1024, 64}, kfa::Params{});
+}
+
+// Every mask of the matrix, with GQA, forward and both backward strategies.
+TYPED_TEST(NarrowTest, MasksForwardBackward) {
+  using T = TypeParam;
+  const auto all = masks();
+  for (int mi = 0; mi < static_cast<int>(all.size()); ++mi)
+    for (auto [nq, nk] : {std::pair{17, 17}, std::pair{113, 203}, std::pair{203, 113}}) {
+      const Shape s{2, 2, 1, nq, nk, 64};
+      check_case<T>(s, all[mi], mi);
+      check_backward_case<T>(s, all[mi], false, mi);
+      check_backward_case<T>(s, deterministic(all[mi]), true, mi);
+    }
+}
+
+// Head dims and a long pair in the backward: the float dQ accumulator of the atomic path
+// sums over many key tiles.
+TYPED_TEST(NarrowTest, BackwardHeadDims) {
+  using T = TypeParam;
+  for (int d : {16, 59, 128})
+    check_backward_case<T>({1, 2, 2, 128, 217, d}, kfa::Params{});
+  check_backward_case<T>({1, 1, 1, 1023, 1024, 64}, kfa::Params{});
+  check_backward_case<T>({1, 1, 1, 1023, 1024, 64}, deterministic({}));
+}
+
+// Split-KV and dropout go through the same conversions.
+TYPED_TEST(NarrowTest, SplitsAndDropout) {
+  using T = TypeParam;
+  kfa::Params split;
+  split.num_splits = 3;
+  check_case<T>({1, 2, 2, 5, 700, 64}, split);
+  kfa::Params drop;
+  drop.dropout = 0.2;
+  drop.seed = 7;
+  check_case<T>({1, 2, 2, 113, 203, 64}, drop);
+  check_backward_case<T>({1, 2, 2, 113, 203, 64}, drop);
+}
+
+// Scores reaching 1e4: the float accumulation keeps them finite, as for float inputs.
+TYPED_TEST(NarrowTest, LargeLogits) {
+  using T = TypeParam;
+  check_case<T>({1, 1, 1, 64, 200, 64}, kfa::Params{}, 0, 12.5);
+}
+
+// Fully masked rows: O = 0 and LSE = -inf in the narrow output as well.
+TYPED_TEST(NarrowTest, FullyMaskedRows) {
+  using T = TypeParam;
+  kfa::Params p;
+  p.causal = true;
+  p.align = kfa::Align::bottom_right;
+  const Shape s{1, 1, 1, 40, 16, 32};  // rows 0..23 see no key
+  Problem pb(s, seed_of(s, 3));
+  pb.rounded<T>();
+  const auto out = run_forward<T>(pb, p);
+  for (int i = 0; i < 24; ++i) {
+    EXPECT_EQ(out.lse(0, 0, i), -std::numeric_limits<double>::infinity()) << "row " << i;
+    for (int d = 0; d < 32; ++d)
+      ASSERT_EQ(out.o(0, 0, i, d), 0.0) << "row " << i << " d " << d;
+  }
+  check_backward_case<T>(s, p);
+}
+
+}  // namespace
