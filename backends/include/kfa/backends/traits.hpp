@@ -9,4 +9,8 @@
 #ifndef KFA_PORTABLE_TILES
 #include <kfa/backends/host/tile.hpp>
 #include <kfa/backends/host/traits.hpp>
+#if defined(KOKKOS_ENABLE_CUDA)
+#include <kfa/backends/cuda/tile.hpp>
+#include <kfa/backends/cuda/traits.hpp>
+#endif
 #endif

@@ -1,0 +1,170 @@
+#pragma once
+/// \file cuda/tile.hpp
+/// Tile products for Kokkos::Cuda: each warp of the team (one team thread, vector_length 32;
+/// cuda/traits.hpp) takes 16 x 16 blocks of C and keeps them in registers for the whole k
+/// loop, reading A and B from the float tiles in scratch.
+///
+/// - Kokkos half_t and bhalf_t inputs (16-bit in a CUDA build): the tensor cores, two
+///   mma.sync m16n8k16 per 16-wide k step with float accumulators (cuda/mma.hpp). The
+///   operands are rounded to the input type as the fragments are loaded: exact for Q, K, V,
+///   dO (they came from that type), one rounding for P and dS, as in FlashAttention-2.
+/// - float: FMA units, each lane 8 rows x 1 column of its warp's block in registers (lanes
+///   0-15 and 16-31 take alternate rows, so a warp reads two A elements and 16 consecutive B
+///   elements per k step: broadcast and conflict-free). With the CMake option KFA_CUDA_TF32
+///   float uses the tf32 tensor cores instead (m16n8k8): about 3 significant decimal digits
+///   per product instead of 7, outside float's tolerance rule (README).
+/// - Other value types (double, narrow types other than Kokkos'): the portable gemm.
+///
+/// Rows, columns and k need not be multiples of 16: the fragment loads read zeros outside and
+/// the stores skip what is outside. Everything else (staging, the row max and exp-sum over a
+/// warp's 32 lanes) is PortableTileOps, which with vector_length 32 already spreads a row
+/// over a warp.
+
+#include <kfa/backends/cuda/mma.hpp>
+#include <kfa/backends/cuda/traits.hpp>
+#include <kfa/backends/generic/tile.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+#include <type_traits>
+
+namespace kfa::backends {
+
+namespace cuda {
+
+/// The tensor-core operand type of value type T: f16_tag for half_t, bf16_tag for bhalf_t
+/// where they are 16-bit types; void (no tensor-core path) otherwise.
+template <class T>
+struct mma_tag {
+  using type = void;
+};
+#if defined(KOKKOS_HALF_T_IS_FLOAT) && !KOKKOS_HALF_T_IS_FLOAT
+template <>
+struct mma_tag<Kokkos::Experimental::half_t> {
+  using type = f16_tag;
+};
+#endif
+#if defined(KOKKOS_BHALF_T_IS_FLOAT) && !KOKKOS_BHALF_T_IS_FLOAT
+template <>
+struct mma_tag<Kokkos::Experimental::bhalf_t> {
+  using type = bf16_tag;
+};
+#endif
+#if defined(KFA_CUDA_TF32)
+template <>
+struct mma_tag<float> {
+  using type = tf32_tag;
+};
+#endif
+
+/// Rows and columns of the block of C one warp computes at a time.
+inline constexpr int warp_rows = 16;
+inline constexpr int warp_cols = 16;
+
+/// The calling lane's index in its warp: the vector lane, as vector_length is 32.
+KOKKOS_INLINE_FUNCTION int lane_id() {
+#if defined(__CUDA_ARCH__)
+  return static_cast<int>(threadIdx.x);
+#else
+  return 0;
+#endif
+}
+
+/// C (+)= A B with operands of A and B in Tag on the tensor cores; arguments as
+/// PortableTileOps::gemm. Each task is one 16 x 16 block of C (two 16 x 8 accumulators).
+template <class Tag, class Member>
+KOKKOS_INLINE_FUNCTION void mma_gemm(const Member& team, int m, int n, int k, const float* a,
+                                     int a_rs, int a_cs, const float* b, int ldb, float* c, int ldc,
+                                     bool accumulate) {
+  constexpr int kstep = MmaShape<Tag>::k, nb = warp_cols / MmaShape<Tag>::n;
+  const int mt = (m + warp_rows - 1) / warp_rows, nt = (n + warp_cols - 1) / warp_cols;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, mt * nt), [&](int task) {
+#if defined(__CUDA_ARCH__)
+    // All 32 lanes of the warp run this body together: mma.sync needs them converged.
+    const int lane = lane_id();
+    const int i0 = task / nt * warp_rows, j0 = task % nt * warp_cols;
+    const int rows = m - i0;
+    float* cblk = c + static_cast<std::ptrdiff_t>(i0) * ldc + j0;
+    FragC acc[nb];
+    for (int t = 0; t < nb; ++t)
+      acc[t] = accumulate ? load_c(cblk + t * 8, ldc, rows, n - j0 - t * 8, lane) : zero_c();
+    for (int p0 = 0; p0 < k; p0 += kstep) {
+      const FragA<Tag> fa = load_a(
+          Tag{},
+          a + static_cast<std::ptrdiff_t>(i0) * a_rs + static_cast<std::ptrdiff_t>(p0) * a_cs, a_rs,
+          a_cs, rows, k - p0, lane);
+      const float* bk = b + static_cast<std::ptrdiff_t>(p0) * ldb + j0;
+      for (int t = 0; t < nb; ++t) {
+        const FragB<Tag> fb = load_b(Tag{}, bk + t * 8, ldb, 1, k - p0, n - j0 - t * 8, lane);
+        mma(acc[t], fa, fb);
+      }
+    }
+    for (int t = 0; t < nb; ++t)
+      store_c(acc[t], cblk + t * 8, ldc, rows, n - j0 - t * 8, lane);
+#else
+    (void)task;  // Cuda teams run on the device only
+#endif
+  });
+}
+
+/// C (+)= A B in float on the FMA units; arguments as PortableTileOps::gemm. Each task is one
+/// 16 x 16 block of C: lane l owns column l % 16 and rows l / 16, l / 16 + 2, ..., 8 of them.
+template <class Member>
+KOKKOS_INLINE_FUNCTION void fma_gemm(const Member& team, int m, int n, int k, const float* a,
+                                     int a_rs, int a_cs, const float* b, int ldb, float* c, int ldc,
+                                     bool accumulate) {
+  constexpr int rows_per_lane = warp_rows / 2;
+  const int mt = (m + warp_rows - 1) / warp_rows, nt = (n + warp_cols - 1) / warp_cols;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, mt * nt), [&](int task) {
+    const int lane = lane_id();
+    const int i0 = task / nt * warp_rows + lane / 16, j = task % nt * warp_cols + lane % 16;
+    // Rows and the column outside C are clamped for the loads (reading valid data) and not
+    // stored: no branch in the k loop.
+    const int jc = j < n ? j : n - 1;
+    int row[rows_per_lane];
+    float acc[rows_per_lane];
+    for (int r = 0; r < rows_per_lane; ++r) {
+      const int i = i0 + 2 * r;
+      row[r] = i < m ? i : m - 1;
+      acc[r] = accumulate ? c[static_cast<std::ptrdiff_t>(row[r]) * ldc + jc] : 0.0f;
+    }
+    for (int p = 0; p < k; ++p) {
+      const float bp = b[static_cast<std::ptrdiff_t>(p) * ldb + jc];
+      const float* ap = a + static_cast<std::ptrdiff_t>(p) * a_cs;
+      for (int r = 0; r < rows_per_lane; ++r)
+        acc[r] += ap[static_cast<std::ptrdiff_t>(row[r]) * a_rs] * bp;
+    }
+    if (j < n)
+      for (int r = 0; r < rows_per_lane; ++r)
+        if (i0 + 2 * r < m) c[static_cast<std::ptrdiff_t>(i0 + 2 * r) * ldc + j] = acc[r];
+  });
+}
+
+}  // namespace cuda
+
+/// CUDA tile operations for value type T: the tensor cores for Kokkos' 16-bit types (and for
+/// float under KFA_CUDA_TF32), register-blocked FMA for float, the portable gemm otherwise.
+template <class T>
+struct TileOps<Kokkos::Cuda, T, void> : PortableTileOps<accum_t<T>> {
+  using Acc = accum_t<T>;  ///< the element type of the tiles
+  static_assert(TileTraits<Kokkos::Cuda, T>::vector_length == 32,
+                "CUDA TileOps need one warp per team thread (cuda/traits.hpp)");
+
+  /// C (+)= A B as PortableTileOps::gemm, by the whole team.
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void gemm(const Member& team, int m, int n, int k, const Acc* a,
+                                          int a_rs, int a_cs, const Acc* b, int ldb, Acc* c,
+                                          int ldc, bool accumulate) {
+    using Tag = typename cuda::mma_tag<T>::type;
+    if (m <= 0 || n <= 0) return;
+    if constexpr (!std::is_void_v<Tag>)
+      cuda::mma_gemm<Tag>(team, m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+    else if constexpr (std::is_same_v<Acc, float>)
+      cuda::fma_gemm(team, m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+    else
+      PortableTileOps<Acc>::gemm(team, m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+  }
+};
+
+}  // namespace kfa::backends

@@ -1,0 +1,58 @@
+#pragma once
+/// \file cuda/traits.hpp
+/// Tile traits for Kokkos::Cuda, chosen for sm_80 (A100) and sm_90 (H100, H200).
+///
+/// A team is 4 warps: team_size 4 with vector_length 32, so each team "thread" is one warp
+/// and its vector lanes are the warp's lanes (cuda/tile.hpp gives each warp 16 x 16 blocks of
+/// a tile product, on the tensor cores for 16-bit inputs).
+///
+/// The tiles are float in team scratch and must fit the level-0 scratch Kokkos offers a team
+/// on CUDA: the 48 KiB of shared memory a launch gets without the opt-in, less the 8 KiB Kokkos
+/// reserves (TeamPolicy::scratch_size_max(0), about 40 KiB on both architectures). Larger
+/// tiles would spill to level-1 scratch (global memory), which the kernels do only where
+/// nothing fits: head_dim above 128. The shapes below are the largest Br x Bc (and Bt) in
+/// multiples of the 16-row mma block that fit:
+///
+///   head_dim      forward Br x Bc   bytes     backward Bt   bytes
+///   <= 32         64 x 32           33.3 K    16            18.5 K
+///   <= 64         32 x 32           37.1 K    16            34.9 K
+///   <= 128        16 x 16           33.9 K    8             33.3 K
+///   <= 256        16 x 16 (level 1) 66.7 K    8 (level 1)   66.1 K
+///
+/// sm_80 and sm_90 share these shapes: the limit is Kokkos' per-launch one, not the SM's
+/// (164 KiB on A100, 228 KiB on H100), which sets how many teams an SM holds instead
+/// (concurrent_teams). Tiles in 16-bit for 16-bit inputs, and O and S in registers, would
+/// allow 64 x 64 tiles within the same 40 KiB; see README (CUDA backend) for what is measured
+/// and what is left.
+
+#include <kfa/backends/generic/tile.hpp>
+
+#include <Kokkos_Core.hpp>
+
+namespace kfa::backends {
+
+/// CUDA tile traits: 4 warps per team, one warp per team thread, float tiles in level-0
+/// scratch (see the table in this file's description).
+template <class T>
+struct TileTraits<Kokkos::Cuda, T, void> {
+  /// Br: 64 rows for head_dim <= 32, 32 up to 64, 16 beyond.
+  static constexpr int block_q(int head_dim) {
+    return head_dim <= 32 ? 64 : head_dim <= 64 ? 32 : 16;
+  }
+  /// Bc: 32 keys up to head_dim 64, 16 beyond.
+  static constexpr int block_k(int head_dim) { return head_dim <= 64 ? 32 : 16; }
+  /// Backward Br = Bc: 16 up to head_dim 64, 8 beyond.
+  static constexpr int block_bwd(int head_dim) { return head_dim <= 64 ? 16 : 8; }
+  static constexpr int team_size = 4;       ///< warps per team
+  static constexpr int vector_length = 32;  ///< one warp per team thread
+  /// Teams the GPU runs at once: per SM, as many as its shared memory holds at about 40 KiB
+  /// each (4 on an A100, 5 on an H100), at most 16 (2048 threads of 128).
+  static int concurrent_teams(const Kokkos::Cuda& space) {
+    const auto& prop = space.cuda_device_prop();
+    int per_sm = static_cast<int>(prop.sharedMemPerMultiprocessor / (41 * 1024));
+    per_sm = per_sm < 1 ? 1 : per_sm > 16 ? 16 : per_sm;
+    return prop.multiProcessorCount * per_sm;
+  }
+};
+
+}  // namespace kfa::backends

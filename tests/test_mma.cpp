@@ -1,0 +1,654 @@
+// The warp-level tensor-core primitives of backends/cuda/mma.hpp.
+//
+// On the host (what CI runs) an emulator of mma.sync, written here from the PTX ISA's fragment
+// tables (transcribed below, not taken from the library's layout functions), takes the
+// fragments the library loads for all 32 lanes, rebuilds A, B and C from the registers,
+// multiplies in double and hands D back to the lanes through the C table; the library's
+// store_c writes it out, and it is compared with a product of the inputs rounded by this
+// file's own rounding. The rounding itself is checked bit for bit against a reference that
+// rounds by arithmetic in double, not by bits. With Kokkos' CUDA backend the same problems
+// run on the tensor cores, and the device's rounding is compared with the host's bit for bit.
+#include <kfa/backends/cuda/mma.hpp>
+
+#include <gtest/gtest.h>
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace kc = kfa::backends::cuda;
+
+// Random inputs come from this seed, printed by every test that uses it.
+constexpr std::uint64_t kSeed = 0x6b66612d6d6d61u;
+
+float float_from(std::uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+std::uint32_t bits_from(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rounding reference: round to nearest, ties to even, by scaling x to an integer number of
+// quanta in double and std::nearbyint (the default rounding mode), not by bit manipulation.
+
+struct Format {
+  int precision;  // significand bits, the implicit one included
+  int emin;       // exponent of the smallest normal number
+  int emax;       // exponent of the largest finite number
+};
+constexpr Format kBf16Format{8, -126, 127};
+constexpr Format kF16Format{11, -14, 15};
+constexpr Format kTf32Format{11, -126, 127};
+
+double round_ref(float x, Format f) {
+  if (!std::isfinite(x) || x == 0.0f) return x;
+  const int e = std::max(std::ilogb(x), f.emin);  // below emin: the subnormal quantum
+  const double quantum = std::ldexp(1.0, e - f.precision + 1);
+  const double r = std::nearbyint(double(x) / quantum) * quantum;  // exact: x has 24 bits
+  const double max_finite = std::ldexp(2.0 - std::ldexp(1.0, 1 - f.precision), f.emax);
+  if (std::fabs(r) > max_finite) return std::copysign(std::numeric_limits<double>::infinity(), x);
+  return r;
+}
+
+// Decoders of the three encodings, written from the formats' definitions.
+double decode_bf16(std::uint16_t h) {
+  return float_from(std::uint32_t(h) << 16);
+}
+double decode_f16(std::uint16_t h) {
+  const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  const double sign = (h & 0x8000) ? -1.0 : 1.0;
+  if (e == 0x1f)
+    return std::copysign(
+        m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity(),
+        sign);
+  if (e == 0) return sign * std::ldexp(double(m), -24);
+  return sign * std::ldexp(double(1024 + m), e - 25);
+}
+double decode_tf32(std::uint32_t u) {
+  return float_from(u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The PTX ISA's fragment tables, transcribed. For a lane, groupID g = lane >> 2 and
+// threadID_in_group t = lane % 4; each element's row is row_g * g + row_t * t + row_c and its
+// column col_g * g + col_t * t + col_c.
+//
+// "Matrix Fragments for mma.m16n8k16 with floating point type", .f16 / .bf16:
+//   A (16 x 16): row = g for a0, a1, a4, a5, g + 8 otherwise;
+//                col = 2t + (i & 1) for a0..a3, 2t + (i & 1) + 8 for a4..a7.
+//   B (16 x 8):  row = 2t + (i & 1) for b0, b1, 2t + (i & 1) + 8 for b2, b3; col = g.
+// "Matrix Fragments for mma.m16n8k8", .tf32:
+//   A (16 x 8):  row = g for a0, a2, g + 8 for a1, a3; col = t for a0, a1, t + 4 for a2, a3.
+//   B (8 x 8):   row = t for b0, t + 4 for b1; col = g.
+// Accumulators C and D (16 x 8, .f32), both shapes:
+//   row = g for c0, c1, g + 8 for c2, c3; col = 2t + (i & 1).
+
+struct Entry {
+  int row_g, row_t, row_c, col_g, col_t, col_c;
+  int row(int lane) const { return row_g * (lane >> 2) + row_t * (lane % 4) + row_c; }
+  int col(int lane) const { return col_g * (lane >> 2) + col_t * (lane % 4) + col_c; }
+};
+
+constexpr Entry kA16[8] = {{1, 0, 0, 0, 2, 0}, {1, 0, 0, 0, 2, 1}, {1, 0, 8, 0, 2, 0},
+                           {1, 0, 8, 0, 2, 1}, {1, 0, 0, 0, 2, 8}, {1, 0, 0, 0, 2, 9},
+                           {1, 0, 8, 0, 2, 8}, {1, 0, 8, 0, 2, 9}};
+constexpr Entry kB16[4] = {
+    {0, 2, 0, 1, 0, 0}, {0, 2, 1, 1, 0, 0}, {0, 2, 8, 1, 0, 0}, {0, 2, 9, 1, 0, 0}};
+constexpr Entry kA8[4] = {
+    {1, 0, 0, 0, 1, 0}, {1, 0, 8, 0, 1, 0}, {1, 0, 0, 0, 1, 4}, {1, 0, 8, 0, 1, 4}};
+constexpr Entry kB8[2] = {{0, 1, 0, 1, 0, 0}, {0, 1, 4, 1, 0, 0}};
+constexpr Entry kC[4] = {
+    {1, 0, 0, 0, 2, 0}, {1, 0, 0, 0, 2, 1}, {1, 0, 8, 0, 2, 0}, {1, 0, 8, 0, 2, 1}};
+
+// Per operand type: the shape, the tables, this file's rounding and how an element sits in
+// the registers (two 16-bit halves, low half first, or one tf32 per register).
+template <class Tag>
+struct Type;
+
+template <>
+struct Type<kc::bf16_tag> {
+  static constexpr const char* name = "bf16";
+  static constexpr int k = 16;
+  static constexpr const Entry* a_table = kA16;
+  static constexpr const Entry* b_table = kB16;
+  static double round(float x) { return round_ref(x, kBf16Format); }
+  static double element(const std::uint32_t* regs, int i) {
+    return decode_bf16(std::uint16_t(regs[i / 2] >> (16 * (i % 2))));
+  }
+};
+
+template <>
+struct Type<kc::f16_tag> {
+  static constexpr const char* name = "f16";
+  static constexpr int k = 16;
+  static constexpr const Entry* a_table = kA16;
+  static constexpr const Entry* b_table = kB16;
+  static double round(float x) { return round_ref(x, kF16Format); }
+  static double element(const std::uint32_t* regs, int i) {
+    return decode_f16(std::uint16_t(regs[i / 2] >> (16 * (i % 2))));
+  }
+};
+
+template <>
+struct Type<kc::tf32_tag> {
+  static constexpr const char* name = "tf32";
+  static constexpr int k = 8;
+  static constexpr const Entry* a_table = kA8;
+  static constexpr const Entry* b_table = kB8;
+  static double round(float x) { return round_ref(x, kTf32Format); }
+  static double element(const std::uint32_t* regs, int i) {
+    // The tensor core reads the upper 19 bits; the library leaves the rest zero.
+    EXPECT_EQ(regs[i] & 0x1fffu, 0u) << "tf32 register with low mantissa bits set";
+    return decode_tf32(regs[i]);
+  }
+};
+
+// A rows x cols matrix in double, row-major, for the emulator and the reference.
+struct Matrix {
+  int rows = 0, cols = 0;
+  std::vector<double> v;
+  Matrix(int r, int c) : rows(r), cols(c), v(std::size_t(r) * c, 0.0) {}
+  double& operator()(int r, int c) { return v[std::size_t(r) * cols + c]; }
+  double operator()(int r, int c) const { return v[std::size_t(r) * cols + c]; }
+};
+
+// Rebuilds a matrix from the 32 lanes' registers through a PTX table, checking that the table
+// puts every element in exactly one place.
+template <class Tag, std::size_t N>
+Matrix gather(const std::array<std::array<std::uint32_t, N>, 32>& regs, const Entry* table,
+              int elements, int rows, int cols) {
+  Matrix m(rows, cols);
+  std::vector<int> seen(std::size_t(rows) * cols, 0);
+  for (int lane = 0; lane < 32; ++lane)
+    for (int i = 0; i < elements; ++i) {
+      const int r = table[i].row(lane), c = table[i].col(lane);
+      m(r, c) = Type<Tag>::element(regs[lane].data(), i);
+      ++seen[std::size_t(r) * cols + c];
+    }
+  for (int s : seen)
+    EXPECT_EQ(s, 1) << "a PTX table does not cover the matrix once";
+  return m;
+}
+
+// What mma.sync does, from the tables: D = A B + C with the operands as the registers hold
+// them, summed in double and rounded once to float per element of D.
+template <class Tag>
+struct Emulated {
+  Matrix a, b, c;
+  std::array<kc::FragC, 32> d;
+};
+
+template <class Tag>
+Emulated<Tag> emulate_mma(const std::array<kc::FragA<Tag>, 32>& fa,
+                          const std::array<kc::FragB<Tag>, 32>& fb,
+                          const std::array<kc::FragC, 32>& fc) {
+  constexpr int K = Type<Tag>::k;
+  std::array<std::array<std::uint32_t, 4>, 32> a_regs{};
+  std::array<std::array<std::uint32_t, 2>, 32> b_regs{};
+  Matrix c(16, 8);
+  std::vector<int> c_seen(std::size_t(16) * 8, 0);
+  for (int lane = 0; lane < 32; ++lane) {
+    std::copy(std::begin(fa[lane].x), std::end(fa[lane].x), a_regs[lane].begin());
+    std::copy(std::begin(fb[lane].x), std::end(fb[lane].x), b_regs[lane].begin());
+    for (int i = 0; i < 4; ++i) {
+      c(kC[i].row(lane), kC[i].col(lane)) = fc[lane].x[i];
+      ++c_seen[std::size_t(kC[i].row(lane)) * 8 + kC[i].col(lane)];
+    }
+  }
+  for (int s : c_seen)
+    EXPECT_EQ(s, 1) << "the C table does not cover the matrix once";
+  Emulated<Tag> out{gather<Tag>(a_regs, Type<Tag>::a_table, K == 16 ? 8 : 4, 16, K),
+                    gather<Tag>(b_regs, Type<Tag>::b_table, K == 16 ? 4 : 2, K, 8),
+                    c,
+                    {}};
+  for (int lane = 0; lane < 32; ++lane)
+    for (int i = 0; i < 4; ++i) {
+      const int r = kC[i].row(lane), j = kC[i].col(lane);
+      double sum = out.c(r, j);
+      for (int p = 0; p < K; ++p)
+        sum += out.a(r, p) * out.b(p, j);
+      out.d[lane].x[i] = static_cast<float>(sum);
+    }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Problems: A (rows x k valid of 16 x K), B (k x cols valid of K x 8), C (rows x cols valid of
+// 16 x 8) in padded float buffers whose unused parts are NaN, so that a load outside the bounds
+// shows in the result. A is row-major or transposed (read with rs = 1); B row-major or given as
+// its transpose (an n x k row-major K, as in S = Q K^T).
+
+struct Shape {
+  const char* name;
+  int rows, k, cols;
+  bool a_transposed, b_from_kt;
+};
+
+template <class Tag>
+std::vector<Shape> shapes() {
+  constexpr int K = Type<Tag>::k;
+  return {{"full", 16, K, 8, false, false},
+          {"full, A transposed, B = K^T", 16, K, 8, true, true},
+          {"edges", 13, K - 3, 5, false, false},
+          {"edges, A transposed", 9, K - 1, 7, true, false},
+          {"edges, B = K^T", 15, K / 2 + 1, 3, false, true},
+          {"one row, one k, one column", 1, 1, 1, true, true},
+          {"nothing valid", 0, K, 8, false, false}};
+}
+
+struct Problem {
+  int rows, k, cols;
+  int a_rs, a_cs, b_rs, b_cs, ldc;
+  std::vector<float> a, b, c;
+  float a_at(int r, int p) const { return a[std::size_t(r) * a_rs + std::size_t(p) * a_cs]; }
+  float b_at(int p, int j) const { return b[std::size_t(p) * b_rs + std::size_t(j) * b_cs]; }
+  float c_at(int r, int j) const { return c[std::size_t(r) * ldc + j]; }
+};
+
+constexpr float kSentinel = -12345.0f;  // D outside the bounds must keep it
+
+template <class Tag>
+Problem make_problem(const Shape& s, std::mt19937_64& gen) {
+  constexpr int K = Type<Tag>::k;
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Problem p{s.rows, s.k, s.cols, 0, 0, 0, 0, 8 + 2, {}, {}, {}};
+  const int lda = s.a_transposed ? 16 + 5 : K + 3;  // leading dimensions with padding
+  const int ldb = s.b_from_kt ? K + 1 : 8 + 4;
+  p.a_rs = s.a_transposed ? 1 : lda;
+  p.a_cs = s.a_transposed ? lda : 1;
+  p.b_rs = s.b_from_kt ? 1 : ldb;
+  p.b_cs = s.b_from_kt ? ldb : 1;
+  p.a.assign(std::size_t(s.a_transposed ? K : 16) * lda, nan);
+  p.b.assign(std::size_t(s.b_from_kt ? 8 : K) * ldb, nan);
+  p.c.assign(std::size_t(16) * p.ldc, nan);
+  for (int r = 0; r < s.rows; ++r)
+    for (int q = 0; q < s.k; ++q)
+      p.a[std::size_t(r) * p.a_rs + std::size_t(q) * p.a_cs] = u(gen);
+  for (int q = 0; q < s.k; ++q)
+    for (int j = 0; j < s.cols; ++j)
+      p.b[std::size_t(q) * p.b_rs + std::size_t(j) * p.b_cs] = u(gen);
+  for (int r = 0; r < s.rows; ++r)
+    for (int j = 0; j < s.cols; ++j)
+      p.c[std::size_t(r) * p.ldc + j] = u(gen);
+  return p;
+}
+
+// D (16 x ldc floats, as store_c wrote it) against sum_p round(A) round(B) + C in double: within
+// (k + 2) float epsilons of the sum of the terms' magnitudes (float accumulation in any order)
+// inside the bounds, the sentinel outside.
+template <class Tag>
+void check_d(const Problem& p, const std::vector<float>& d) {
+  constexpr double eps = std::numeric_limits<float>::epsilon();
+  for (int r = 0; r < 16; ++r)
+    for (int j = 0; j < 8; ++j) {
+      const float got = d[std::size_t(r) * p.ldc + j];
+      if (r >= p.rows || j >= p.cols) {
+        EXPECT_EQ(got, kSentinel) << "D(" << r << ", " << j << ") written outside the bounds";
+        continue;
+      }
+      double sum = p.c_at(r, j), mag = std::fabs(sum);
+      for (int q = 0; q < p.k; ++q) {
+        const double term = Type<Tag>::round(p.a_at(r, q)) * Type<Tag>::round(p.b_at(q, j));
+        sum += term;
+        mag += std::fabs(term);
+      }
+      EXPECT_NEAR(got, sum, (Type<Tag>::k + 2) * eps * mag) << "D(" << r << ", " << j << ")";
+    }
+}
+
+// The host run: the library's loads for every lane, the emulator, the library's store_c.
+template <class Tag>
+void check_host_product(const Shape& s, std::mt19937_64& gen) {
+  SCOPED_TRACE(std::string(Type<Tag>::name) + ", " + s.name);
+  constexpr int K = Type<Tag>::k;
+  const Problem p = make_problem<Tag>(s, gen);
+  std::array<kc::FragA<Tag>, 32> fa{};
+  std::array<kc::FragB<Tag>, 32> fb{};
+  std::array<kc::FragC, 32> fc{};
+  for (int lane = 0; lane < 32; ++lane) {
+    fa[lane] = kc::load_a(Tag{}, p.a.data(), p.a_rs, p.a_cs, p.rows, p.k, lane);
+    fb[lane] = kc::load_b(Tag{}, p.b.data(), p.b_rs, p.b_cs, p.k, p.cols, lane);
+    fc[lane] = kc::load_c(p.c.data(), p.ldc, p.rows, p.cols, lane);
+  }
+  const Emulated<Tag> e = emulate_mma<Tag>(fa, fb, fc);
+
+  // The operands the registers hold are the inputs rounded, exactly, and zero outside.
+  for (int r = 0; r < 16; ++r)
+    for (int q = 0; q < K; ++q) {
+      const double want = (r < p.rows && q < p.k) ? Type<Tag>::round(p.a_at(r, q)) : 0.0;
+      ASSERT_EQ(e.a(r, q), want) << "A(" << r << ", " << q << ")";
+    }
+  for (int q = 0; q < K; ++q)
+    for (int j = 0; j < 8; ++j) {
+      const double want = (q < p.k && j < p.cols) ? Type<Tag>::round(p.b_at(q, j)) : 0.0;
+      ASSERT_EQ(e.b(q, j), want) << "B(" << q << ", " << j << ")";
+    }
+  for (int r = 0; r < 16; ++r)
+    for (int j = 0; j < 8; ++j) {
+      const double want = (r < p.rows && j < p.cols) ? double(p.c_at(r, j)) : 0.0;
+      ASSERT_EQ(e.c(r, j), want) << "C(" << r << ", " << j << ")";
+    }
+
+  std::vector<float> d(std::size_t(16) * p.ldc, kSentinel);
+  for (int lane = 0; lane < 32; ++lane)
+    kc::store_c(e.d[lane], d.data(), p.ldc, p.rows, p.cols, lane);
+  check_d<Tag>(p, d);
+}
+
+template <class Tag>
+void check_host_products() {
+  std::mt19937_64 gen(kSeed);
+  std::cout << "seed " << kSeed << "\n";
+  for (const Shape& s : shapes<Tag>())
+    check_host_product<Tag>(s, gen);
+}
+
+TEST(Mma, HostEmulatedBf16) {
+  check_host_products<kc::bf16_tag>();
+}
+TEST(Mma, HostEmulatedF16) {
+  check_host_products<kc::f16_tag>();
+}
+TEST(Mma, HostEmulatedTf32) {
+  check_host_products<kc::tf32_tag>();
+}
+
+// The library's layout functions name the same places as the transcribed tables.
+TEST(Mma, CoordinatesMatchPtxTables) {
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int i = 0; i < 8; ++i) {
+      const kc::Coord a = kc::a_coord(kc::bf16_tag{}, lane, i);
+      EXPECT_EQ(a.row, kA16[i].row(lane)) << "lane " << lane << " a" << i;
+      EXPECT_EQ(a.col, kA16[i].col(lane)) << "lane " << lane << " a" << i;
+    }
+    for (int i = 0; i < 4; ++i) {
+      const kc::Coord b = kc::b_coord(kc::f16_tag{}, lane, i),
+                      a = kc::a_coord(kc::tf32_tag{}, lane, i), c = kc::c_coord(lane, i);
+      EXPECT_TRUE(b.row == kB16[i].row(lane) && b.col == kB16[i].col(lane)) << lane << " b" << i;
+      EXPECT_TRUE(a.row == kA8[i].row(lane) && a.col == kA8[i].col(lane)) << lane << " tf32 a" << i;
+      EXPECT_TRUE(c.row == kC[i].row(lane) && c.col == kC[i].col(lane)) << lane << " c" << i;
+    }
+    for (int i = 0; i < 2; ++i) {
+      const kc::Coord b = kc::b_coord(kc::tf32_tag{}, lane, i);
+      EXPECT_TRUE(b.row == kB8[i].row(lane) && b.col == kB8[i].col(lane)) << lane << " tf32 b" << i;
+    }
+  }
+}
+
+// a_from_c: the accumulators of the two 16 x 8 halves of a 16 x 16 block, read by the A table,
+// are the block rounded.
+template <class Tag>
+void check_a_from_c() {
+  SCOPED_TRACE(Type<Tag>::name);
+  std::mt19937_64 gen(kSeed);
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  const int ldp = 16 + 3;
+  std::vector<float> pm(std::size_t(16) * ldp);
+  for (auto& x : pm)
+    x = u(gen);
+  std::array<std::array<std::uint32_t, 4>, 32> regs{};
+  for (int lane = 0; lane < 32; ++lane) {
+    const kc::FragC left = kc::load_c(pm.data(), ldp, 16, 8, lane);
+    const kc::FragC right = kc::load_c(pm.data() + 8, ldp, 16, 8, lane);
+    const kc::FragA<Tag> a = kc::a_from_c(Tag{}, left, right);
+    std::copy(std::begin(a.x), std::end(a.x), regs[lane].begin());
+  }
+  const Matrix a = gather<Tag>(regs, kA16, 8, 16, 16);
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c)
+      ASSERT_EQ(a(r, c), Type<Tag>::round(pm[std::size_t(r) * ldp + c])) << r << ", " << c;
+}
+TEST(Mma, AFromC) {
+  check_a_from_c<kc::bf16_tag>();
+  check_a_from_c<kc::f16_tag>();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rounding, bit for bit.
+
+// Hand-picked values with their encodings worked out by hand: ties to even both ways,
+// overflow, subnormals, signed zero, infinities.
+struct Literal {
+  std::uint32_t in;   // float bits
+  std::uint32_t out;  // expected encoding
+};
+
+TEST(Mma, RoundingLiterals) {
+  const Literal bf16[] = {
+      {0x3f800000u, 0x3f80u},  // 1
+      {0x3f808000u, 0x3f80u},  // 1 + 2^-8: tie, to the even 1
+      {0x3f818000u, 0x3f82u},  // 1 + 3 * 2^-8: tie, to the even 1 + 2^-6
+      {0x3f808001u, 0x3f81u},  // just above the tie
+      {0x3f807fffu, 0x3f80u},  // just below it
+      {0xc0000000u, 0xc000u},  // -2
+      {0x80000000u, 0x8000u},  // -0
+      {0x7f800000u, 0x7f80u},  // inf
+      {0xff800000u, 0xff80u},  // -inf
+      {0x7f7fffffu, 0x7f80u},  // FLT_MAX rounds up to inf
+      {0x7f7f7fffu, 0x7f7fu},  // the largest bf16 from below
+      {0x00000001u, 0x0000u},  // the smallest float subnormal: to 0
+      {0x00018000u, 0x0002u},  // a subnormal tie, to even
+  };
+  for (const Literal& l : bf16)
+    EXPECT_EQ(kc::to_bits(kc::bf16_tag{}, float_from(l.in)), l.out) << std::hex << l.in;
+
+  const Literal f16[] = {
+      {0x3f800000u, 0x3c00u},  // 1
+      {0xc0000000u, 0xc000u},  // -2
+      {0x3dcccccdu, 0x2e66u},  // 0.1f
+      {0x3f801000u, 0x3c00u},  // 1 + 2^-11: tie, to the even 1
+      {0x3f803000u, 0x3c02u},  // 1 + 3 * 2^-11: tie, up to the even 1 + 2^-9
+      {0x477fe000u, 0x7bffu},  // 65504, the largest half
+      {0x477fefffu, 0x7bffu},  // just below the tie at 65520
+      {0x477ff000u, 0x7c00u},  // 65520: tie, to the even neighbour, inf
+      {0x49742400u, 0x7c00u},  // 1e6
+      {0xc9742400u, 0xfc00u},  // -1e6
+      {0x38800000u, 0x0400u},  // 2^-14, the smallest normal half
+      {0x387fc000u, 0x03ffu},  // 2^-14 - 2^-24, the largest subnormal half
+      {0x387fe000u, 0x0400u},  // 2^-14 - 2^-25: tie, to the even 0x400
+      {0x33800000u, 0x0001u},  // 2^-24, the smallest subnormal half
+      {0x33000000u, 0x0000u},  // 2^-25: tie, to the even 0
+      {0x33000001u, 0x0001u},  // just above it
+      {0x33c00000u, 0x0002u},  // 3 * 2^-25: tie, to the even 2 * 2^-24
+      {0x34400000u, 0x0003u},  // 3 * 2^-24, exact
+      {0xb3c00000u, 0x8002u},  // -3 * 2^-25 (1.5 quanta): tie, to -2 * 2^-24
+      {0x80000000u, 0x8000u},  // -0
+      {0x7f800000u, 0x7c00u},  // inf
+      {0xff800000u, 0xfc00u},  // -inf
+  };
+  for (const Literal& l : f16)
+    EXPECT_EQ(kc::to_bits(kc::f16_tag{}, float_from(l.in)), l.out) << std::hex << l.in;
+
+  const Literal tf32[] = {
+      {0x3f801000u, 0x3f800000u},  // 1 + 2^-11: tie, to the even 1
+      {0x3f803000u, 0x3f804000u},  // tie, up to the even neighbour
+      {0x3f801001u, 0x3f802000u},  // just above a tie
+      {0x3f800fffu, 0x3f800000u},  // just below it
+      {0x7f7fffffu, 0x7f800000u},  // FLT_MAX rounds up to inf
+      {0x80000000u, 0x80000000u},  // -0
+      {0xff800000u, 0xff800000u},  // -inf
+  };
+  for (const Literal& l : tf32)
+    EXPECT_EQ(kc::to_bits(kc::tf32_tag{}, float_from(l.in)), l.out) << std::hex << l.in;
+
+  // pack2 puts the lower-indexed element in the low half.
+  EXPECT_EQ(kc::pack2(kc::bf16_tag{}, 1.0f, -2.0f), 0xc0003f80u);
+  EXPECT_EQ(kc::pack2(kc::f16_tag{}, 1.0f, -2.0f), 0xc0003c00u);
+  EXPECT_EQ(kc::unpack(kc::f16_tag{}, 0xc0003c00u, 0), 1.0f);
+  EXPECT_EQ(kc::unpack(kc::f16_tag{}, 0xc0003c00u, 1), -2.0f);
+  EXPECT_EQ(kc::unpack(kc::bf16_tag{}, 0xc0003f80u, 1), -2.0f);
+}
+
+// Inputs for the sweep: random bit patterns over the whole float range, the same with the
+// dropped bits set to an exact tie for each format, floats in the half's subnormal and
+// overflow ranges, and NaNs with payloads in the high and in the low bits only.
+std::vector<float> sweep_inputs(std::uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::vector<float> x;
+  for (int n = 0; n < (1 << 18); ++n) {
+    const auto u = static_cast<std::uint32_t>(gen());
+    x.push_back(float_from(u));
+    x.push_back(float_from((u & 0xffff0000u) | 0x8000u));  // bf16 tie
+    x.push_back(float_from((u & 0xffffe000u) | 0x1000u));  // f16 (normal) and tf32 tie
+    // Exponents 100..145: below 2^-25 to above 65504.
+    const std::uint32_t e = 100u + static_cast<std::uint32_t>(gen() % 46u);
+    const std::uint32_t near_half = (u & 0x807fffffu) | (e << 23);
+    x.push_back(float_from(near_half));
+    x.push_back(float_from(near_half & 0xffffff00u));  // more exact ties among subnormal halves
+  }
+  for (std::uint32_t u : {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fa00000u})
+    x.push_back(float_from(u));
+  return x;
+}
+
+template <class Tag, class Bits>
+void check_rounding_sweep(double (*decode_value)(Bits)) {
+  for (float x : sweep_inputs(kSeed)) {
+    const auto bits = kc::to_bits(Tag{}, x);
+    const double got = decode_value(bits);
+    if (std::isnan(x)) {
+      ASSERT_TRUE(std::isnan(got)) << std::hex << bits_from(x) << " -> " << bits;
+      ASSERT_EQ(std::signbit(got), std::signbit(x)) << std::hex << bits_from(x);
+      continue;
+    }
+    const double want = Type<Tag>::round(x);
+    ASSERT_EQ(got, want) << Type<Tag>::name << " of " << std::hex << bits_from(x) << " gave "
+                         << bits;
+    ASSERT_EQ(std::signbit(got), std::signbit(want)) << std::hex << bits_from(x);
+    // The library's own decoder agrees with this file's.
+    ASSERT_EQ(double(kc::rounded(Tag{}, x)), got) << std::hex << bits_from(x);
+  }
+}
+
+TEST(Mma, RoundingSweep) {
+  std::cout << "seed " << kSeed << "\n";
+  check_rounding_sweep<kc::bf16_tag>(decode_bf16);
+  check_rounding_sweep<kc::f16_tag>(decode_f16);
+  check_rounding_sweep<kc::tf32_tag>(decode_tf32);
+}
+
+// ---------------------------------------------------------------------------------------------
+// On the GPU: the same problems on the tensor cores, one warp (a team of one thread with 32
+// vector lanes: on CUDA the lanes are threadIdx.x of a 32-thread block, and ThreadVectorRange
+// over 32 gives lane i to thread i, all lanes converged), and the device's rounding against
+// the host's.
+
+#if defined(KOKKOS_ENABLE_CUDA)
+using DeviceView = Kokkos::View<float*, Kokkos::LayoutRight, Kokkos::CudaSpace>;
+
+DeviceView to_device(const std::vector<float>& v, const std::string& label) {
+  DeviceView d(label, v.size());
+  Kokkos::View<const float*, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryUnmanaged> h(
+      v.data(), v.size());
+  Kokkos::deep_copy(d, h);
+  return d;
+}
+
+template <class Tag>
+struct WarpProduct {
+  using Member = Kokkos::TeamPolicy<Kokkos::Cuda>::member_type;
+  DeviceView a, b, c, d;
+  int rows, k, cols, a_rs, a_cs, b_rs, b_cs, ldc;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, 32), [&](int lane) {
+      (void)lane;
+      KOKKOS_IF_ON_DEVICE((product(lane);))  // mma exists in device code only
+    });
+  }
+
+  __device__ void product(int lane) const {
+    const kc::FragA<Tag> fa = kc::load_a(Tag{}, a.data(), a_rs, a_cs, rows, k, lane);
+    const kc::FragB<Tag> fb = kc::load_b(Tag{}, b.data(), b_rs, b_cs, k, cols, lane);
+    kc::FragC fc = kc::load_c(c.data(), ldc, rows, cols, lane);
+    kc::mma(fc, fa, fb);
+    kc::store_c(fc, d.data(), ldc, rows, cols, lane);
+  }
+};
+
+template <class Tag>
+void check_device_products() {
+  std::mt19937_64 gen(kSeed);
+  std::cout << "seed " << kSeed << "\n";
+  for (const Shape& s : shapes<Tag>()) {
+    SCOPED_TRACE(std::string(Type<Tag>::name) + ", " + s.name + " (device)");
+    const Problem p = make_problem<Tag>(s, gen);
+    WarpProduct<Tag> f{
+        to_device(p.a, "kfa::test::a"),
+        to_device(p.b, "kfa::test::b"),
+        to_device(p.c, "kfa::test::c"),
+        to_device(std::vector<float>(std::size_t(16) * p.ldc, kSentinel), "kfa::test::d"),
+        p.rows,
+        p.k,
+        p.cols,
+        p.a_rs,
+        p.a_cs,
+        p.b_rs,
+        p.b_cs,
+        p.ldc};
+    Kokkos::parallel_for("kfa::test::mma", Kokkos::TeamPolicy<Kokkos::Cuda>(1, 1, 32), f);
+    std::vector<float> d(f.d.size());
+    Kokkos::deep_copy(
+        Kokkos::View<float*, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
+            d.data(), d.size()),
+        f.d);
+    check_d<Tag>(p, d);
+  }
+}
+
+bool has_tensor_cores() {
+  return Kokkos::Cuda().cuda_device_prop().major >= 8;
+}
+
+TEST(Mma, DeviceProducts) {
+  if (!has_tensor_cores()) GTEST_SKIP() << "mma.sync m16n8k16 and tf32 need sm_80 or newer";
+  check_device_products<kc::bf16_tag>();
+  check_device_products<kc::f16_tag>();
+  check_device_products<kc::tf32_tag>();
+}
+
+// Outside the TEST body: nvcc takes no device lambda in a private member function.
+void check_device_rounding() {
+  const std::vector<float> x = sweep_inputs(kSeed + 1);
+  const DeviceView in = to_device(x, "kfa::test::x");
+  Kokkos::View<std::uint32_t* [3], Kokkos::LayoutRight, Kokkos::CudaSpace> out("kfa::test::bits",
+                                                                               x.size());
+  Kokkos::parallel_for(
+      "kfa::test::round", Kokkos::RangePolicy<Kokkos::Cuda>(0, x.size()),
+      KOKKOS_LAMBDA(std::size_t i) {
+        out(i, 0) = kc::to_bits(kc::bf16_tag{}, in(i));
+        out(i, 1) = kc::to_bits(kc::f16_tag{}, in(i));
+        out(i, 2) = kc::to_bits(kc::tf32_tag{}, in(i));
+      });
+  const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(h(i, 0), kc::to_bits(kc::bf16_tag{}, x[i])) << std::hex << bits_from(x[i]);
+    ASSERT_EQ(h(i, 1), kc::to_bits(kc::f16_tag{}, x[i])) << std::hex << bits_from(x[i]);
+    ASSERT_EQ(h(i, 2), kc::to_bits(kc::tf32_tag{}, x[i])) << std::hex << bits_from(x[i]);
+  }
+}
+TEST(Mma, DeviceRoundingMatchesHost) {
+  check_device_rounding();
+}
+#else
+TEST(Mma, DeviceProducts) {
+  GTEST_SKIP() << "needs Kokkos' CUDA backend";
+}
+#endif
+
+}  // namespace
