@@ -9,8 +9,10 @@
 #include <type_traits>
 
 // Teams of two threads wherever the space has threads (with OpenMP, run with at least two),
-// so that a missing team barrier in the kernels shows as a race; Serial keeps one. The
-// primary template is reached through Enable = int, which this specialisation does not match.
+// so that a missing team barrier in the kernels shows as a race; Serial keeps one. Rows of
+// the scratch tiles padded as on CUDA, so that a kernel indexing a tile by its width instead
+// of its row stride fails here. The primary template is reached through Enable = int, which
+// this specialisation does not match.
 namespace kfa::backends {
 constexpr int portable_test_team_size() {
 #ifdef KOKKOS_ENABLE_SERIAL
@@ -22,6 +24,7 @@ template <class T>
 struct TileTraits<Kokkos::DefaultExecutionSpace, T, void>
     : TileTraits<Kokkos::DefaultExecutionSpace, T, int> {
   static constexpr int team_size = portable_test_team_size();
+  static constexpr int pad = 4;
 };
 }  // namespace kfa::backends
 

@@ -72,6 +72,7 @@ struct BackwardCommon {
   bool accumulate = false;
   int heads_q, heads_k, group, seqlen_q, seqlen_k, head_dim;
   int Bt, q_tiles, k_tiles;  // Br = Bc = Bt
+  int ldd, ldt;  // row strides of the scratch tiles D and Bt wide: padded by traits::pad
   acc_t scale, softcap;
   Mask mask;
   Dropout<acc_t> dropout;
@@ -86,6 +87,8 @@ struct BackwardCommon {
     seqlen_k = static_cast<int>(t.k.extent(2));
     head_dim = static_cast<int>(t.q.extent(3));
     Bt = traits::block_bwd(head_dim);
+    ldd = head_dim + traits::pad;
+    ldt = Bt + traits::pad;
     q_tiles = (seqlen_q + Bt - 1) / Bt;
     k_tiles = (seqlen_k + Bt - 1) / Bt;
     scale =
@@ -147,17 +150,22 @@ struct BackwardCommon {
   };
 
   std::size_t scratch_bytes(bool with_dkdv) const {
-    const std::size_t tile = std::size_t(Bt) * head_dim, sq = std::size_t(Bt) * Bt;
-    return (with_dkdv ? 8 : 6) * scratch_view::shmem_size(tile) + 2 * scratch_view::shmem_size(sq) +
+    const std::size_t tile = std::size_t(Bt) * ldd, tile_t = std::size_t(head_dim) * ldt,
+                      sq = std::size_t(Bt) * ldt;
+    return (with_dkdv ? 6 : 4) * scratch_view::shmem_size(tile) +
+           2 * scratch_view::shmem_size(tile_t) + 2 * scratch_view::shmem_size(sq) +
            2 * scratch_view::shmem_size(std::size_t(Bt));
   }
 
   KOKKOS_INLINE_FUNCTION Tiles carve(const member_t& team, int level, bool with_dkdv) const {
     const auto& scr = team.team_scratch(level);
-    const std::size_t tile = std::size_t(Bt) * head_dim, sq = std::size_t(Bt) * Bt;
+    const std::size_t tile = std::size_t(Bt) * ldd, tile_t = std::size_t(head_dim) * ldt,
+                      sq = std::size_t(Bt) * ldt;
     Tiles s;
-    for (acc_t** t : {&s.ks, &s.kt, &s.vt, &s.qs, &s.dos, &s.dqs})
+    for (acc_t** t : {&s.ks, &s.qs, &s.dos, &s.dqs})
       *t = scratch_view(scr, tile).data();
+    s.kt = scratch_view(scr, tile_t).data();
+    s.vt = scratch_view(scr, tile_t).data();
     if (with_dkdv) {
       s.dks = scratch_view(scr, tile).data();
       s.dvs = scratch_view(scr, tile).data();
@@ -176,8 +184,8 @@ struct BackwardCommon {
                                               acc_t* delta_s) const {
     const int D = head_dim;
     ops::for_each_element(team, nr, D, [&](int r, int d) {
-      qs[r * D + d] = scale * static_cast<acc_t>(t.q(b, h, q0 + r, d));
-      dos[r * D + d] = static_cast<acc_t>(t.dout(b, h, q0 + r, d));
+      qs[r * ldd + d] = scale * static_cast<acc_t>(t.q(b, h, q0 + r, d));
+      dos[r * ldd + d] = static_cast<acc_t>(t.dout(b, h, q0 + r, d));
     });
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr), [&](int r) {
       lse_s[r] = static_cast<acc_t>(t.lse(b, h, q0 + r));
@@ -191,9 +199,9 @@ struct BackwardCommon {
     const int D = head_dim;
     ops::for_each_element(team, nc, D, [&](int c, int d) {
       const acc_t kv = static_cast<acc_t>(t.k(b, hk, k0 + c, d));
-      ks[c * D + d] = kv;
-      kt[d * Bt + c] = kv;
-      vt[d * Bt + c] = static_cast<acc_t>(t.v(b, hk, k0 + c, d));
+      ks[c * ldd + d] = kv;
+      kt[d * ldt + c] = kv;
+      vt[d * ldt + c] = static_cast<acc_t>(t.v(b, hk, k0 + c, d));
     });
   }
 
@@ -206,12 +214,13 @@ struct BackwardCommon {
     const int D = head_dim;
     int cb, ce;  // never empty: callers check tiles_meet first
     mask.tile_columns(q0, nr, k0, nc, cb, ce);
-    ops::gemm(team, nr, ce - cb, D, sc.qs, D, 1, sc.kt + cb, Bt, sc.p + cb, Bt, false);    // S
-    ops::gemm(team, nr, ce - cb, D, sc.dos, D, 1, sc.vt + cb, Bt, sc.ds + cb, Bt, false);  // dP
+    ops::gemm(team, nr, ce - cb, D, sc.qs, ldd, 1, sc.kt + cb, ldt, sc.p + cb, ldt, false);  // S
+    ops::gemm(team, nr, ce - cb, D, sc.dos, ldd, 1, sc.vt + cb, ldt, sc.ds + cb, ldt,
+              false);  // dP
     team.team_barrier();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
-      row_p_ds(team, b, h, q0 + r, k0, nc, sc.lse_s[r], sc.delta_s[r], sc.p + r * Bt,
-               sc.ds + r * Bt);
+      row_p_ds(team, b, h, q0 + r, k0, nc, sc.lse_s[r], sc.delta_s[r], sc.p + r * ldt,
+               sc.ds + r * ldt);
     });
     team.team_barrier();
   }
@@ -324,7 +333,7 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views> {
   }
 
   KOKKOS_FUNCTION void operator()(const member_t& team) const {
-    const int Bt = this->Bt, D = this->head_dim;
+    const int Bt = this->Bt, D = this->head_dim, ldd = this->ldd, ldt = this->ldt;
     const int kt_i = team.league_rank() % this->k_tiles;
     const int bhk = team.league_rank() / this->k_tiles;
     const int hk = bhk % this->heads_k, b = bhk / this->heads_k;
@@ -334,7 +343,7 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views> {
     const Tiles sc = this->carve(team, level, true);
 
     this->load_key_tile(team, b, hk, k0, nc, sc.ks, sc.kt, sc.vt);
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nc * D), [&](int idx) {
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nc * this->ldd), [&](int idx) {
       sc.dks[idx] = acc_t(0);
       sc.dvs[idx] = acc_t(0);
     });
@@ -350,22 +359,22 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views> {
         this->tile_p_ds(team, b, h, q0, nr, k0, nc, sc);
         if constexpr (atomic_capable) {
           if (atomic_dq) {  // dQ_i += scale dS K_j, added into dq
-            ops::gemm(team, nr, D, nc, sc.ds, Bt, 1, sc.ks, D, sc.dqs, D, false);
+            ops::gemm(team, nr, D, nc, sc.ds, ldt, 1, sc.ks, ldd, sc.dqs, ldd, false);
             team.team_barrier();
             const acc_t dq_scale = this->scale;
             ops::for_each_element(team, nr, D, [&](int r, int d) {
               Kokkos::atomic_add(&this->t.dq(b, h, q0 + r, d),
-                                 typename Views::dq_value(dq_scale * sc.dqs[r * D + d]));
+                                 typename Views::dq_value(dq_scale * sc.dqs[r * ldd + d]));
             });
           }
         }
         // dV_j += P^T dO_i and dK_j += dS^T (scale Q_i), reading P and dS transposed in place.
-        ops::gemm(team, nc, D, nr, sc.p, 1, Bt, sc.dos, D, sc.dvs, D, true);
-        ops::gemm(team, nc, D, nr, sc.ds, 1, Bt, sc.qs, D, sc.dks, D, true);
+        ops::gemm(team, nc, D, nr, sc.p, 1, ldt, sc.dos, ldd, sc.dvs, ldd, true);
+        ops::gemm(team, nc, D, nr, sc.ds, 1, ldt, sc.qs, ldd, sc.dks, ldd, true);
       }
     team.team_barrier();
     ops::for_each_element(team, nc, D, [&](int c, int d) {
-      const int idx = c * D + d;
+      const int idx = c * ldd + d;
       this->store(this->t.dk(b, hk, k0 + c, d), sc.dks[idx]);
       this->store(this->t.dv(b, hk, k0 + c, d), sc.dvs[idx]);
     });
@@ -395,7 +404,7 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views> {
   }
 
   KOKKOS_FUNCTION void operator()(const member_t& team) const {
-    const int Bt = this->Bt, D = this->head_dim;
+    const int Bt = this->Bt, D = this->head_dim, ldd = this->ldd, ldt = this->ldt;
     const int qt = team.league_rank() % this->q_tiles;
     const int bh = team.league_rank() / this->q_tiles;
     const int h = bh % this->heads_q, b = bh / this->heads_q, hk = h / this->group;
@@ -405,7 +414,7 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views> {
     const Tiles sc = this->carve(team, level, false);
 
     this->load_query_tile(team, b, h, q0, nr, sc.qs, sc.dos, sc.lse_s, sc.delta_s);
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr * D),
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr * this->ldd),
                          [&](int idx) { sc.dqs[idx] = acc_t(0); });
     for (int kt_i = 0; kt_i < this->k_tiles; ++kt_i) {
       const int k0 = kt_i * Bt;
@@ -415,12 +424,12 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views> {
       this->load_key_tile(team, b, hk, k0, nc, sc.ks, sc.kt, sc.vt);
       team.team_barrier();
       this->tile_p_ds(team, b, h, q0, nr, k0, nc, sc);
-      ops::gemm(team, nr, D, nc, sc.ds, Bt, 1, sc.ks, D, sc.dqs, D, true);  // dQ_i += dS K_j
+      ops::gemm(team, nr, D, nc, sc.ds, ldt, 1, sc.ks, ldd, sc.dqs, ldd, true);  // dQ_i += dS K_j
     }
     team.team_barrier();
     const acc_t dq_scale = this->scale;
     ops::for_each_element(team, nr, D, [&](int r, int d) {
-      this->store(this->t.dq(b, h, q0 + r, d), dq_scale * sc.dqs[r * D + d]);
+      this->store(this->t.dq(b, h, q0 + r, d), dq_scale * sc.dqs[r * ldd + d]);
     });
   }
 };

@@ -49,6 +49,7 @@ struct ForwardKernel {
   Lse lse;
   int heads_q, group, seqlen_q, seqlen_k, head_dim;
   int Br, Bc, q_tiles;
+  int ldd, ldc;  // row strides of the scratch tiles D and Bc wide: padded by traits::pad
   acc_t scale, softcap;
   Mask mask;
   Dropout<acc_t> dropout;
@@ -66,6 +67,8 @@ struct ForwardKernel {
     head_dim = static_cast<int>(q.extent(3));
     Br = traits::block_q(head_dim);
     Bc = traits::block_k(head_dim);
+    ldd = head_dim + traits::pad;
+    ldc = Bc + traits::pad;
     q_tiles = (seqlen_q + Br - 1) / Br;
     scale =
         static_cast<acc_t>(p.scale < 0 ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : p.scale);
@@ -82,15 +85,13 @@ struct ForwardKernel {
       part = decltype(part)(splits, static_cast<int>(q.extent(0)), heads_q, seqlen_q, head_dim);
   }
 
-  /// Team scratch: Q_i, O~_i (Br x D), K_j^T (D x Bc), V_j (Bc x D), S_ij (Br x Bc), m, l (Br).
+  /// Team scratch: Q_i, O~_i (Br x D), K_j^T (D x Bc), V_j (Bc x D), S_ij (Br x Bc), m, l (Br);
+  /// rows ldd or ldc apart.
   std::size_t scratch_bytes() const {
-    const std::size_t n[] = {std::size_t(Br) * head_dim,
-                             std::size_t(Br) * head_dim,
-                             std::size_t(head_dim) * Bc,
-                             std::size_t(Bc) * head_dim,
-                             std::size_t(Br) * Bc,
-                             std::size_t(Br),
-                             std::size_t(Br)};
+    const std::size_t n[] = {
+        std::size_t(Br) * ldd, std::size_t(Br) * ldd, std::size_t(head_dim) * ldc,
+        std::size_t(Bc) * ldd, std::size_t(Br) * ldc, std::size_t(Br),
+        std::size_t(Br)};
     std::size_t bytes = 0;
     for (std::size_t e : n)
       bytes += scratch_view::shmem_size(e);
@@ -132,18 +133,19 @@ struct ForwardKernel {
     const int D = head_dim;
 
     const auto& scr = team.team_scratch(scratch_level);
-    acc_t* qs = scratch_view(scr, std::size_t(Br) * D).data();
-    acc_t* os = scratch_view(scr, std::size_t(Br) * D).data();
-    acc_t* kt = scratch_view(scr, std::size_t(D) * Bc).data();
-    acc_t* vs = scratch_view(scr, std::size_t(Bc) * D).data();
-    acc_t* s = scratch_view(scr, std::size_t(Br) * Bc).data();
+    const int ldd = this->ldd, ldc = this->ldc;
+    acc_t* qs = scratch_view(scr, std::size_t(Br) * ldd).data();
+    acc_t* os = scratch_view(scr, std::size_t(Br) * ldd).data();
+    acc_t* kt = scratch_view(scr, std::size_t(D) * ldc).data();
+    acc_t* vs = scratch_view(scr, std::size_t(Bc) * ldd).data();
+    acc_t* s = scratch_view(scr, std::size_t(Br) * ldc).data();
     acc_t* m = scratch_view(scr, std::size_t(Br)).data();
     acc_t* l = scratch_view(scr, std::size_t(Br)).data();
 
     // Q_i is loaded once, pre-multiplied by the scale.
     ops::for_each_element(team, nr, D, [&](int r, int d) {
-      qs[r * D + d] = scale * static_cast<acc_t>(q(b, h, q0 + r, d));
-      os[r * D + d] = acc_t(0);
+      qs[r * ldd + d] = scale * static_cast<acc_t>(q(b, h, q0 + r, d));
+      os[r * ldd + d] = acc_t(0);
     });
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr), [&](int r) {
       m[r] = -backends::infinity<acc_t>();
@@ -160,22 +162,22 @@ struct ForwardKernel {
       const int nc = seqlen_k - k0 < Bc ? seqlen_k - k0 : Bc;
       team.team_barrier();  // the previous tile is no longer read
       ops::for_each_element(team, nc, D, [&](int c, int d) {
-        kt[d * Bc + c] = static_cast<acc_t>(k(b, hk, k0 + c, d));
-        vs[c * D + d] = static_cast<acc_t>(v(b, hk, k0 + c, d));
+        kt[d * ldc + c] = static_cast<acc_t>(k(b, hk, k0 + c, d));
+        vs[c * ldd + d] = static_cast<acc_t>(v(b, hk, k0 + c, d));
       });
       team.team_barrier();
       // Keys of this tile that any of its rows sees: [cb, ce). S_ij = Q_i K_j^T on those
       // columns, the online-softmax step row by row (P into S's place), then O~ += P V_j.
       int cb, ce;  // never empty: the loop visits only tiles the query tile sees
       mask.tile_columns(q0, nr, k0, nc, cb, ce);
-      ops::gemm(team, nr, ce - cb, D, qs, D, 1, kt + cb, Bc, s + cb, Bc, false);
+      ops::gemm(team, nr, ce - cb, D, qs, ldd, 1, kt + cb, ldc, s + cb, ldc, false);
       team.team_barrier();
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
         update_row(team, b, h, r, q0 + r, k0, cb, ce, s, os, m, l);
       });
       team.team_barrier();
-      ops::gemm(team, nr, D, ce - cb, s + cb, Bc, 1, vs + static_cast<std::ptrdiff_t>(cb) * D, D,
-                os, D, true);
+      ops::gemm(team, nr, D, ce - cb, s + cb, ldc, 1, vs + static_cast<std::ptrdiff_t>(cb) * ldd,
+                ldd, os, ldd, true);
     }
     team.team_barrier();
 
@@ -183,7 +185,7 @@ struct ForwardKernel {
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
         const std::size_t row = part.row(split, b, h, q0 + r);
         Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
-                             [&](int d) { part.o(row, d) = os[r * D + d]; });
+                             [&](int d) { part.o(row, d) = os[r * ldd + d]; });
         Kokkos::single(Kokkos::PerThread(team), [&]() {
           part.ml(row, 0) = m[r];
           part.ml(row, 1) = l[r];
@@ -195,7 +197,7 @@ struct ForwardKernel {
       const acc_t lr = l[r];
       const acc_t inv = lr > acc_t(0) ? acc_t(1) / lr : acc_t(0);
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
-                           [&](int d) { o(b, h, q0 + r, d) = value_type(os[r * D + d] * inv); });
+                           [&](int d) { o(b, h, q0 + r, d) = value_type(os[r * ldd + d] * inv); });
       Kokkos::single(Kokkos::PerThread(team), [&]() {
         lse(b, h, q0 + r) = kfa::lse(Partial<acc_t>{m[r], lr});
       });
@@ -211,7 +213,7 @@ struct ForwardKernel {
                                          acc_t* l) const {
     const int lo = mask.lo(i) - k0, hi = mask.hi(i) + 1 - k0;
     const int c0 = lo > cb ? lo : cb, c1 = hi < ce ? hi : ce;
-    acc_t* srow = s + r * Bc;
+    acc_t* srow = s + r * ldc;
     // Keys this row does not see contribute P = 0 to the tile product.
     if (c0 >= c1) {  // none: m, l and O~ stay
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, cb, ce), [&](int c) { srow[c] = 0; });
@@ -234,7 +236,7 @@ struct ForwardKernel {
     // undropped softmax, and O~ accumulates (P * Z) V.
     if (dropout.enabled)
       dropout.for_each(team, b, h, i, k0, c0, c1, [&](int c, acc_t z) { srow[c] *= z; });
-    acc_t* orow = os + r * head_dim;
+    acc_t* orow = os + r * ldd;
     if (alpha != acc_t(1))
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, head_dim),
                            [&](int d) { orow[d] *= alpha; });

@@ -10,14 +10,14 @@
 /// on CUDA: the 48 KiB of shared memory a launch gets without the opt-in, less the 8 KiB Kokkos
 /// reserves (TeamPolicy::scratch_size_max(0), about 40 KiB on both architectures). Larger
 /// tiles would spill to level-1 scratch (global memory), which the kernels do only where
-/// nothing fits: head_dim above 128. The shapes below are the largest Br x Bc (and Bt) in
-/// multiples of the 16-row mma block that fit:
+/// nothing fits: head_dim above 128. The shapes below are the largest Br x Bc (and Bt) that
+/// fit, with rows padded by `pad` (bytes for the largest head_dim of each line):
 ///
 ///   head_dim      forward Br x Bc   bytes     backward Bt   bytes
-///   <= 32         64 x 32           33.3 K    16            18.5 K
-///   <= 64         32 x 32           37.1 K    16            34.9 K
-///   <= 128        16 x 16           33.9 K    8             33.3 K
-///   <= 256        16 x 16 (level 1) 66.7 K    8 (level 1)   66.1 K
+///   <= 32         64 x 32           37.4 K    16            21.6 K
+///   <= 64         32 x 32           40.2 K    16            39.0 K
+///   <= 128        16 x 16           37.0 K    8             38.5 K
+///   <= 256        16 x 16 (level 1) 71.8 K    8 (level 1)   75.3 K
 ///
 /// sm_80 and sm_90 share these shapes: the limit is Kokkos' per-launch one, not the SM's
 /// (164 KiB on A100, 228 KiB on H100), which sets how many teams an SM holds instead
@@ -45,6 +45,11 @@ struct TileTraits<Kokkos::Cuda, T, void> {
   static constexpr int block_bwd(int head_dim) { return head_dim <= 64 ? 16 : 8; }
   static constexpr int team_size = 4;       ///< warps per team
   static constexpr int vector_length = 32;  ///< one warp per team thread
+  /// Row strides of width + 4 (4 mod 8 words, as every width here is a multiple of 8): the
+  /// tensor-core fragment loads (cuda/mma.hpp) read row-major A two-way and row-major B
+  /// conflict-free, and the FMA path's two A rows per step fall on different banks. With
+  /// strides that are multiples of 32 words the A loads were eight-way conflicts.
+  static constexpr int pad = 4;
   /// Teams the GPU runs at once: per SM, as many as its shared memory holds at about 40 KiB
   /// each (4 on an A100, 5 on an H100), at most 16 (2048 threads of 128).
   static int concurrent_teams(const Kokkos::Cuda& space) {

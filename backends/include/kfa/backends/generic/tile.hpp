@@ -27,6 +27,9 @@ struct TileTraits {
   static constexpr int team_size = 0;
   /// Vector lanes per thread; each thread owns query rows, its lanes share the keys or head_dim.
   static constexpr int vector_length = 1;
+  /// Elements added to each row of a scratch tile (row stride = width + pad), to move rows
+  /// that a warp reads together onto different shared-memory banks.
+  static constexpr int pad = 0;
   /// Teams the space runs at once, for the split-KV heuristic. The portable guess: teams of
   /// about 256 threads, so a GPU reporting 2048 resident threads per SM holds 8 teams per SM.
   static int concurrent_teams(const ExecSpace& space) {

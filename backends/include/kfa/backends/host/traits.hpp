@@ -22,6 +22,7 @@ struct TileTraits<
   static constexpr int block_bwd(int head_dim) { return head_dim <= 128 ? 64 : 32; }
   static constexpr int team_size = 1;      ///< host teams are one thread
   static constexpr int vector_length = 1;  ///< the compiler vectorises instead
+  static constexpr int pad = 0;            ///< rows packed: no banks to spread
   /// Teams running at once: one per host thread.
   static int concurrent_teams(const ExecSpace& space) { return space.concurrency(); }
 };
