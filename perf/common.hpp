@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
 #ifndef KFA_GIT_REVISION
 #define KFA_GIT_REVISION "unknown"
@@ -23,9 +24,12 @@ namespace kfa_bench {
 using Exec = Kokkos::DefaultExecutionSpace;
 
 /// Fills a view with uniform values in [-1, 1) from a hash of the index, on the device: fast
-/// for multi-GiB caches and identical on every backend.
+/// for multi-GiB caches and identical on every backend. Types other than double (float, and the
+/// 16-bit half_t and bhalf_t) are rounded from the float value.
 template <class View>
 void fill_hash(const View& t, unsigned salt) {
+  using T = typename View::non_const_value_type;
+  using Wide = std::conditional_t<std::is_same_v<T, double>, double, float>;
   const std::size_t n = t.span();
   auto* p = t.data();
   Kokkos::parallel_for(
@@ -35,19 +39,21 @@ void fill_hash(const View& t, unsigned salt) {
         x ^= x >> 31;
         x *= 0xBF58476D1CE4E5B9ULL;
         x ^= x >> 29;
-        p[e] = static_cast<typename View::value_type>(double(x >> 11) * 0x1.0p-52 - 1.0);
+        p[e] = static_cast<T>(static_cast<Wide>(double(x >> 11) * 0x1.0p-52 - 1.0));
       });
   Kokkos::fence();
 }
 
 /// The tensors of one attention problem, (B, H, N, D) LayoutRight (kfa needs a unit
 /// head_dim stride, which the default layout of a GPU space does not give), inputs filled by
-/// fill_hash; dO and the gradients only when `backward`.
+/// fill_hash; dO and the gradients only when `backward`. The LSE is double for double and float
+/// otherwise (kfa keeps a 16-bit type's LSE in float).
 template <class T>
 struct Tensors {
   using View4 = Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space>;
+  using Lse = std::conditional_t<std::is_same_v<T, double>, double, float>;
   View4 q, k, v, o, dout, dq, dk, dv;
-  Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> lse;
+  Kokkos::View<Lse***, Kokkos::LayoutRight, Exec::memory_space> lse;
   Tensors(int B, int H, int N, int D, bool backward)
       : q("q", B, H, N, D),
         k("k", B, H, N, D),

@@ -22,6 +22,10 @@ DATE-NAME-memory.png (peak memory against N) into --out-dir (default perf/result
 The baseline and PyTorch cases whose N x N buffers would pass --budget-gib are skipped and
 marked so. --quick: float, D = 64, N = 512 ... 4096. --reuse: a step whose JSON file is already
 in --out-dir is read, not run again (to finish an interrupted run or redo the report).
+
+--gpu: the GPU comparison instead, kfa against PyTorch's scaled_dot_product_attention on one
+GPU (perf/compare_gpu.py, whose flags follow: --build DIR of a CUDA build, --dry-run, ...):
+  /usr/bin/python3 perf/compare_attention.py --gpu --build DIR [compare_gpu.py flags]
 """
 import argparse
 import datetime
@@ -36,6 +40,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 import tables  # noqa: E402  (the Google Benchmark JSON loader shared with the older tables)
 
 PASSES = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward + backward"}
@@ -417,6 +422,11 @@ def plot(a, data, png, mem_png):
 
 
 def main():
+    if "--gpu" in sys.argv[1:]:
+        import compare_gpu
+        rest = [x for x in sys.argv[1:] if x != "--gpu"]
+        compare_gpu.main(rest, " ".join(shlex.quote(x) for x in ["python3"] + sys.argv))
+        return
     a = parse_args()
     os.makedirs(a.out_dir, exist_ok=True)
     stem = os.path.join(a.out_dir, f"{a.date}-{a.name}")
