@@ -37,29 +37,30 @@ namespace cuda {
 /// where they are 16-bit types; void (no tensor-core path) otherwise.
 template <class T>
 struct mma_tag {
-  using type = void;
+  using type = void;  ///< the operand tag, or void
 };
 #if defined(KOKKOS_HALF_T_IS_FLOAT) && !KOKKOS_HALF_T_IS_FLOAT
 template <>
 struct mma_tag<Kokkos::Experimental::half_t> {
-  using type = f16_tag;
+  using type = f16_tag;  ///< binary16 operands
 };
 #endif
 #if defined(KOKKOS_BHALF_T_IS_FLOAT) && !KOKKOS_BHALF_T_IS_FLOAT
 template <>
 struct mma_tag<Kokkos::Experimental::bhalf_t> {
-  using type = bf16_tag;
+  using type = bf16_tag;  ///< bfloat16 operands
 };
 #endif
 #if defined(KFA_CUDA_TF32)
 template <>
 struct mma_tag<float> {
-  using type = tf32_tag;
+  using type = tf32_tag;  ///< tf32 operands (KFA_CUDA_TF32)
 };
 #endif
 
-/// Rows and columns of the block of C one warp computes at a time.
+/// Rows of the block of C one warp computes at a time (one mma row block).
 inline constexpr int warp_rows = 16;
+/// Columns of the block of C one warp computes at a time (two 8-column mma blocks).
 inline constexpr int warp_cols = 16;
 
 /// The calling lane's index in its warp: the vector lane, as vector_length is 32.
