@@ -4,6 +4,7 @@
 
 #include <kfa/backward.hpp>
 #include <kfa/combine.hpp>
+#include <kfa/config.hpp>
 #include <kfa/dropout.hpp>
 #include <kfa/flops.hpp>
 #include <kfa/forward.hpp>

@@ -3,8 +3,12 @@
 /// Parameters shared by every kfa pass, and the error type kfa throws.
 
 #include <cstdint>
+#include <iterator>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
 
 namespace kfa {
 
@@ -63,5 +67,90 @@ struct Params {
   /// and is bitwise repeatable.
   int num_splits = 0;
 };
+
+/// Which passes read a field of Params (a program reports a flag its pass does not use).
+enum class Passes { both, forward, backward };
+
+/// One field of a parameter struct as the programs and the MPI agreement check see it.
+struct Field {
+  /// The member's name; also its key in the programs' JSON lines.
+  const char* name;
+  /// Its command-line flag in the kfa programs (a bool field's flag takes no value).
+  const char* flag;
+  /// The passes that read it.
+  Passes passes;
+  /// One line for the programs' usage text.
+  const char* help;
+};
+
+/// The one list of Params' fields, in declaration order: calls f(Field, member) for each, with
+/// `member` a (const) reference into p. The programs parse flags, print the run description and
+/// write JSON from it, and kfa::mpi checks that every rank passed the same values with it, so
+/// adding a parameter is one member above and one line here. Member types are bool, int,
+/// double, std::uint64_t or an enum with an EnumNames specialisation.
+template <class P, class F>
+void for_each_field(P& p, F&& f) {
+  static_assert(std::is_same_v<std::remove_const_t<P>, Params>, "for_each_field takes Params");
+  f(Field{"scale", "--scale", Passes::both, "multiplies Q K^T (default 1/sqrt(head_dim))"},
+    p.scale);
+  f(Field{"causal", "--causal", Passes::both, "causal mask"}, p.causal);
+  f(Field{"align", "--align", Passes::both, "mask diagonal: bottom-right (default) or top-left"},
+    p.align);
+  f(Field{"window_left", "--window-left", Passes::both, "keys visible left of the diagonal"},
+    p.window_left);
+  f(Field{"window_right", "--window-right", Passes::both, "keys visible right of the diagonal"},
+    p.window_right);
+  f(Field{"softcap", "--softcap", Passes::both, "S <- C tanh(S / C); 0 = off"}, p.softcap);
+  f(Field{"dropout", "--dropout", Passes::both, "dropout probability in [0, 1)"}, p.dropout);
+  f(Field{"seed", "--seed", Passes::both, "dropout seed"}, p.seed);
+  f(Field{"offset", "--offset", Passes::both, "dropout stream"}, p.offset);
+  f(Field{"deterministic", "--deterministic", Passes::backward, "no atomics, bitwise repeatable"},
+    p.deterministic);
+  f(Field{"num_splits", "--splits", Passes::forward, "split-KV chunks (0 = choose, 1 = none)"},
+    p.num_splits);
+}
+
+/// The names of an enum's values, as the programs spell them: a specialisation has
+/// `static constexpr std::pair<E, const char*> values[]`. Every enum that appears in a field
+/// list has one.
+template <class E>
+struct EnumNames;
+
+/// Align's names.
+template <>
+struct EnumNames<Align> {
+  /// Each value with its name.
+  static constexpr std::pair<Align, const char*> values[] = {{Align::bottom_right, "bottom-right"},
+                                                             {Align::top_left, "top-left"}};
+};
+
+/// The name of e ("?" for a value without one).
+template <class E>
+const char* name_of(E e) {
+  for (const auto& [v, n] : EnumNames<E>::values)
+    if (v == e) return n;
+  return "?";
+}
+
+/// Sets e to the value named `text`; false (e unchanged) when no value has that name.
+template <class E>
+bool parse_name(std::string_view text, E& e) {
+  for (const auto& [v, n] : EnumNames<E>::values)
+    if (text == n) {
+      e = v;
+      return true;
+    }
+  return false;
+}
+
+/// "a, b or c": the names of E's values, for error messages.
+template <class E>
+std::string names_of() {
+  std::string s;
+  const std::size_t n = std::size(EnumNames<E>::values);
+  for (std::size_t i = 0; i < n; ++i)
+    s += std::string(i == 0 ? "" : i + 1 == n ? " or " : ", ") + EnumNames<E>::values[i].second;
+  return s;
+}
 
 }  // namespace kfa

@@ -23,6 +23,7 @@
 #include <kfa/backends/cuda/mma.hpp>
 #include <kfa/backends/cuda/traits.hpp>
 #include <kfa/backends/generic/tile.hpp>
+#include <kfa/config.hpp>
 
 #include <Kokkos_Core.hpp>
 
