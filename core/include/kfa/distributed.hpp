@@ -79,6 +79,27 @@ enum class Mode {
   tree   ///< queries gathered, partials reduce-scattered with the combiner
 };
 
+}  // namespace kfa::mpi
+
+namespace kfa {
+/// Layout's names (kfa-seqpar's --layout).
+template <>
+struct EnumNames<mpi::Layout> {
+  /// Each value with its name.
+  static constexpr std::pair<mpi::Layout, const char*> values[] = {
+      {mpi::Layout::contiguous, "contiguous"}, {mpi::Layout::zigzag, "zigzag"}};
+};
+/// Mode's names (kfa-seqpar's --mode).
+template <>
+struct EnumNames<mpi::Mode> {
+  /// Each value with its name.
+  static constexpr std::pair<mpi::Mode, const char*> values[] = {{mpi::Mode::ring, "ring"},
+                                                                 {mpi::Mode::tree, "tree"}};
+};
+}  // namespace kfa
+
+namespace kfa::mpi {
+
 /// Global rows [begin, begin + size) of the sequence.
 struct Segment {
   long long begin = 0;  ///< first global row
