@@ -1,7 +1,7 @@
 // kfa against the unfused baseline (perf/unfused.hpp: Kokkos Kernels gemm, softmax, gemm) in
-// one run, so every figure has its partner measured beside it (PERF.md): forward, backward and
-// forward + backward; float and double; causal and not; B = 1, H = 4, N = 512 ... 16384,
-// D = 64 and 128. Names pair up as BM_kfa_<pass><T>/N:n/D:d/causal:c and
+// one run, so every figure has its partner measured beside it (docs/performance.md): forward,
+// backward and forward + backward; float and double; causal and not; B = 1, H = 4, N = 512 ...
+// 16384, D = 64 and 128. Names pair up as BM_kfa_<pass><T>/N:n/D:d/causal:c and
 // BM_unfused_<pass><T>/N:n/D:d/causal:c, registered side by side so each pair also runs back
 // to back. FLOPs in flash-attn's convention for both (visible pairs only; backward 2.5 x and
 // forward + backward 3.5 x the forward), so GFLOP/s ratios are speed ratios.

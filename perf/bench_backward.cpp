@@ -1,7 +1,8 @@
 // Google Benchmark of kfa::backward: the two ways to get dQ (atomic adds from the key-tile
 // teams, or the deterministic query-outer recomputation), forward + backward together, and the
 // cost of dropout (regenerating the Philox mask) in each pass.
-// FLOPs in flash-attn's convention (PERF.md): backward = 2.5 x forward, visible pairs only.
+// FLOPs in flash-attn's convention (docs/performance.md): backward = 2.5 x forward, visible pairs
+// only.
 #include <kfa/kfa.hpp>
 
 #include "common.hpp"

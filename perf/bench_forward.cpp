@@ -1,6 +1,6 @@
 // Google Benchmark of kfa::forward. Manual time: fence before and after each timed call.
-// FLOPs follow flash-attn's convention (PERF.md): 4 * B * Hq * Nq * Nk * D for the forward,
-// counting only the visible (query, key) pairs when a mask is on.
+// FLOPs follow flash-attn's convention (docs/performance.md): 4 * B * Hq * Nq * Nk * D for the
+// forward, counting only the visible (query, key) pairs when a mask is on.
 #include <kfa/kfa.hpp>
 
 #include <string>

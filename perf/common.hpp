@@ -1,6 +1,6 @@
 #pragma once
 // What the kfa benchmarks share: device-side input filling, a timed call between fences, the
-// sgemm ceiling the GFLOP/s are quoted against (PERF.md), and the main that records the
+// sgemm ceiling the GFLOP/s are quoted against (docs/performance.md), and the main that records the
 // revision and the Kokkos configuration in the benchmark context.
 #include <benchmark/benchmark.h>
 #include <Kokkos_Core.hpp>

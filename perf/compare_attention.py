@@ -298,7 +298,7 @@ def report(a, bench_path, torch_path, mem_path, md_path, command):
         f"- Command: `{command}`",
         "",
         "Shapes: B = 1, H = 4 (N = seqlen of queries and keys, D = head_dim). FLOPs in "
-        "flash-attn's convention (PERF.md: visible pairs only; backward 2.5 x and forward + "
+        "flash-attn's convention (docs/performance.md: visible pairs only; backward 2.5 x and forward + "
         "backward 3.5 x the forward), the same count for all three, so GFLOP/s ratios are speed "
         "ratios. The unfused baseline (perf/unfused.hpp) is Kokkos Kernels gemm, a Kokkos "
         "softmax, gemm, with P kept for the backward; PyTorch's is softmax(Q K^T * scale "

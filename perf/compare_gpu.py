@@ -457,7 +457,7 @@ def write_report(a, stem, command, gpu, peak, rows, kfa_ctx, tctx, sgemm, target
         "",
         f"Shapes: B = {a.tokens} / N (at least 1), H = {a.heads}, N = seqlen of queries and keys, "
         "D = head_dim, as in the FlashAttention papers' benchmarks. FLOPs in flash-attn's "
-        "convention for both (PERF.md: 4 N^2 D per head forward, half that when causal; "
+        "convention for both (docs/performance.md: 4 N^2 D per head forward, half that when causal; "
         "backward 2.5 x, forward + backward 3.5 x), so the ratio kfa/SDPA is a speed ratio. "
         "Backward: the backward alone after an untimed forward. kfa: Google Benchmark, the mean "
         "of the iterations between fences; SDPA: the median of CUDA-event times. Causal: "

@@ -43,7 +43,7 @@ def load(path):
 
 
 def flops(r):
-    """The useful flops kfa counts (PERF.md): 4 N^2 D B H for the forward (half when causal),
+    """The useful flops kfa counts (docs/performance.md): 4 N^2 D B H for the forward (half when causal),
     2.5 times that for the backward."""
     n, d, b, h = r["seqlen_q"], r["head_dim"], r["batch"], r["heads_q"]
     f = 4.0 * n * n * d * b * h

@@ -8,7 +8,7 @@
 decode: the split-KV decode table (BM_decode); backward: dQ strategies and forward+backward
 (BM_backward, BM_forward_backward); dropout: each pass with p = 0.1 against p = 0 (BM_dropout).
 With --benchmark_repetitions the median of the repetitions is used. Each table quotes the times side by side from one run and
-the GFLOP/s as a fraction of the sgemm rate measured in the same run (PERF.md). --plot draws
+the GFLOP/s as a fraction of the sgemm rate measured in the same run (docs/performance.md). --plot draws
 the same figures (needs matplotlib), one panel per JSON file.
 """
 import json

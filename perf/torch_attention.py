@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch's attention for the comparisons of perf/compare_attention.py (PERF.md: kfa against
+"""PyTorch's attention for the comparisons of perf/compare_attention.py (docs/performance.md: kfa against
 PyTorch on the same machine): on the CPU, the unfused attention on one thread, written as a user
 writes it; on a CUDA GPU, torch.nn.functional.scaled_dot_product_attention (perf/compare_gpu.py).
 

@@ -1,9 +1,9 @@
 #pragma once
 // The unfused attention a user writes without kfa, and the baseline kfa is measured against
-// (PERF.md): S = scale Q K^T and O = P V with Kokkos Kernels' gemm, one call per (batch, head)
-// on 2-D subviews, and a Kokkos softmax kernel between them that also yields the LSE. S (then
-// P, in place) is held for all B * H heads at once, B * H * Nq * Nk values, as PyTorch and a
-// plain user code hold it: that matrix is what the memory comparison with kfa is about.
+// (docs/performance.md): S = scale Q K^T and O = P V with Kokkos Kernels' gemm, one call per
+// (batch, head) on 2-D subviews, and a Kokkos softmax kernel between them that also yields the LSE.
+// S (then P, in place) is held for all B * H heads at once, B * H * Nq * Nk values, as PyTorch and
+// a plain user code hold it: that matrix is what the memory comparison with kfa is about.
 //
 // The backward keeps P from the forward instead of recomputing it, as autograd does (PyTorch
 // saves the softmax output), so its four products are dV = P^T dO, dP = dO V^T, dQ = scale dS K
