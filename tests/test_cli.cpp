@@ -3,6 +3,11 @@
 // no output file.
 #include <gtest/gtest.h>
 
+#include <kfa/config.hpp>
+#include <kfa/params.hpp>
+
+#include <Kokkos_Core.hpp>
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -10,6 +15,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
 #include "h5io.hpp"
 #include "problem.hpp"
@@ -418,6 +424,87 @@ TEST(Cli, BadFlags) {
   const CliRun none = run_cli("");
   EXPECT_EQ(none.status, 2);
   EXPECT_EQ(none.err.rfind("kfa: error: missing command", 0), 0u) << none.err;
+}
+
+// --version: kfa's version from <kfa/config.hpp>, and a line on the Kokkos it was compiled
+// with (the version of KOKKOS_VERSION, the default execution space); usage text mentions it.
+TEST(Cli, Version) {
+  const CliRun r = run_cli("--version");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+  EXPECT_EQ(r.out.rfind(std::string("kfa ") + KFA_VERSION_STRING + "\n", 0), 0u) << r.out;
+  const std::string kokkos = "\nKokkos " + std::to_string(KOKKOS_VERSION / 10000) + "." +
+                             std::to_string(KOKKOS_VERSION / 100 % 100) + "." +
+                             std::to_string(KOKKOS_VERSION % 100) + ": execution spaces ";
+  const auto at = r.out.find(kokkos);
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string line = r.out.substr(at + 1, r.out.find('\n', at + 1) - at - 1);
+  EXPECT_NE(line.find(std::string("default ") + Kokkos::DefaultExecutionSpace::name()),
+            std::string::npos)
+      << line;
+  EXPECT_NE(r.out.find(std::string("Kokkos ") + KFA_CONFIGURED_KOKKOS_VERSION), std::string::npos)
+      << r.out;
+  EXPECT_EQ(run_cli("forward --random 1,1,4,4 --version").out, r.out);
+  EXPECT_NE(run_cli("--help").out.find("--version"), std::string::npos);
+}
+
+// Every field of the list whose pass is one only is refused, with a line naming the flag and
+// its pass, by the other pass; every enum field names its values when given another.
+TEST(Cli, PassFlagsFollowTheFieldList) {
+  const kfa::Params p;
+  kfa::for_each_field(p, [](const kfa::Field& f, const auto& member) {
+    using T = std::decay_t<decltype(member)>;
+    const std::string value = std::is_same_v<T, bool> ? "" : " 1";
+    if (f.passes != kfa::Passes::both) {
+      const bool fwd = f.passes == kfa::Passes::forward;
+      expect_bad(
+          std::string(fwd ? "backward" : "forward") + " --random 1,2,64,16 " + f.flag + value,
+          std::string(f.flag) + " applies to " + (fwd ? "forward" : "backward") + " only");
+    }
+    if constexpr (std::is_enum_v<T>)
+      expect_bad(std::string("forward --random 1,2,64,16 ") + f.flag + " sideways",
+                 std::string(f.flag) + " expects " + kfa::names_of<T>() + ", got 'sideways'");
+  });
+  expect_bad("forward --random 1,2,64,16 --align middle",
+             "--align expects bottom-right or top-left, got 'middle'");
+  expect_bad("forward --random 1,2,64,16 --window-left -2", "--window-left must be >= -1, got -2");
+  expect_bad("forward --random 1,2,64,16 --window-right 3000000000",
+             "--window-right must be <= 2147483647");
+  expect_bad("forward --random 1,2,64,16 --seed 18446744073709551616", "--seed must be < 2^64");
+  // The usage lists every flag of the list.
+  const std::string usage = run_cli("--help").out;
+  kfa::for_each_field(p, [&](const kfa::Field& f, const auto&) {
+    EXPECT_NE(usage.find(std::string("  ") + f.flag), std::string::npos) << f.flag;
+  });
+}
+
+// The JSON line carries every field of the list under its name, with the value given; the
+// description names every field the pass reads.
+TEST(Cli, JsonAndDescriptionCarryEveryField) {
+  const CliRun r = run_cli(
+      "forward --random 1,2,40,16 --seqlen-k 50 --align top-left --window-left 7 "
+      "--window-right 3 --scale 0.5 --softcap 2.5 --dropout 0.125 --seed 18446744073709551615 "
+      "--offset 4 --splits 2 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string last = r.out.substr(r.out.rfind('{'));
+  const kfa::Params p;
+  kfa::for_each_field(p, [&](const kfa::Field& f, const auto&) {
+    EXPECT_NE(last.find("\"" + std::string(f.name) + "\":"), std::string::npos)
+        << f.name << " missing in " << last;
+    const bool read = f.passes != kfa::Passes::backward;
+    EXPECT_EQ(r.out.find(" " + std::string(f.name) + "=") < r.out.find('\n'), read)
+        << f.name << " in " << r.out;
+  });
+  for (const char* kv :
+       {"\"align\":\"top-left\"", "\"window_left\":7,", "\"window_right\":3,", "\"scale\":0.5,",
+        "\"softcap\":2.5,", "\"dropout\":0.125,", "\"seed\":18446744073709551615,", "\"offset\":4,",
+        "\"num_splits\":2,", "\"deterministic\":false,", "\"causal\":false,", "\"seqlen_k\":50,",
+        "\"repeat\":1,"})
+    EXPECT_NE(last.find(kv), std::string::npos) << kv << " missing in " << last;
+  // The --window shorthand sets both fields.
+  const CliRun w = run_cli("forward --random 1,2,40,16 --window 5,-1 --json");
+  ASSERT_EQ(w.status, 0) << w.err;
+  EXPECT_NE(w.out.find("\"window_left\":5,\"window_right\":-1,"), std::string::npos) << w.out;
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 // no output file.
 #include <gtest/gtest.h>
 
+#include <kfa/config.hpp>
+
 #include <filesystem>
 #include <random>
 #include <string>
@@ -216,6 +218,31 @@ TEST(SeqParCli, BadInputEndsEveryRankWithOneLine) {
                                      (work_dir() / "no" / "such" / "dir.h5").string());
   EXPECT_EQ(r.status, 2) << r.out << r.err;
   EXPECT_NE(r.err.find("cannot create output file"), std::string::npos) << r.err;
+}
+
+// Every field of kfa::Params appears in the JSON line, and the fields the pass reads in the
+// description, as in kfa's; align among them. --version prints kfa's version.
+TEST(SeqParCli, ReportsEveryPassField) {
+  const ProgramRun r =
+      seqpar(2, "forward --random 1,2,40,16 --causal --align top-left --splits 2 --json");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const std::string description = r.out.substr(0, r.out.find('\n'));
+  const std::string last = r.out.substr(r.out.rfind('{'));
+  EXPECT_NE(description.find(" align=top-left "), std::string::npos) << description;
+  EXPECT_NE(description.find(" num_splits=2 "), std::string::npos) << description;
+  EXPECT_NE(last.find("\"align\":\"top-left\""), std::string::npos) << last;
+  EXPECT_NE(last.find("\"mode\":\"ring\",\"layout\":\"contiguous\""), std::string::npos) << last;
+  const kfa::Params p;
+  kfa::for_each_field(p, [&](const kfa::Field& f, const auto&) {
+    EXPECT_NE(last.find("\"" + std::string(f.name) + "\":"), std::string::npos)
+        << f.name << " missing in " << last;
+  });
+  const ProgramRun b = seqpar(2, "forward --random 1,2,40,16 --deterministic");
+  EXPECT_EQ(b.status, 2) << b.out << b.err;
+  EXPECT_NE(b.err.find("--deterministic applies to backward only"), std::string::npos) << b.err;
+  const ProgramRun v = seqpar(1, "--version");
+  EXPECT_EQ(v.status, 0) << v.out << v.err;
+  EXPECT_EQ(v.out.rfind(std::string("kfa-seqpar ") + KFA_VERSION_STRING + "\n", 0), 0u) << v.out;
 }
 
 }  // namespace

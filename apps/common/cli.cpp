@@ -1,17 +1,17 @@
 #include "cli.hpp"
 
 #include <charconv>
+#include <climits>
 #include <cmath>
-#include <cstdint>
+#include <iomanip>
+#include <limits>
 #include <sstream>
+#include <string_view>
+#include <type_traits>
 
 #include "h5io.hpp"
 
 namespace kfa_apps {
-
-const char* const kPassFlagsUsage =
-    "  [--causal] [--align bottom-right|top-left] [--window LEFT,RIGHT]\n"
-    "  [--scale S] [--softcap C] [--dropout P --seed N [--offset N]]\n";
 
 long long parse_int(const std::string& flag, const std::string& text, long long min) {
   std::size_t used = 0;
@@ -24,6 +24,19 @@ long long parse_int(const std::string& flag, const std::string& text, long long 
   if (used == 0 || used != text.size())
     throw InputError(flag + " expects an integer, got '" + text + "'");
   if (v < min) throw InputError(flag + " must be >= " + std::to_string(min) + ", got " + text);
+  return v;
+}
+
+std::uint64_t parse_uint64(const std::string& flag, const std::string& text) {
+  // A sign goes through parse_int, which says "must be >= 0" of a negative number.
+  if (!text.empty() && (text[0] == '-' || text[0] == '+'))
+    return static_cast<std::uint64_t>(parse_int(flag, text, 0));
+  unsigned long long v = 0;
+  const auto r = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (r.ec == std::errc::result_out_of_range)
+    throw InputError(flag + " must be < 2^64, got " + text);
+  if (r.ec != std::errc() || r.ptr != text.data() + text.size())
+    throw InputError(flag + " expects an integer, got '" + text + "'");
   return v;
 }
 
@@ -68,45 +81,234 @@ std::vector<long long> parse_dims(const std::string& flag, const std::string& te
   return dims;
 }
 
-bool parse_pass_flag(const std::string& flag, const std::function<std::string()>& value,
-                     kfa::Params& p) {
-  if (flag == "--causal") {
-    p.causal = true;
-  } else if (flag == "--align") {
-    const std::string t = value();
-    if (t == "bottom-right")
-      p.align = kfa::Align::bottom_right;
-    else if (t == "top-left")
-      p.align = kfa::Align::top_left;
-    else
-      throw InputError("--align expects bottom-right or top-left, got '" + t + "'");
-  } else if (flag == "--window") {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The values the command line accepts for a field, where they are narrower than its type's.
+// The library reads scale < 0 as "1/sqrt(head_dim)", which on the command line is leaving
+// --scale out; -1 is the only negative window (unbounded); the others fail here with the flag's
+// name rather than later with the member's.
+struct Range {
+  const char* field;
+  double lo;
+  bool lo_open;
+  double hi;  // always open; kInf for none
+};
+constexpr Range kRanges[] = {
+    {"scale", 0, true, kInf},          {"softcap", 0, false, kInf},
+    {"dropout", 0, false, 1},          {"window_left", -1, false, kInf},
+    {"window_right", -1, false, kInf}, {"num_splits", 0, false, kInf},
+};
+
+// What a range asks, as its error says it: "> 0", ">= -1", "in [0, 1)".
+std::string rule(const Range& r) {
+  const std::string lo = exact(r.lo);
+  if (r.hi < kInf)
+    return "in " + std::string(r.lo_open ? "(" : "[") + lo + ", " + exact(r.hi) + ")";
+  return (r.lo_open ? "> " : ">= ") + lo;
+}
+
+void check_range(const kfa::Field& f, const std::string& label, const std::string& text, double v) {
+  const Range* found = nullptr;
+  for (const Range& r : kRanges)
+    if (std::string_view(r.field) == f.name) found = &r;
+  if (!found) return;
+  const Range& r = *found;
+  if (!((r.lo_open ? v > r.lo : v >= r.lo) && v < r.hi))
+    throw InputError(label + " must be " + rule(r) + ", got " + text);
+}
+
+// Sets member m of field f from the command line: a bool flag takes no value; the rest are read
+// by their type and checked against kRanges. `label` names the value in errors.
+template <class T>
+void set_field(const kfa::Field& f, const std::string& label, const FlagValue& value, T& m) {
+  if constexpr (std::is_same_v<T, bool>) {
+    m = true;
+  } else if constexpr (std::is_enum_v<T>) {
+    m = parse_enum<T>(label, value());
+  } else {
+    const std::string text = value();
+    if constexpr (std::is_same_v<T, double>) {
+      m = parse_double(label, text);
+    } else if constexpr (std::is_same_v<T, std::uint64_t>) {
+      m = parse_uint64(label, text);
+    } else {
+      static_assert(std::is_same_v<T, int>, "a Params member of a type the programs cannot read");
+      const long long v = parse_int(label, text, LLONG_MIN);
+      if (v > INT_MAX)
+        throw InputError(label + " must be <= " + std::to_string(INT_MAX) + ", got " + text);
+      m = static_cast<int>(v);
+    }
+    check_range(f, label, text, static_cast<double>(m));
+  }
+}
+
+const char* pass_name(kfa::Passes p) {
+  return p == kfa::Passes::forward ? "forward" : p == kfa::Passes::backward ? "backward" : "both";
+}
+
+// What follows a field's flag in the usage text.
+template <class T>
+std::string placeholder() {
+  if constexpr (std::is_same_v<T, bool>) {
+    return "";
+  } else if constexpr (std::is_enum_v<T>) {
+    std::string s;
+    for (const auto& [v, n] : kfa::EnumNames<T>::values)
+      s += (s.empty() ? " " : "|") + std::string(n);
+    return s;
+  } else {
+    return std::is_floating_point_v<T> ? " X" : " N";
+  }
+}
+
+// The shorthand beside the list: one flag for both window fields.
+constexpr const char* kWindowFlag = "--window";
+constexpr const char* kWindowUsage = "--window LEFT,RIGHT";
+constexpr const char* kWindowHelp = "both window fields at once";
+
+}  // namespace
+
+bool reads(const kfa::Field& f, kfa::Passes pass) {
+  return f.passes == kfa::Passes::both || pass == kfa::Passes::both || f.passes == pass;
+}
+
+bool parse_pass_flag(const std::string& flag, const FlagValue& value, kfa::Params& p,
+                     kfa::Passes pass) {
+  if (flag == kWindowFlag) {
     const auto parts = split(value());
     if (parts.size() != 2)
       throw InputError("--window expects LEFT,RIGHT (two integers, -1 = unbounded)");
-    p.window_left = static_cast<int>(parse_int("--window LEFT", parts[0], -1));
-    p.window_right = static_cast<int>(parse_int("--window RIGHT", parts[1], -1));
-  } else if (flag == "--scale") {
-    const std::string t = value();
-    p.scale = parse_double(flag, t);
-    if (p.scale <= 0) throw InputError("--scale must be > 0, got " + t);
-  } else if (flag == "--softcap") {
-    const std::string t = value();
-    p.softcap = parse_double(flag, t);
-    if (p.softcap < 0) throw InputError("--softcap must be >= 0 (0 = off), got " + t);
-  } else if (flag == "--dropout") {
-    const std::string t = value();
-    p.dropout = parse_double(flag, t);
-    if (!(p.dropout >= 0 && p.dropout < 1))
-      throw InputError("--dropout must be in [0, 1), got " + t);
-  } else if (flag == "--seed") {
-    p.seed = static_cast<std::uint64_t>(parse_int(flag, value(), 0));
-  } else if (flag == "--offset") {
-    p.offset = static_cast<std::uint64_t>(parse_int(flag, value(), 0));
+    const FlagValue left = [&] { return parts[0]; }, right = [&] { return parts[1]; };
+    kfa::for_each_field(p, [&](const kfa::Field& f, auto& m) {
+      const std::string_view name = f.name;
+      if (name == "window_left") set_field(f, "--window LEFT", left, m);
+      if (name == "window_right") set_field(f, "--window RIGHT", right, m);
+    });
+    return true;
+  }
+  bool found = false;
+  kfa::for_each_field(p, [&](const kfa::Field& f, auto& m) {
+    if (found || flag != f.flag) return;
+    found = true;
+    if (!reads(f, pass)) throw InputError(flag + " applies to " + pass_name(f.passes) + " only");
+    set_field(f, flag, value, m);
+  });
+  return found;
+}
+
+std::string pass_flags_usage() {
+  std::ostringstream os;
+  auto line = [&](const std::string& flag, const std::string& help) {
+    os << "  " << std::left << std::setw(32) << flag << " " << help << "\n";
+  };
+  const kfa::Params p;
+  kfa::for_each_field(p, [&](const kfa::Field& f, const auto& m) {
+    const std::string only =
+        f.passes == kfa::Passes::both ? "" : std::string(pass_name(f.passes)) + " only: ";
+    line(f.flag + placeholder<std::decay_t<decltype(m)>>(), only + f.help);
+    if (std::string_view(f.name) == "window_right") line(kWindowUsage, kWindowHelp);
+  });
+  return os.str();
+}
+
+kfa::Passes RunOptions::pass() const {
+  return command == "forward"    ? kfa::Passes::forward
+         : command == "backward" ? kfa::Passes::backward
+                                 : kfa::Passes::both;
+}
+
+namespace {
+
+std::string one_of(const std::vector<std::string>& names) {
+  std::string s;
+  for (std::size_t i = 0; i < names.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return s;
+}
+
+// Reads one shared flag other than a pass flag; false when `flag` is none of them.
+bool parse_run_flag(const std::string& flag, const FlagValue& value, RunOptions& o) {
+  if (flag == "--in") {
+    o.in = value();
+  } else if (flag == "--out") {
+    o.out = value();
+  } else if (flag == "--random") {
+    o.random = parse_dims(flag, value(), "B,H,N,D", {"batch", "heads", "seqlen", "head_dim"});
+  } else if (flag == "--heads-kv") {
+    o.heads_kv = parse_int(flag, value(), 1);
+  } else if (flag == "--seqlen-k") {
+    o.seqlen_k = parse_int(flag, value(), 1);
+  } else if (flag == "--dtype") {
+    o.dtype = parse_dtype(flag, value());
+  } else if (flag == "--data-seed") {
+    o.data_seed = parse_uint64(flag, value());
+  } else if (flag == "--repeat") {
+    o.repeat = parse_int(flag, value(), 1);
+  } else if (flag == "--json") {
+    o.json = true;
+  } else if (flag == "--check") {
+    o.check = true;
   } else {
-    return false;
+    return parse_pass_flag(flag, value, o.params, o.pass());
   }
   return true;
+}
+
+InputError unknown_option(const std::string& flag, const char* program) {
+  return InputError("unknown option '" + flag + "' (see " + program + " --help)");
+}
+
+Action action_of(const std::string& flag) {
+  if (flag == "--help" || flag == "-h") return Action::help;
+  if (flag == "--version") return Action::version;
+  return Action::run;
+}
+
+}  // namespace
+
+void parse_command_line(int argc, char** argv, const char* program,
+                        const std::vector<std::string>& commands, const FlagReader& own,
+                        RunOptions& o) {
+  if (argc < 2) throw InputError(std::string("missing command (see ") + program + " --help)");
+  o.command = argv[1];
+  o.action = action_of(o.command);
+  if (o.action != Action::run) return;
+  bool known = false;
+  for (const std::string& c : commands)
+    known = known || c == o.command;
+  if (!known)
+    throw InputError("unknown command '" + o.command + "' (expected: " + one_of(commands) + ")");
+  for (int a = 2; a < argc; ++a) {
+    const std::string flag = argv[a];
+    if (flag.rfind("--kokkos-", 0) == 0) continue;  // Kokkos' own flags, read by Kokkos
+    o.action = action_of(flag);
+    if (o.action != Action::run) return;
+    const FlagValue value = [&]() -> std::string {
+      if (a + 1 >= argc) throw InputError(flag + " expects a value");
+      return argv[++a];
+    };
+    if (!own(flag, value) && !parse_run_flag(flag, value, o)) throw unknown_option(flag, program);
+  }
+}
+
+void check_sources(const RunOptions& o) {
+  const bool file_mode = !o.in.empty() || !o.out.empty();
+  if (file_mode && !o.random.empty())
+    throw InputError("--random cannot be combined with --in/--out");
+  if (!file_mode && o.random.empty())
+    throw InputError("give --in IN.h5 --out OUT.h5 or --random B,H,N,D");
+  if (file_mode && (o.in.empty() || o.out.empty()))
+    throw InputError(o.in.empty() ? "--out needs --in" : "--in needs --out");
+  if (file_mode && (o.heads_kv || o.seqlen_k))
+    throw InputError("--heads-kv and --seqlen-k apply to --random only");
+  if (!o.random.empty() && o.heads_kv && o.random[1] % *o.heads_kv != 0)
+    throw InputError("--heads-kv " + std::to_string(*o.heads_kv) +
+                     " must divide the heads of --random (" + std::to_string(o.random[1]) + ")");
+  for (long long n : o.random)
+    if (n > INT_MAX) throw InputError("--random values must fit in int");
+  if (o.seqlen_k && *o.seqlen_k > INT_MAX) throw InputError("--seqlen-k must fit in int");
 }
 
 std::string exact(double x) {

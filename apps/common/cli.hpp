@@ -1,10 +1,13 @@
 #pragma once
 // Command-line pieces shared by the kfa programs: number parsing with errors that name the
-// flag, and the flags that describe an attention pass (masks, softcap, scale, dropout).
+// flag, the command line both programs share, and the pass flags, read from the one list of
+// kfa::Params' fields (kfa::for_each_field), so a new parameter needs no code here.
 
 #include <kfa/params.hpp>
 
+#include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,11 +18,24 @@ namespace kfa_apps {
 /// An integer >= min for `flag`; throws InputError naming the flag otherwise.
 long long parse_int(const std::string& flag, const std::string& text, long long min);
 
+/// An integer in [0, 2^64) for `flag`; throws InputError naming the flag otherwise.
+std::uint64_t parse_uint64(const std::string& flag, const std::string& text);
+
 /// A finite number for `flag`; throws InputError naming the flag otherwise.
 double parse_double(const std::string& flag, const std::string& text);
 
 /// float (float32) or double (float64) for `flag`; throws InputError naming the flag otherwise.
 DType parse_dtype(const std::string& flag, const std::string& text);
+
+/// The value of E named `text` (kfa::EnumNames) for `flag`; throws InputError listing the
+/// names otherwise.
+template <class E>
+E parse_enum(const std::string& flag, const std::string& text) {
+  E e{};
+  if (!kfa::parse_name(text, e))
+    throw InputError(flag + " expects " + kfa::names_of<E>() + ", got '" + text + "'");
+  return e;
+}
 
 /// "a,b,c" -> {"a", "b", "c"}; a trailing comma gives a trailing empty part.
 std::vector<std::string> split(const std::string& s);
@@ -29,14 +45,55 @@ std::vector<std::string> split(const std::string& s);
 std::vector<long long> parse_dims(const std::string& flag, const std::string& text,
                                   const char* form, const char* const (&names)[4]);
 
-/// Reads one of the pass flags into p: --causal, --align bottom-right|top-left,
-/// --window LEFT,RIGHT, --scale S, --softcap C, --dropout P, --seed N, --offset N. Returns false
-/// when `flag` is not one of them; `value` fetches the flag's argument.
-bool parse_pass_flag(const std::string& flag, const std::function<std::string()>& value,
-                     kfa::Params& p);
+/// Fetches the argument of the flag being read; throws InputError when there is none.
+using FlagValue = std::function<std::string()>;
 
-/// The pass flags' usage lines.
-extern const char* const kPassFlagsUsage;
+/// Whether `pass` reads field f; every field for Passes::both.
+bool reads(const kfa::Field& f, kfa::Passes pass);
+
+/// Reads one pass flag into p: the flag of any field of kfa::for_each_field, or the shorthand
+/// --window LEFT,RIGHT for both window fields. `pass` is the command's pass: a flag of a field
+/// the pass does not read is refused ("--splits applies to forward only"); Passes::both takes
+/// every flag. Returns false when `flag` is not a pass flag.
+bool parse_pass_flag(const std::string& flag, const FlagValue& value, kfa::Params& p,
+                     kfa::Passes pass);
+
+/// The pass flags' usage lines, one a field, from the list.
+std::string pass_flags_usage();
+
+/// What a command line asks of a program.
+enum class Action { run, help, version };
+
+/// The options both programs take: a pass on files or on a random problem, timed, checked.
+struct RunOptions {
+  Action action = Action::run;
+  std::string command;
+  std::string in, out;
+  std::vector<long long> random;  // B,H,N,D
+  std::optional<long long> heads_kv, seqlen_k;
+  DType dtype = DType::f32;
+  std::uint64_t data_seed = 0;
+  long long repeat = 1;
+  bool json = false, check = false;
+  kfa::Params params;
+  /// The pass the command runs; Passes::both for a command that is neither.
+  kfa::Passes pass() const;
+};
+
+/// Reads one of a program's own flags; false when `flag` is not one of them.
+using FlagReader = std::function<bool(const std::string& flag, const FlagValue& value)>;
+
+/// Parses `PROGRAM COMMAND [flags]` into o: COMMAND is one of `commands`, --help or --version
+/// (either may also come among the flags, which ends the parse). Each flag goes to `own`
+/// first, then to the shared ones; Kokkos' own (--kokkos-...) are left to Kokkos. Throws
+/// InputError for anything else. Leaves the rules between flags to check_sources.
+void parse_command_line(int argc, char** argv, const char* program,
+                        const std::vector<std::string>& commands, const FlagReader& own,
+                        RunOptions& o);
+
+/// The rules between the shared flags of a pass: files or --random, not both, sizes that the
+/// programs' int indices hold; throws InputError.
+void check_sources(const RunOptions& o);
 
 /// The shortest decimal that reads back as exactly x, so a JSON line reproduces the run.
 std::string exact(double x);

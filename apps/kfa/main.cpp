@@ -1,16 +1,17 @@
 // kfa: command-line driver of the kfa library.
 //
-//   kfa forward  --in IN.h5 --out OUT.h5 [mask flags]        reads /q /k /v, writes /o /lse
-//   kfa backward --in IN.h5 --out OUT.h5 [mask flags] [--deterministic]
+//   kfa forward  --in IN.h5 --out OUT.h5 [pass flags]        reads /q /k /v, writes /o /lse
+//   kfa backward --in IN.h5 --out OUT.h5 [pass flags]
 //                reads /q /k /v /o /lse /do (and /dlse when present), writes /dq /dk /dv
 //   kfa forward|backward --random B,H,N,D [--heads-kv H] [--seqlen-k N]
 //               [--dtype float|double] [--data-seed S] [--repeat R] [--json] [--check]
-//               [mask flags]
-//   mask flags: [--causal] [--align bottom-right|top-left] [--window LEFT,RIGHT]
-//               [--scale S] [--softcap C] [--dropout P --seed N [--offset N]]
-//               [--splits N (forward)]
+//               [pass flags]
+//   pass flags: one a field of kfa::Params (kfa::for_each_field: --causal, --align, --window-left,
+//               --window-right, --scale, --softcap, --dropout, --seed, --offset, --splits
+//               (forward), --deterministic (backward)) and --window LEFT,RIGHT for both windows
 //   kfa dropout-mask --shape B,H,NQ,NK --dropout P --seed N [--offset N] --out MASK.h5 [--json]
 //                writes /keep (uint8, 1 = kept): the mask forward and backward apply
+//   kfa --version: kfa's version and options, the Kokkos it was compiled with
 // backward --random times the backward alone: the forward it needs runs once, untimed.
 // A backward from a file must be given the --dropout, --seed and --offset of its forward.
 //
@@ -28,150 +29,95 @@
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
-#include <limits>
-#include <map>
 #include <new>
 #include <optional>
 #include <random>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cli.hpp"
 #include "h5io.hpp"
+#include "report.hpp"
 #include "views.hpp"
 
 namespace {
 
 using kfa_apps::Dataset;
+using kfa_apps::Dims;
 using kfa_apps::DType;
-using kfa_apps::exact;
 using kfa_apps::InputError;
-using kfa_apps::parse_dims;
-using kfa_apps::parse_dtype;
-using kfa_apps::parse_int;
+using kfa_apps::NamedCheck;
+using kfa_apps::Verdict;
 using Exec = Kokkos::DefaultExecutionSpace;
 
 const char* kUsage =
     "usage: kfa forward|backward (--in IN.h5 --out OUT.h5 | --random B,H,N,D [--heads-kv H]\n"
     "                   [--seqlen-k N] [--dtype float|double] [--data-seed S])\n"
-    "                   [--repeat R] [--json] [--check]\n"
-    "                   [--causal] [--align bottom-right|top-left] [--window LEFT,RIGHT]\n"
-    "                   [--scale S] [--softcap C] [--dropout P --seed N [--offset N]]\n"
-    "                   [--splits N] [--deterministic]\n"
+    "                   [--repeat R] [--json] [--check] [pass flags]\n"
     "       kfa dropout-mask --shape B,H,NQ,NK --dropout P --seed N [--offset N] --out MASK.h5\n"
     "                   [--json]\n"
+    "       kfa --version\n"
     "  forward:  reads /q /k /v, writes /o /lse\n"
     "  backward: reads /q /k /v /o /lse /do (and /dlse if present), writes /dq /dk /dv;\n"
     "            give it the --dropout, --seed and --offset of the forward\n"
     "  dropout-mask: writes /keep (uint8, 1 = kept), the mask forward and backward apply\n"
-    "  --dropout P: probability of dropping an attention weight, in [0, 1)\n"
-    "  --seed N, --offset N: dropout seed and stream (integers >= 0); --data-seed seeds --random\n"
-    "  --splits N: forward split-KV chunks (0 = automatic, 1 = none)\n"
-    "  --deterministic: backward without atomics, bitwise repeatable\n";
+    "  --data-seed S: seeds the inputs of --random (--seed is dropout's)\n"
+    "  --version: kfa's version and options, the Kokkos it was compiled with\n"
+    "pass flags:\n";
 
 // ---- Command line -------------------------------------------------------------------------
 
-struct Options {
-  std::string command;  // forward, backward or dropout-mask
-  std::string in, out;
-  std::vector<long long> random;  // B,H,N,D
-  std::vector<long long> shape;   // dropout-mask: B,H,NQ,NK
-  std::optional<long long> heads_kv, seqlen_k;
-  DType dtype = DType::f32;
-  unsigned long long data_seed = 0;
-  long long repeat = 1;
-  bool json = false, check = false;
-  kfa::Params params;
+struct Options : kfa_apps::RunOptions {
+  std::vector<long long> shape;  // dropout-mask: B,H,NQ,NK
 };
 
-// Flags kfa dropout-mask takes; the rest describe an attention pass.
-bool dropout_mask_flag(const std::string& flag) {
-  for (const char* f : {"--shape", "--dropout", "--seed", "--offset", "--out", "--json"})
-    if (flag == f) return true;
+// The fields of the list kfa dropout-mask reads.
+bool mask_field(const kfa::Field& f) {
+  for (const char* name : {"dropout", "seed", "offset"})
+    if (std::string_view(f.name) == name) return true;
   return false;
 }
 
+// The flags kfa dropout-mask takes, as the usage writes them.
+std::vector<std::string> mask_flags() {
+  std::vector<std::string> flags{"--shape"};
+  const kfa::Params p;
+  kfa::for_each_field(p, [&](const kfa::Field& f, const auto&) {
+    if (mask_field(f)) flags.emplace_back(f.flag);
+  });
+  flags.insert(flags.end(), {"--out", "--json"});
+  return flags;
+}
+
 Options parse(int argc, char** argv) {
-  if (argc < 2) throw InputError("missing command (see kfa --help)");
-  const std::string command = argv[1];
-  if (command == "--help" || command == "-h") {
-    std::cout << kUsage;
-    std::exit(0);
-  }
-  if (command != "forward" && command != "backward" && command != "dropout-mask")
-    throw InputError("unknown command '" + command +
-                     "' (expected: forward, backward or dropout-mask)");
   Options o;
-  o.command = command;
-  const bool mask_cmd = command == "dropout-mask";
-  for (int a = 2; a < argc; ++a) {
-    const std::string flag = argv[a];
-    if (flag.rfind("--kokkos-", 0) == 0) continue;  // Kokkos' own flags, read by Kokkos
-    auto value = [&]() -> std::string {
-      if (a + 1 >= argc) throw InputError(flag + " expects a value");
-      return argv[++a];
-    };
-    if (flag == "--help" || flag == "-h") {
-      std::cout << kUsage;
-      std::exit(0);
+  const auto own = [&](const std::string& flag, const kfa_apps::FlagValue& value) {
+    const bool mask_cmd = o.command == "dropout-mask";
+    if (mask_cmd) {
+      const auto flags = mask_flags();
+      if (std::find(flags.begin(), flags.end(), flag) == flags.end()) {
+        std::string list;
+        for (const std::string& f : flags)
+          list += (list.empty() ? "" : ", ") + f;
+        throw InputError("'" + flag + "' does not apply to dropout-mask (it takes " + list + ")");
+      }
     }
-    if (mask_cmd && !dropout_mask_flag(flag))
-      throw InputError("'" + flag +
-                       "' does not apply to dropout-mask (it takes --shape, --dropout, --seed, "
-                       "--offset, --out, --json)");
-    if (!mask_cmd && flag == "--shape") throw InputError("--shape applies to dropout-mask only");
-    if (kfa_apps::parse_pass_flag(flag, value, o.params)) continue;
-    if (flag == "--in") {
-      o.in = value();
-    } else if (flag == "--out") {
-      o.out = value();
-    } else if (flag == "--random") {
-      o.random = parse_dims(flag, value(), "B,H,N,D", {"batch", "heads", "seqlen", "head_dim"});
-    } else if (flag == "--shape") {
-      o.shape = parse_dims(flag, value(), "B,H,NQ,NK", {"batch", "heads", "seqlen_q", "seqlen_k"});
-    } else if (flag == "--heads-kv") {
-      o.heads_kv = parse_int(flag, value(), 1);
-    } else if (flag == "--seqlen-k") {
-      o.seqlen_k = parse_int(flag, value(), 1);
-    } else if (flag == "--dtype") {
-      o.dtype = parse_dtype(flag, value());
-    } else if (flag == "--data-seed") {
-      o.data_seed = static_cast<unsigned long long>(parse_int(flag, value(), 0));
-    } else if (flag == "--repeat") {
-      o.repeat = parse_int(flag, value(), 1);
-    } else if (flag == "--json") {
-      o.json = true;
-    } else if (flag == "--check") {
-      o.check = true;
-    } else if (flag == "--splits") {
-      if (command != "forward") throw InputError("--splits applies to forward only");
-      // Capped at the number of key tiles by the library; clamp first so the int cannot wrap.
-      o.params.num_splits = static_cast<int>(std::min(parse_int(flag, value(), 0), 1LL << 30));
-    } else if (flag == "--deterministic") {
-      if (command != "backward") throw InputError("--deterministic applies to backward only");
-      o.params.deterministic = true;
-    } else {
-      throw InputError("unknown option '" + flag + "' (see kfa --help)");
-    }
-  }
-  if (mask_cmd) {
+    if (flag != "--shape") return false;
+    if (!mask_cmd) throw InputError("--shape applies to dropout-mask only");
+    o.shape = kfa_apps::parse_dims(flag, value(), "B,H,NQ,NK",
+                                   {"batch", "heads", "seqlen_q", "seqlen_k"});
+    return true;
+  };
+  kfa_apps::parse_command_line(argc, argv, "kfa", {"forward", "backward", "dropout-mask"}, own, o);
+  if (o.action != kfa_apps::Action::run) return o;
+  if (o.command == "dropout-mask") {
     if (o.shape.empty()) throw InputError("dropout-mask needs --shape B,H,NQ,NK");
     if (o.out.empty()) throw InputError("dropout-mask needs --out MASK.h5");
     return o;
   }
-  const bool file_mode = !o.in.empty() || !o.out.empty();
-  if (file_mode && !o.random.empty())
-    throw InputError("--random cannot be combined with --in/--out");
-  if (!file_mode && o.random.empty())
-    throw InputError("give --in IN.h5 --out OUT.h5 or --random B,H,N,D");
-  if (file_mode && (o.in.empty() || o.out.empty()))
-    throw InputError(o.in.empty() ? "--out needs --in" : "--in needs --out");
-  if (!o.random.empty() && o.heads_kv && o.random[1] % *o.heads_kv != 0)
-    throw InputError("--heads-kv " + std::to_string(*o.heads_kv) +
-                     " must divide the heads of --random (" + std::to_string(o.random[1]) + ")");
-  if (file_mode && (o.heads_kv || o.seqlen_k))
-    throw InputError("--heads-kv and --seqlen-k apply to --random only");
+  kfa_apps::check_sources(o);
   return o;
 }
 
@@ -294,66 +240,49 @@ Timing time_pass(long long repeat, const Pass& pass) {
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(times.begin(), times.end());
-  Timing tm{times[times.size() / 2], times.front()};
-  if (times.size() % 2 == 0)
-    tm.median_s = 0.5 * (times[times.size() / 2 - 1] + times[times.size() / 2]);
-  return tm;
+  return {kfa_apps::median(times), times.front()};
 }
 
-std::string describe(const Options& o, const char* dtype, int B, int Hq, int Hk, int Nq, int Nk,
-                     int D) {
-  const auto& pr = o.params;
-  std::ostringstream os;
-  os << "kfa " << o.command << ": B=" << B << " Hq=" << Hq << " Hkv=" << Hk << " Nq=" << Nq
-     << " Nk=" << Nk << " D=" << D << " " << dtype << " causal=" << (pr.causal ? "yes" : "no")
-     << " align=" << (pr.align == kfa::Align::bottom_right ? "bottom-right" : "top-left")
-     << " window=(" << pr.window_left << "," << pr.window_right << ")";
-  if (pr.softcap > 0) os << " softcap=" << pr.softcap;
-  if (pr.dropout > 0)
-    os << " dropout=" << pr.dropout << " seed=" << pr.seed << " offset=" << pr.offset;
-  if (o.command == "backward") os << (pr.deterministic ? " deterministic" : " atomic-dq");
-  os << " on " << Exec::name();
-  return os.str();
+template <class Q, class K>
+Dims dims_of(const Q& q, const K& k) {
+  return {static_cast<long long>(q.extent(0)), static_cast<long long>(q.extent(1)),
+          static_cast<long long>(k.extent(1)), static_cast<long long>(q.extent(2)),
+          static_cast<long long>(k.extent(2)), static_cast<long long>(q.extent(3))};
 }
 
-// The fields every --json line starts with.
-std::string json_head(const Options& o, const char* dtype, int B, int Hq, int Hk, int Nq, int Nk,
-                      int D, const Timing& tm, double gflops) {
-  const auto& pr = o.params;
-  char buf[1024];
-  std::snprintf(
-      buf, sizeof buf,
-      "{\"command\":\"%s\",\"dtype\":\"%s\",\"batch\":%d,\"heads_q\":%d,\"heads_kv\":%d,"
-      "\"seqlen_q\":%d,\"seqlen_k\":%d,\"head_dim\":%d,\"causal\":%s,\"align\":\"%s\","
-      "\"window_left\":%d,\"window_right\":%d,\"softcap\":%g,\"dropout\":%s,"
-      "\"seed\":%llu,\"offset\":%llu,\"num_splits\":%d,\"deterministic\":%s,\"repeat\":%lld,"
-      "\"median_s\":%.9g,\"min_s\":%.9g,\"gflops\":%.6g,\"execution_space\":\"%s\"",
-      o.command.c_str(), dtype, B, Hq, Hk, Nq, Nk, D, pr.causal ? "true" : "false",
-      pr.align == kfa::Align::bottom_right ? "bottom-right" : "top-left", pr.window_left,
-      pr.window_right, pr.softcap, exact(pr.dropout).c_str(),
-      static_cast<unsigned long long>(pr.seed), static_cast<unsigned long long>(pr.offset),
-      pr.num_splits, pr.deterministic ? "true" : "false", o.repeat, tm.median_s, tm.min_s, gflops,
-      Exec::name());
-  return buf;
-}
-
-// The dropout keep-mask of o.params for a (B, Hq, Nq, Nk) problem on the host, for the
-// reference; empty without dropout.
-kfa::reference::Keep4 keep_mask(const Options& o, int B, int Hq, int Nq, int Nk) {
+// The dropout keep-mask of o.params for a problem of sizes d on the host, for the reference;
+// empty without dropout.
+kfa::reference::Keep4 keep_mask(const Options& o, const Dims& d) {
   if (!(o.params.dropout > 0)) return {};
   Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, Exec::memory_space> keep(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::keep")), B, Hq, Nq, Nk);
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::keep")), d.batch, d.heads_q,
+      d.seqlen_q, d.seqlen_k);
   kfa::dropout_mask(Exec(), keep, o.params);
-  kfa::reference::Keep4 h(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("keep")), B,
-                          Hq, Nq, Nk);
+  kfa::reference::Keep4 h(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("keep")),
+                          d.batch, d.heads_q, d.seqlen_q, d.seqlen_k);
   Kokkos::deep_copy(h, keep);
   return h;
 }
 
-struct CheckResult {
-  bool ran = false, ok = true;
-  kfa::reference::ForwardCheck c;
-};
+// Prints the run's summary, and its JSON line under --json; returns the exit status.
+int report(const Options& o, const Dims& d, DType t, const Timing& tm,
+           const std::optional<Verdict>& verdict, const char* written) {
+  const double gflops = kfa_apps::pass_flops(o, d) / tm.median_s * 1e-9;
+  std::printf("%s\n", kfa_apps::describe("kfa", o, d, t, "").c_str());
+  std::printf("time: median %.6f s, min %.6f s over %lld runs; %.2f GFLOP/s\n", tm.median_s,
+              tm.min_s, o.repeat, gflops);
+  if (verdict) std::printf("%s\n", kfa_apps::summary("the float64 reference", *verdict).c_str());
+  if (!o.out.empty()) std::printf("wrote %s to %s\n", written, o.out.c_str());
+  if (o.json) {
+    auto j = kfa_apps::pass_json(o, d, t)
+                 .figure("median_s", tm.median_s, 9)
+                 .figure("min_s", tm.min_s, 9)
+                 .figure("gflops", gflops, 6);
+    kfa_apps::add_check(j, verdict);
+    std::printf("%s\n", j.str().c_str());
+  }
+  return !verdict || verdict->ok() ? 0 : 1;
+}
 
 // The dataset as a device tensor; its host copy is released at once unless `keep` (the check
 // reads it later): the program's peak memory stays near the device tensors' own.
@@ -364,12 +293,28 @@ DeviceTensor<T> upload(Dataset& d, const char* label, bool keep) {
   return v;
 }
 
+// A pass's q, k and v on the device (see upload), and the problem's sizes.
+template <class T>
+struct Inputs {
+  DeviceTensor<T> q, k, v;
+  Dims d;
+};
+
+template <class T>
+Inputs<T> upload_inputs(const Options& o, Problem& p) {
+  Inputs<T> in{upload<T>(p.q, "kfa::q", o.check),
+               upload<T>(p.k, "kfa::k", o.check),
+               upload<T>(p.v, "kfa::v", o.check),
+               {}};
+  in.d = dims_of(in.q, in.k);
+  return in;
+}
+
 template <class T>
 int run_forward(const Options& o, Problem& p) {
-  const DType t = o.dtype;
-  auto q = upload<T>(p.q, "kfa::q", o.check);
-  auto k = upload<T>(p.k, "kfa::k", o.check);
-  auto v = upload<T>(p.v, "kfa::v", o.check);
+  const Inputs<T> in = upload_inputs<T>(o, p);
+  const auto &q = in.q, &k = in.k, &v = in.v;
+  const Dims& d = in.d;
   DeviceTensor<T> out(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::o")),
                       q.extent(0), q.extent(1), q.extent(2), q.extent(3));
   Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> lse(
@@ -381,71 +326,41 @@ int run_forward(const Options& o, Problem& p) {
   // The outputs come back to the host only when something reads them.
   Dataset o_ds, lse_ds;
   if (o.check || !o.out.empty()) {
-    o_ds = kfa_apps::view_to_dataset(out, t);
-    lse_ds = kfa_apps::view_to_dataset(lse, t);
+    o_ds = kfa_apps::view_to_dataset(out, o.dtype);
+    lse_ds = kfa_apps::view_to_dataset(lse, o.dtype);
   }
 
-  CheckResult chk;
+  std::optional<Verdict> verdict;
   if (o.check) {
-    chk.ran = true;
-    kfa::reference::Tensor3 lse_h("kfa::lse", lse_ds.dims[0], lse_ds.dims[1], lse_ds.dims[2]);
-    std::copy(lse_ds.data.begin(), lse_ds.data.end(), lse_h.data());
-    chk.c = kfa::reference::check_forward<T>(
-        to_reference(p.q), to_reference(p.k), to_reference(p.v), o.params, to_reference(o_ds),
-        lse_h, keep_mask(o, q.extent(0), q.extent(1), q.extent(2), k.extent(2)));
-    chk.ok = chk.c.ok();
+    const auto c = kfa::reference::check_forward<T>(to_reference(p.q), to_reference(p.k),
+                                                    to_reference(p.v), o.params, to_reference(o_ds),
+                                                    to_reference3(lse_ds), keep_mask(o, d));
+    verdict = Verdict{{{"O", "o", c.o}, {"LSE", "lse", c.lse}}};
   }
   if (!o.out.empty()) kfa_apps::write_atomic(o.out, {{"/o", &o_ds}, {"/lse", &lse_ds}});
-
-  const int B = q.extent(0), Hq = q.extent(1), Hk = k.extent(1), Nq = q.extent(2), Nk = k.extent(2),
-            D = q.extent(3);
-  const double gflops = kfa::forward_flops(B, Hq, Nq, Nk, D, o.params) / tm.median_s * 1e-9;
-  std::printf("%s\n", describe(o, name(t), B, Hq, Hk, Nq, Nk, D).c_str());
-  std::printf("time: median %.6f s, min %.6f s over %lld runs; %.2f GFLOP/s\n", tm.median_s,
-              tm.min_s, o.repeat, gflops);
-  if (chk.ran)
-    std::printf(
-        "check against the float64 reference: O err %.3g (bound %.3g), LSE err %.3g (bound %.3g): "
-        "%s\n",
-        chk.c.o.err, chk.c.o.bound, chk.c.lse.err, chk.c.lse.bound, chk.ok ? "PASS" : "FAIL");
-  if (!o.out.empty()) std::printf("wrote /o and /lse to %s\n", o.out.c_str());
-  if (o.json) {
-    std::printf("%s,\"check\":\"%s\"",
-                json_head(o, name(t), B, Hq, Hk, Nq, Nk, D, tm, gflops).c_str(),
-                !chk.ran ? "not run"
-                : chk.ok ? "pass"
-                         : "fail");
-    if (chk.ran)
-      std::printf(",\"err_o\":%.6g,\"bound_o\":%.6g,\"err_lse\":%.6g,\"bound_lse\":%.6g",
-                  chk.c.o.err, chk.c.o.bound, chk.c.lse.err, chk.c.lse.bound);
-    std::printf("}\n");
-  }
-  return chk.ok ? 0 : 1;
+  return report(o, d, o.dtype, tm, verdict, "/o and /lse");
 }
 
 template <class T>
 int run_backward(const Options& o, Problem& p) {
-  const DType t = o.dtype;
-  auto q = upload<T>(p.q, "kfa::q", o.check);
-  auto k = upload<T>(p.k, "kfa::k", o.check);
-  auto v = upload<T>(p.v, "kfa::v", o.check);
+  const Inputs<T> in = upload_inputs<T>(o, p);
+  const auto &q = in.q, &k = in.k, &v = in.v;
+  const Dims& d = in.d;
   auto dout = upload<T>(p.dout, "kfa::do", o.check);
-  const int B = q.extent(0), Hq = q.extent(1), Hk = k.extent(1), Nq = q.extent(2), Nk = k.extent(2),
-            D = q.extent(3);
   DeviceTensor<T> out, dq, dk, dv;
   Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> lse, dlse;
   if (p.o.dims.empty()) {  // --random: the forward it needs, once and untimed
-    out = DeviceTensor<T>(std::string("kfa::o"), B, Hq, Nq, D);
-    lse = decltype(lse)(std::string("kfa::lse"), B, Hq, Nq);
+    out = DeviceTensor<T>(std::string("kfa::o"), d.batch, d.heads_q, d.seqlen_q, d.head_dim);
+    lse = decltype(lse)(std::string("kfa::lse"), d.batch, d.heads_q, d.seqlen_q);
     kfa::forward(Exec(), q, k, v, out, lse, o.params);
   } else {
     out = to_device<T>(p.o, "kfa::o");
     lse = to_device3<T>(p.lse, "kfa::lse");
   }
   if (!p.dlse.dims.empty()) dlse = to_device3<T>(p.dlse, "kfa::dlse");
-  dq = DeviceTensor<T>(std::string("kfa::dq"), B, Hq, Nq, D);
-  dk = DeviceTensor<T>(std::string("kfa::dk"), B, Hk, Nk, D);
-  dv = DeviceTensor<T>(std::string("kfa::dv"), B, Hk, Nk, D);
+  dq = DeviceTensor<T>(std::string("kfa::dq"), d.batch, d.heads_q, d.seqlen_q, d.head_dim);
+  dk = DeviceTensor<T>(std::string("kfa::dk"), d.batch, d.heads_kv, d.seqlen_k, d.head_dim);
+  dv = DeviceTensor<T>(std::string("kfa::dv"), d.batch, d.heads_kv, d.seqlen_k, d.head_dim);
   const Timing tm = time_pass(o.repeat, [&] {
     if (dlse.size() > 0)
       kfa::backward(Exec(), q, k, v, out, lse, dout, dlse, dq, dk, dv, o.params);
@@ -455,49 +370,23 @@ int run_backward(const Options& o, Problem& p) {
 
   Dataset dq_ds, dk_ds, dv_ds;
   if (o.check || !o.out.empty()) {
-    dq_ds = kfa_apps::view_to_dataset(dq, t);
-    dk_ds = kfa_apps::view_to_dataset(dk, t);
-    dv_ds = kfa_apps::view_to_dataset(dv, t);
+    dq_ds = kfa_apps::view_to_dataset(dq, o.dtype);
+    dk_ds = kfa_apps::view_to_dataset(dk, o.dtype);
+    dv_ds = kfa_apps::view_to_dataset(dv, o.dtype);
   }
-  bool ran = false, ok = true;
-  kfa::reference::BackwardCheck c;
+  std::optional<Verdict> verdict;
   if (o.check) {
     // Against the reference gradients of the reference forward: a file whose /o and /lse do
     // not come from q, k, v fails here rather than passing silently.
-    ran = true;
-    c = kfa::reference::check_backward<T>(to_reference(p.q), to_reference(p.k), to_reference(p.v),
-                                          o.params, to_reference(p.dout), to_reference3(p.dlse),
-                                          to_reference(dq_ds), to_reference(dk_ds),
-                                          to_reference(dv_ds), keep_mask(o, B, Hq, Nq, Nk));
-    ok = c.ok();
+    const auto c = kfa::reference::check_backward<T>(
+        to_reference(p.q), to_reference(p.k), to_reference(p.v), o.params, to_reference(p.dout),
+        to_reference3(p.dlse), to_reference(dq_ds), to_reference(dk_ds), to_reference(dv_ds),
+        keep_mask(o, d));
+    verdict = Verdict{{{"dQ", "dq", c.dq}, {"dK", "dk", c.dk}, {"dV", "dv", c.dv}}};
   }
   if (!o.out.empty())
     kfa_apps::write_atomic(o.out, {{"/dq", &dq_ds}, {"/dk", &dk_ds}, {"/dv", &dv_ds}});
-
-  const double gflops = kfa::backward_flops(B, Hq, Nq, Nk, D, o.params) / tm.median_s * 1e-9;
-  std::printf("%s\n", describe(o, name(t), B, Hq, Hk, Nq, Nk, D).c_str());
-  std::printf("time: median %.6f s, min %.6f s over %lld runs; %.2f GFLOP/s\n", tm.median_s,
-              tm.min_s, o.repeat, gflops);
-  if (ran)
-    std::printf(
-        "check against the float64 reference: dQ err %.3g (bound %.3g), dK err %.3g (bound %.3g), "
-        "dV err %.3g (bound %.3g): %s\n",
-        c.dq.err, c.dq.bound, c.dk.err, c.dk.bound, c.dv.err, c.dv.bound, ok ? "PASS" : "FAIL");
-  if (!o.out.empty()) std::printf("wrote /dq /dk /dv to %s\n", o.out.c_str());
-  if (o.json) {
-    std::printf("%s,\"check\":\"%s\"",
-                json_head(o, name(t), B, Hq, Hk, Nq, Nk, D, tm, gflops).c_str(),
-                !ran ? "not run"
-                : ok ? "pass"
-                     : "fail");
-    if (ran)
-      std::printf(
-          ",\"err_dq\":%.6g,\"bound_dq\":%.6g,\"err_dk\":%.6g,\"bound_dk\":%.6g,\"err_dv\":%.6g,"
-          "\"bound_dv\":%.6g",
-          c.dq.err, c.dq.bound, c.dk.err, c.dk.bound, c.dv.err, c.dv.bound);
-    std::printf("}\n");
-  }
-  return ok ? 0 : 1;
+  return report(o, d, o.dtype, tm, verdict, "/dq /dk /dv");
 }
 
 // kfa dropout-mask: the keep-mask of --dropout/--seed/--offset for --shape, as /keep.
@@ -521,19 +410,21 @@ int run_dropout_mask(const Options& o) {
     kept += x;
   const double fraction = d.bytes.empty() ? 1.0 : double(kept) / double(d.bytes.size());
   kfa_apps::write_atomic(o.out, {{"/keep", &d}});
-  const auto& pr = o.params;
-  std::printf("kfa dropout-mask: B=%lld H=%lld Nq=%lld Nk=%lld dropout=%g seed=%llu offset=%llu\n",
-              B, H, Nq, Nk, pr.dropout, static_cast<unsigned long long>(pr.seed),
-              static_cast<unsigned long long>(pr.offset));
-  std::printf("kept fraction %.6f (expected %.6f); wrote /keep to %s\n", fraction, 1 - pr.dropout,
-              o.out.c_str());
+  std::printf("kfa dropout-mask: B=%lld H=%lld Nq=%lld Nk=%lld %s\n", B, H, Nq, Nk,
+              kfa_apps::describe_params(o.params, mask_field).c_str());
+  std::printf("kept fraction %.6f (expected %.6f); wrote /keep to %s\n", fraction,
+              1 - o.params.dropout, o.out.c_str());
   if (o.json)
-    std::printf(
-        "{\"command\":\"dropout-mask\",\"batch\":%lld,\"heads_q\":%lld,\"seqlen_q\":%lld,"
-        "\"seqlen_k\":%lld,\"dropout\":%s,\"seed\":%llu,\"offset\":%llu,"
-        "\"kept_fraction\":%.9g}\n",
-        B, H, Nq, Nk, exact(pr.dropout).c_str(), static_cast<unsigned long long>(pr.seed),
-        static_cast<unsigned long long>(pr.offset), fraction);
+    std::printf("%s\n", kfa_apps::JsonLine()
+                            .add("command", o.command)
+                            .add("batch", B)
+                            .add("heads_q", H)
+                            .add("seqlen_q", Nq)
+                            .add("seqlen_k", Nk)
+                            .params(o.params, mask_field)
+                            .figure("kept_fraction", fraction, 9)
+                            .str()
+                            .c_str());
   return 0;
 }
 
@@ -585,12 +476,19 @@ int main(int argc, char** argv) {
     fail(e.what());
     return 2;
   }
+  if (opts.action == kfa_apps::Action::help) {
+    std::cout << kUsage << kfa_apps::pass_flags_usage();
+    return 0;
+  }
+  if (opts.action == kfa_apps::Action::version) {
+    std::cout << kfa_apps::version_text("kfa");
+    return 0;
+  }
   Kokkos::ScopeGuard kokkos(argc, argv);
   try {
     return main_pass(opts);
   } catch (const kfa::Error& e) {
-    const std::string msg = e.what();
-    fail(msg.rfind("kfa: ", 0) == 0 ? msg.substr(5) : msg);
+    fail(kfa_apps::message_of(e));
   } catch (const InputError& e) {
     fail(e.what());
   } catch (const std::bad_alloc&) {

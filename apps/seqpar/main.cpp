@@ -6,9 +6,9 @@
 //                /lse /do (and /dlse when present), writes /dq /dk /dv
 //   mpiexec -n P kfa-seqpar forward|backward --random B,H,N,D [--heads-kv H] [--seqlen-k N]
 //                [--dtype float|double] [--data-seed S] [--repeat R] [--json] [--check]
+//   mpiexec -n P kfa-seqpar --version
 //   options: --mode ring|tree (default ring), --layout contiguous|zigzag (default contiguous),
-//            kfa's pass flags (--causal, --align, --window, --scale, --softcap, --dropout,
-//            --seed, --offset), --deterministic (backward)
+//            kfa's pass flags (one a field of kfa::Params, and --window LEFT,RIGHT)
 //
 // Files: every rank reads and writes only its own rows (owned_rows of the layout, along
 // seqlen) through parallel HDF5; no rank holds a whole tensor. --random generates each rank's
@@ -37,13 +37,13 @@
 #include <cstdio>
 #include <iostream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "cli.hpp"
 #include "h5io.hpp"
+#include "report.hpp"
 #include "views.hpp"
 
 namespace {
@@ -51,7 +51,9 @@ namespace {
 using kfa_apps::Dataset;
 using kfa_apps::DType;
 using kfa_apps::InputError;
+using kfa_apps::NamedCheck;
 using kfa_apps::RowRange;
+using kfa_apps::Verdict;
 using Exec = Kokkos::DefaultExecutionSpace;
 namespace kmpi = kfa::mpi;
 
@@ -60,99 +62,31 @@ const char* kUsage =
     "         (--in IN.h5 --out OUT.h5 | --random B,H,N,D [--heads-kv H] [--seqlen-k N]\n"
     "          [--dtype float|double] [--data-seed S] [--check])\n"
     "         [--mode ring|tree] [--layout contiguous|zigzag] [--repeat R] [--json]\n"
-    "         [--deterministic (backward)]\n"
-    "  pass flags, as kfa:\n";
+    "         [pass flags]\n"
+    "       kfa-seqpar --version: kfa's version and options, the Kokkos it was compiled with\n"
+    "pass flags, as kfa's:\n";
 
-struct Options {
-  bool help = false;  // --help: rank 0 prints the usage
-  std::string command, in, out;
-  std::vector<long long> random;  // B,H,N,D
-  std::optional<long long> heads_kv, seqlen_k;
-  DType dtype = DType::f32;
-  unsigned long long data_seed = 0;
-  long long repeat = 1;
-  bool json = false, check = false;
+struct Options : kfa_apps::RunOptions {
   kmpi::Mode mode = kmpi::Mode::ring;
   kmpi::Layout layout = kmpi::Layout::contiguous;
-  kfa::Params params;
 };
 
 Options parse(int argc, char** argv) {
-  if (argc < 2) throw InputError("missing command (see kfa-seqpar --help)");
   Options o;
-  o.command = argv[1];
-  if (o.command == "--help" || o.command == "-h") {
-    o.help = true;
-    return o;
-  }
-  if (o.command != "forward" && o.command != "backward")
-    throw InputError("unknown command '" + o.command + "' (expected: forward or backward)");
-  for (int a = 2; a < argc; ++a) {
-    const std::string flag = argv[a];
-    if (flag.rfind("--kokkos-", 0) == 0) continue;  // Kokkos' own flags, read by Kokkos
-    auto value = [&]() -> std::string {
-      if (a + 1 >= argc) throw InputError(flag + " expects a value");
-      return argv[++a];
-    };
-    if (kfa_apps::parse_pass_flag(flag, value, o.params)) continue;
-    if (flag == "--help" || flag == "-h") {
-      o.help = true;
-      return o;
-    }
-    if (flag == "--in") {
-      o.in = value();
-    } else if (flag == "--out") {
-      o.out = value();
-    } else if (flag == "--random") {
-      o.random =
-          kfa_apps::parse_dims(flag, value(), "B,H,N,D", {"batch", "heads", "seqlen", "head_dim"});
-    } else if (flag == "--heads-kv") {
-      o.heads_kv = kfa_apps::parse_int(flag, value(), 1);
-    } else if (flag == "--seqlen-k") {
-      o.seqlen_k = kfa_apps::parse_int(flag, value(), 1);
-    } else if (flag == "--dtype") {
-      o.dtype = kfa_apps::parse_dtype(flag, value());
-    } else if (flag == "--data-seed") {
-      o.data_seed = static_cast<unsigned long long>(kfa_apps::parse_int(flag, value(), 0));
-    } else if (flag == "--repeat") {
-      o.repeat = kfa_apps::parse_int(flag, value(), 1);
-    } else if (flag == "--json") {
-      o.json = true;
-    } else if (flag == "--check") {
-      o.check = true;
-    } else if (flag == "--mode") {
-      const std::string t = value();
-      if (t != "ring" && t != "tree")
-        throw InputError("--mode expects ring or tree, got '" + t + "'");
-      o.mode = t == "ring" ? kmpi::Mode::ring : kmpi::Mode::tree;
-    } else if (flag == "--layout") {
-      const std::string t = value();
-      if (t != "contiguous" && t != "zigzag")
-        throw InputError("--layout expects contiguous or zigzag, got '" + t + "'");
-      o.layout = t == "zigzag" ? kmpi::Layout::zigzag : kmpi::Layout::contiguous;
-    } else if (flag == "--deterministic") {
-      if (o.command != "backward") throw InputError("--deterministic applies to backward only");
-      o.params.deterministic = true;
-    } else {
-      throw InputError("unknown option '" + flag + "' (see kfa-seqpar --help)");
-    }
-  }
-  const bool file_mode = !o.in.empty() || !o.out.empty();
-  if (file_mode && !o.random.empty())
-    throw InputError("--random cannot be combined with --in/--out");
-  if (!file_mode && o.random.empty())
-    throw InputError("give --in IN.h5 --out OUT.h5 or --random B,H,N,D");
-  if (file_mode && (o.in.empty() || o.out.empty()))
-    throw InputError(o.in.empty() ? "--out needs --in" : "--in needs --out");
-  if (file_mode && (o.heads_kv || o.seqlen_k))
-    throw InputError("--heads-kv and --seqlen-k apply to --random only");
-  if (file_mode && o.check)
+  const auto own = [&](const std::string& flag, const kfa_apps::FlagValue& value) {
+    if (flag == "--mode")
+      o.mode = kfa_apps::parse_enum<kmpi::Mode>(flag, value());
+    else if (flag == "--layout")
+      o.layout = kfa_apps::parse_enum<kmpi::Layout>(flag, value());
+    else
+      return false;
+    return true;
+  };
+  kfa_apps::parse_command_line(argc, argv, "kfa-seqpar", {"forward", "backward"}, own, o);
+  if (o.action != kfa_apps::Action::run) return o;
+  kfa_apps::check_sources(o);
+  if (!o.in.empty() && o.check)
     throw InputError("--check applies to --random only (it needs the whole problem on each rank)");
-  if (!o.random.empty() && o.heads_kv && o.random[1] % *o.heads_kv != 0)
-    throw InputError("--heads-kv " + std::to_string(*o.heads_kv) +
-                     " must divide the heads of --random (" + std::to_string(o.random[1]) + ")");
-  for (long long n : o.random)
-    if (n > 2147483647LL) throw InputError("--random values must fit in int");
   return o;
 }
 
@@ -226,6 +160,11 @@ std::string shape_of(const std::vector<hsize_t>& dims) {
 struct Problem {
   long long B = 0, Hq = 0, Hk = 0, Nq = 0, Nk = 0, D = 0;
   Dataset q, k, v, o, lse, dout, dlse;  // this rank's rows
+  // Global shapes of the query-side tensors, of the key-side ones and of the LSE.
+  std::vector<hsize_t> q_dims() const { return {hsize_t(B), hsize_t(Hq), hsize_t(Nq), hsize_t(D)}; }
+  std::vector<hsize_t> k_dims() const { return {hsize_t(B), hsize_t(Hk), hsize_t(Nk), hsize_t(D)}; }
+  std::vector<hsize_t> lse_dims() const { return {hsize_t(B), hsize_t(Hq), hsize_t(Nq)}; }
+  kfa_apps::Dims dims() const { return {B, Hq, Hk, Nq, Nk, D}; }
 };
 
 Problem load(const Options& o) {
@@ -238,8 +177,7 @@ Problem load(const Options& o) {
     p.Hk = o.heads_kv.value_or(p.Hq);
     p.Nk = o.seqlen_k.value_or(p.Nq);
     const auto qr = my_rows(o, p.Nq), kr = my_rows(o, p.Nk);
-    const std::vector<hsize_t> qd{hsize_t(p.B), hsize_t(p.Hq), hsize_t(p.Nq), hsize_t(p.D)},
-        kd{hsize_t(p.B), hsize_t(p.Hk), hsize_t(p.Nk), hsize_t(p.D)};
+    const std::vector<hsize_t> qd = p.q_dims(), kd = p.k_dims();
     p.q = random_rows(o, 0, qd, qr);
     p.k = random_rows(o, 1, kd, kr);
     p.v = random_rows(o, 2, kd, kr);
@@ -324,8 +262,7 @@ Timing time_pass(const Options& o, kmpi::Timings& t, const Pass& pass) {
   }
   std::sort(times.begin(), times.end());
   Timing tm;
-  const std::size_t n = times.size();
-  tm.median_s = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+  tm.median_s = kfa_apps::median(times);
   tm.total_s = t.total_s / double(o.repeat);
   tm.comm_s = t.comm_s / double(o.repeat);
   return tm;
@@ -338,8 +275,7 @@ struct Whole {
   Dataset q, k, v, dout;
 };
 Whole whole_problem(const Options& o, const Problem& p) {
-  const std::vector<hsize_t> qd{hsize_t(p.B), hsize_t(p.Hq), hsize_t(p.Nq), hsize_t(p.D)},
-      kd{hsize_t(p.B), hsize_t(p.Hk), hsize_t(p.Nk), hsize_t(p.D)};
+  const std::vector<hsize_t> qd = p.q_dims(), kd = p.k_dims();
   Whole w{random_rows(o, 0, qd, all_rows(p.Nq)),
           random_rows(o, 1, kd, all_rows(p.Nk)),
           random_rows(o, 2, kd, all_rows(p.Nk)),
@@ -390,26 +326,23 @@ auto to_host_double(const View& v) {
 }
 
 // The rule's verdict over all ranks: the worst rank's error and bound for each output.
-struct Verdict {
-  bool ok = true;
-  std::vector<std::pair<std::string, kfa::reference::Check>> worst;
-};
-Verdict agree_on(const std::vector<std::pair<std::string, kfa::reference::Check>>& mine) {
+Verdict agree_on(const std::vector<NamedCheck>& mine) {
   Verdict v;
-  for (const auto& [name, c] : mine) {
+  for (const NamedCheck& c : mine) {
     // The rank whose error is largest relative to its bound speaks for all.
     struct {
       double ratio;
       int rank;
-    } in{c.bound > 0 ? c.err / c.bound : (c.err > 0 ? 1e300 : 0), comm_rank()}, out{};
+    } in{c.check.bound > 0 ? c.check.err / c.check.bound : (c.check.err > 0 ? 1e300 : 0),
+         comm_rank()},
+        out{};
     MPI_Allreduce(&in, &out, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD);
-    double eb[2] = {c.err, c.bound};
+    double eb[2] = {c.check.err, c.check.bound};
     MPI_Bcast(eb, 2, MPI_DOUBLE, out.rank, MPI_COMM_WORLD);
     kfa::reference::Check w;
     w.err = eb[0];
     w.bound = eb[1];
-    v.ok = v.ok && w.ok();
-    v.worst.emplace_back(name, w);
+    v.checks.push_back({c.label, c.key, w});
   }
   return v;
 }
@@ -420,7 +353,6 @@ template <class T>
 Verdict check_forward(const Options& o, const Problem& p, const Dev4<T>& out, const Dev3<T>& lse) {
   const Whole w = whole_problem(o, p);
   const auto qr = my_rows(o, p.Nq);
-  std::vector<std::pair<std::string, kfa::reference::Check>> checks;
   auto single = [&](auto zero) {
     using U = decltype(zero);
     auto q = kfa_apps::dataset_to_view<Dev4<U>>(w.q, "q"),
@@ -433,9 +365,8 @@ Verdict check_forward(const Options& o, const Problem& p, const Dev4<T>& out, co
   };
   const auto [o64, l64] = single(0.0);
   const auto [oT, lT] = single(T(0));
-  checks.emplace_back("O", kfa::reference::apply_rule<T>(to_host_double(out), oT, o64));
-  checks.emplace_back("LSE", kfa::reference::apply_rule<T>(to_host_double(lse), lT, l64));
-  return agree_on(checks);
+  return agree_on({{"O", "O", kfa::reference::apply_rule<T>(to_host_double(out), oT, o64)},
+                   {"LSE", "LSE", kfa::reference::apply_rule<T>(to_host_double(lse), lT, l64)}});
 }
 
 template <class T>
@@ -459,124 +390,108 @@ Verdict check_backward(const Options& o, const Problem& p, const Dev4<T>& dq, co
   };
   const auto g64 = single(0.0);
   const auto gT = single(T(0));
-  return agree_on({{"dQ", kfa::reference::apply_rule<T>(to_host_double(dq), gT[0], g64[0])},
-                   {"dK", kfa::reference::apply_rule<T>(to_host_double(dk), gT[1], g64[1])},
-                   {"dV", kfa::reference::apply_rule<T>(to_host_double(dv), gT[2], g64[2])}});
+  return agree_on({{"dQ", "dQ", kfa::reference::apply_rule<T>(to_host_double(dq), gT[0], g64[0])},
+                   {"dK", "dK", kfa::reference::apply_rule<T>(to_host_double(dk), gT[1], g64[1])},
+                   {"dV", "dV", kfa::reference::apply_rule<T>(to_host_double(dv), gT[2], g64[2])}});
 }
 
 // ---- Report --------------------------------------------------------------------------------
 
-std::string describe(const Options& o, const Problem& p) {
-  const auto& pr = o.params;
-  std::ostringstream os;
-  os << "kfa-seqpar " << o.command << ": " << comm_size() << " ranks, mode "
-     << (o.mode == kmpi::Mode::ring ? "ring" : "tree") << ", layout "
-     << (o.layout == kmpi::Layout::zigzag ? "zigzag" : "contiguous") << "; B=" << p.B
-     << " Hq=" << p.Hq << " Hkv=" << p.Hk << " Nq=" << p.Nq << " Nk=" << p.Nk << " D=" << p.D << " "
-     << name(p.q.dtype) << " causal=" << (pr.causal ? "yes" : "no") << " window=(" << pr.window_left
-     << "," << pr.window_right << ")";
-  if (pr.softcap > 0) os << " softcap=" << pr.softcap;
-  if (pr.dropout > 0)
-    os << " dropout=" << pr.dropout << " seed=" << pr.seed << " offset=" << pr.offset;
-  if (o.command == "backward") os << (pr.deterministic ? " deterministic" : " atomic-dq");
-  os << " on " << Exec::name();
-  return os.str();
-}
-
-// Prints the summary (rank 0) with every rank's compute and MPI time.
-void report(const Options& o, const Problem& p, const Timing& tm, double flops,
-            const std::optional<Verdict>& verdict) {
+// Prints the summary (rank 0) with every rank's compute and MPI time, and the JSON line under
+// --json; returns the exit status.
+int report(const Options& o, const Problem& p, const Timing& tm,
+           const std::optional<Verdict>& verdict) {
   const int P = comm_size();
   const double mine[3] = {double(p.q.dims[2]), tm.total_s - tm.comm_s, tm.comm_s};
   std::vector<double> all(3 * std::size_t(P));
   MPI_Gather(mine, 3, MPI_DOUBLE, all.data(), 3, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-  if (comm_rank() != 0) return;
-  const double gflops = flops / tm.median_s * 1e-9;
-  std::printf("%s\n", describe(o, p).c_str());
+  const int status = !verdict || verdict->ok() ? 0 : 1;
+  if (comm_rank() != 0) return status;
+  const double gflops = kfa_apps::pass_flops(o, p.dims()) / tm.median_s * 1e-9;
+  const std::string extra = "ranks=" + std::to_string(P) + " mode=" + kfa::name_of(o.mode) +
+                            " layout=" + kfa::name_of(o.layout);
+  std::printf("%s\n", kfa_apps::describe("kfa-seqpar", o, p.dims(), p.q.dtype, extra).c_str());
   std::printf("time: median %.6f s over %lld runs (slowest rank); %.2f GFLOP/s\n", tm.median_s,
               o.repeat, gflops);
-  for (std::size_t r = 0; r < std::size_t(P); ++r)
+  std::vector<double> columns[3];
+  for (std::size_t r = 0; r < std::size_t(P); ++r) {
+    for (int c = 0; c < 3; ++c)
+      columns[c].push_back(all[3 * r + c]);
     std::printf("  rank %zu: %.0f query rows, compute %.6f s, MPI %.6f s (%.1f%%) per run\n", r,
                 all[3 * r], all[3 * r + 1], all[3 * r + 2],
                 100 * all[3 * r + 2] / std::max(1e-300, all[3 * r + 1] + all[3 * r + 2]));
-  if (verdict) {
-    std::printf("check against the single-rank result (float64 and same precision):");
-    for (const auto& [name, c] : verdict->worst)
-      std::printf(" %s err %.3g (bound %.3g)", name.c_str(), c.err, c.bound);
-    std::printf(": %s\n", verdict->ok ? "PASS" : "FAIL");
   }
+  if (verdict)
+    std::printf(
+        "%s\n",
+        kfa_apps::summary("the single-rank result (float64 and same precision)", *verdict).c_str());
   if (!o.out.empty())
     std::printf("wrote %s to %s\n", o.command == "forward" ? "/o /lse" : "/dq /dk /dv",
                 o.out.c_str());
-  if (!o.json) return;
-  const auto& pr = o.params;
-  std::printf(
-      "{\"command\":\"%s\",\"ranks\":%d,\"mode\":\"%s\",\"layout\":\"%s\",\"dtype\":\"%s\","
-      "\"batch\":%lld,\"heads_q\":%lld,\"heads_kv\":%lld,\"seqlen_q\":%lld,\"seqlen_k\":%lld,"
-      "\"head_dim\":%lld,\"causal\":%s,\"window_left\":%d,\"window_right\":%d,\"softcap\":%s,"
-      "\"dropout\":%s,\"seed\":%llu,\"offset\":%llu,\"deterministic\":%s,\"repeat\":%lld,"
-      "\"median_s\":%.9g,\"gflops\":%.6g,\"execution_space\":\"%s\"",
-      o.command.c_str(), P, o.mode == kmpi::Mode::ring ? "ring" : "tree",
-      o.layout == kmpi::Layout::zigzag ? "zigzag" : "contiguous", name(p.q.dtype), p.B, p.Hq, p.Hk,
-      p.Nq, p.Nk, p.D, pr.causal ? "true" : "false", pr.window_left, pr.window_right,
-      kfa_apps::exact(pr.softcap).c_str(), kfa_apps::exact(pr.dropout).c_str(),
-      static_cast<unsigned long long>(pr.seed), static_cast<unsigned long long>(pr.offset),
-      pr.deterministic ? "true" : "false", o.repeat, tm.median_s, gflops, Exec::name());
-  for (const auto& [key, col] : {std::pair{"rows", 0}, {"compute_s", 1}, {"comm_s", 2}}) {
-    std::printf(",\"%s\":[", key);
-    for (std::size_t r = 0; r < std::size_t(P); ++r)
-      std::printf("%s%.9g", r ? "," : "", all[3 * r + col]);
-    std::printf("]");
+  if (o.json) {
+    auto j = kfa_apps::pass_json(o, p.dims(), p.q.dtype)
+                 .add("ranks", P)
+                 .add("mode", o.mode)
+                 .add("layout", o.layout)
+                 .figure("median_s", tm.median_s, 9)
+                 .figure("gflops", gflops, 6)
+                 .figures("rows", columns[0], 9)
+                 .figures("compute_s", columns[1], 9)
+                 .figures("comm_s", columns[2], 9);
+    kfa_apps::add_check(j, verdict);
+    std::printf("%s\n", j.str().c_str());
   }
-  std::printf(",\"check\":\"%s\"", !verdict ? "not run" : verdict->ok ? "pass" : "fail");
-  if (verdict)
-    for (const auto& [name, c] : verdict->worst)
-      std::printf(",\"err_%s\":%.6g,\"bound_%s\":%.6g", name.c_str(), c.err, name.c_str(), c.bound);
-  std::printf("}\n");
+  return status;
 }
 
 // ---- The passes ----------------------------------------------------------------------------
 
+// This rank's q, k and v on the device, and the SeqPar of the run, collecting its timings.
+template <class T>
+struct Inputs {
+  Dev4<T> q, k, v;
+  kmpi::Timings timings;
+  kmpi::SeqPar sp;
+  Inputs(const Options& o, const Problem& p)
+      : q(kfa_apps::dataset_to_view<Dev4<T>>(p.q, "q")),
+        k(kfa_apps::dataset_to_view<Dev4<T>>(p.k, "k")),
+        v(kfa_apps::dataset_to_view<Dev4<T>>(p.v, "v")),
+        sp{MPI_COMM_WORLD, p.Nq, p.Nk, o.layout, o.mode, &timings} {}
+  Inputs(const Inputs&) = delete;
+  Inputs& operator=(const Inputs&) = delete;
+};
+
 template <class T>
 int run_forward(const Options& o, const Problem& p) {
-  kmpi::Timings timings;
-  const kmpi::SeqPar sp{MPI_COMM_WORLD, p.Nq, p.Nk, o.layout, o.mode, &timings};
-  auto q = kfa_apps::dataset_to_view<Dev4<T>>(p.q, "q"),
-       k = kfa_apps::dataset_to_view<Dev4<T>>(p.k, "k"),
-       v = kfa_apps::dataset_to_view<Dev4<T>>(p.v, "v");
+  Inputs<T> in(o, p);
+  const auto &q = in.q, &k = in.k, &v = in.v;
   Dev4<T> out("o", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
   Dev3<T> lse("lse", q.extent(0), q.extent(1), q.extent(2));
   const Timing tm =
-      time_pass(o, timings, [&] { kmpi::forward(Exec(), q, k, v, out, lse, o.params, sp); });
+      time_pass(o, in.timings, [&] { kmpi::forward(Exec(), q, k, v, out, lse, o.params, in.sp); });
   std::optional<Verdict> verdict;
   if (o.check) verdict = check_forward<T>(o, p, out, lse);
   if (!o.out.empty()) {
     const Dataset od = kfa_apps::view_to_dataset(out, p.q.dtype),
                   ld = kfa_apps::view_to_dataset(lse, p.q.dtype);
     const auto qr = my_rows(o, p.Nq);
-    const std::vector<hsize_t> g4{hsize_t(p.B), hsize_t(p.Hq), hsize_t(p.Nq), hsize_t(p.D)},
-        g3{hsize_t(p.B), hsize_t(p.Hq), hsize_t(p.Nq)};
-    kfa_apps::write_rows_atomic(o.out, {{"/o", g4, &od, qr}, {"/lse", g3, &ld, qr}},
-                                MPI_COMM_WORLD);
+    kfa_apps::write_rows_atomic(
+        o.out, {{"/o", p.q_dims(), &od, qr}, {"/lse", p.lse_dims(), &ld, qr}}, MPI_COMM_WORLD);
   }
-  report(o, p, tm, kfa::forward_flops(p.B, p.Hq, p.Nq, p.Nk, p.D, o.params), verdict);
-  return !verdict || verdict->ok ? 0 : 1;
+  return report(o, p, tm, verdict);
 }
 
 template <class T>
 int run_backward(const Options& o, const Problem& p) {
-  kmpi::Timings timings;
-  const kmpi::SeqPar sp{MPI_COMM_WORLD, p.Nq, p.Nk, o.layout, o.mode, &timings};
-  auto q = kfa_apps::dataset_to_view<Dev4<T>>(p.q, "q"),
-       k = kfa_apps::dataset_to_view<Dev4<T>>(p.k, "k"),
-       v = kfa_apps::dataset_to_view<Dev4<T>>(p.v, "v"),
-       dout = kfa_apps::dataset_to_view<Dev4<T>>(p.dout, "do");
+  Inputs<T> in(o, p);
+  const auto &q = in.q, &k = in.k, &v = in.v;
+  auto dout = kfa_apps::dataset_to_view<Dev4<T>>(p.dout, "do");
   Dev4<T> out;
   Dev3<T> lse, dlse;
   if (p.o.dims.empty()) {  // --random: the forward it needs, once and untimed
     out = Dev4<T>("o", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
     lse = Dev3<T>("lse", q.extent(0), q.extent(1), q.extent(2));
-    kmpi::forward(Exec(), q, k, v, out, lse, o.params, sp);
+    kmpi::forward(Exec(), q, k, v, out, lse, o.params, in.sp);
   } else {
     out = kfa_apps::dataset_to_view<Dev4<T>>(p.o, "o");
     lse = kfa_apps::dataset_to_view<Dev3<T>>(p.lse, "lse");
@@ -585,11 +500,11 @@ int run_backward(const Options& o, const Problem& p) {
   Dev4<T> dq("dq", q.extent(0), q.extent(1), q.extent(2), q.extent(3)),
       dk("dk", k.extent(0), k.extent(1), k.extent(2), k.extent(3)),
       dv("dv", k.extent(0), k.extent(1), k.extent(2), k.extent(3));
-  const Timing tm = time_pass(o, timings, [&] {
+  const Timing tm = time_pass(o, in.timings, [&] {
     if (!p.dlse.dims.empty())  // the file's, not this rank's row count: every rank alike
-      kmpi::backward(Exec(), q, k, v, out, lse, dout, dlse, dq, dk, dv, o.params, sp);
+      kmpi::backward(Exec(), q, k, v, out, lse, dout, dlse, dq, dk, dv, o.params, in.sp);
     else
-      kmpi::backward(Exec(), q, k, v, out, lse, dout, dq, dk, dv, o.params, sp);
+      kmpi::backward(Exec(), q, k, v, out, lse, dout, dq, dk, dv, o.params, in.sp);
   });
   std::optional<Verdict> verdict;
   if (o.check) verdict = check_backward<T>(o, p, dq, dk, dv);
@@ -598,14 +513,13 @@ int run_backward(const Options& o, const Problem& p) {
                   dkd = kfa_apps::view_to_dataset(dk, p.q.dtype),
                   dvd = kfa_apps::view_to_dataset(dv, p.q.dtype);
     const auto qr = my_rows(o, p.Nq), kr = my_rows(o, p.Nk);
-    const std::vector<hsize_t> gq{hsize_t(p.B), hsize_t(p.Hq), hsize_t(p.Nq), hsize_t(p.D)},
-        gk{hsize_t(p.B), hsize_t(p.Hk), hsize_t(p.Nk), hsize_t(p.D)};
-    kfa_apps::write_rows_atomic(
-        o.out, {{"/dq", gq, &dqd, qr}, {"/dk", gk, &dkd, kr}, {"/dv", gk, &dvd, kr}},
-        MPI_COMM_WORLD);
+    kfa_apps::write_rows_atomic(o.out,
+                                {{"/dq", p.q_dims(), &dqd, qr},
+                                 {"/dk", p.k_dims(), &dkd, kr},
+                                 {"/dv", p.k_dims(), &dvd, kr}},
+                                MPI_COMM_WORLD);
   }
-  report(o, p, tm, kfa::backward_flops(p.B, p.Hq, p.Nq, p.Nk, p.D, o.params), verdict);
-  return !verdict || verdict->ok ? 0 : 1;
+  return report(o, p, tm, verdict);
 }
 
 // Runs `f` on every rank; when it throws InputError on any rank, every rank throws the lowest
@@ -622,8 +536,7 @@ auto collectively(const F& f) {
   try {
     kmpi::agree(MPI_COMM_WORLD, err);
   } catch (const kfa::Error& e) {
-    const std::string msg = e.what();
-    throw InputError(msg.rfind("kfa: ", 0) == 0 ? msg.substr(5) : msg);
+    throw InputError(kfa_apps::message_of(e));
   }
   return result;
 }
@@ -653,8 +566,10 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 2;
   }
-  if (opts.help) {
-    if (comm_rank() == 0) std::cout << kUsage << kfa_apps::kPassFlagsUsage;
+  if (opts.action != kfa_apps::Action::run) {
+    if (comm_rank() == 0)
+      std::cout << (opts.action == kfa_apps::Action::help ? kUsage + kfa_apps::pass_flags_usage()
+                                                          : kfa_apps::version_text("kfa-seqpar"));
     MPI_Finalize();
     return 0;
   }
@@ -671,7 +586,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "kfa-seqpar: error on rank %d: %s\n", comm_rank(), msg.c_str());
         MPI_Abort(MPI_COMM_WORLD, 2);
       }
-      print_error(msg.substr(5));
+      print_error(kfa_apps::message_of(e));
     } catch (const InputError& e) {  // raised on every rank alike (see collectively)
       print_error(e.what());
     } catch (const std::exception& e) {
