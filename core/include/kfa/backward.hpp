@@ -3,6 +3,7 @@
 /// kfa::backward: gradients of exact attention by recomputation (FlashAttention-2).
 
 #include <kfa/impl/backward_kernel.hpp>
+#include <kfa/impl/validate.hpp>
 #include <kfa/params.hpp>
 
 #include <Kokkos_Core.hpp>

@@ -8,8 +8,6 @@
 
 #include <Kokkos_Core.hpp>
 
-#include <type_traits>
-
 namespace kfa {
 
 /// FlashAttention-2 forward pass on `space`.
@@ -32,24 +30,7 @@ namespace kfa {
 template <class ExecSpace, class Q, class K, class V, class O, class Lse>
 void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
              const Params& params = {}) {
-  static_assert(Kokkos::is_execution_space<ExecSpace>::value,
-                "kfa::forward: the first argument must be a Kokkos execution space");
-  impl::static_check_tensors<ExecSpace, Q, K, V, O>();
-  static_assert(Kokkos::is_view<Lse>::value && Lse::rank == 3,
-                "kfa::forward: lse must be a rank-3 View (batch, heads_q, seqlen_q)");
-  using T = typename Q::non_const_value_type;
-  static_assert(std::is_same_v<T, typename K::non_const_value_type> &&
-                    std::is_same_v<T, typename V::non_const_value_type> &&
-                    std::is_same_v<T, typename O::value_type>,
-                "kfa::forward: q, k, v and o must share one value type (o non-const)");
-  static_assert(backends::is_value_type_v<T>,
-                "kfa::forward: value type must be float, double, or Kokkos half_t / bhalf_t "
-                "where they are 16-bit types (backends::is_narrow_float)");
-  using L = typename Lse::value_type;
-  static_assert(std::is_floating_point_v<L> && sizeof(L) >= sizeof(float),
-                "kfa::forward: lse must be non-const float or wider");
-  impl::static_check_accessible<ExecSpace, Lse>();
-
+  impl::static_check_pass<ExecSpace, true, Lse>(impl::Inputs<Q, K, V>{}, impl::Outputs<O>{});
   impl::forward(space, q, k, v, o, lse, params, impl::Origin{});
 }
 

@@ -103,11 +103,41 @@ inline bool visible(const Params& p, long long i, long long j, long long seqlen_
   return true;
 }
 
-/// Row i of the scaled, softcapped scores of head h (kv head hk) in precision T, into s[j]
-/// for the visible keys j; returns their maximum (-inf when none is visible).
+/// The score of a query-key pair from its dot product q.k, in precision T, as kfa::Params
+/// defines it, and its derivative: the reference's one statement of the transform, which
+/// every pass below uses. The kernels have their own (impl/score.hpp); the two share no code,
+/// so that the tests compare two implementations of the definition. A new term of the score
+/// is written here and there.
+///   S = softcap(x), x = scale q.k, softcap(x) = cap tanh(x / cap) (x itself when cap = 0),
+/// S rounded to T_ as an unfused implementation stores it, and dS/dx = 1 - (S / cap)^2 taken
+/// from the stored S, as an unfused backward takes tanh's derivative from its output. (An
+/// additive term would be added to S after the softcap and subtracted before the slope.)
+template <class T_>
+struct ScoreMap {
+  using T = compute_t<T_>;  ///< the arithmetic type
+  T scale;                  ///< Params::scale, or 1 / sqrt(head_dim) where it is negative
+  T cap;                    ///< Params::softcap; 0 is off
+
+  /// The transform of p for heads of head_dim.
+  ScoreMap(const Params& p, int head_dim)
+      : scale(static_cast<T>(p.scale < 0 ? 1.0 / std::sqrt(double(head_dim)) : p.scale)),
+        cap(static_cast<T>(p.softcap)) {}
+
+  /// S of a pair whose dot product is `dot`, and dS/dx in `slope`.
+  T operator()(T dot, T& slope) const {
+    T s = scale * dot;
+    if (cap > 0) s = cap * std::tanh(s / cap);
+    s = round_to<T_>(s);
+    slope = cap > 0 ? T(1) - (s / cap) * (s / cap) : T(1);
+    return s;
+  }
+};
+
+/// Row i of the scores of head h (kv head hk) in precision T, into s[j] for the visible keys
+/// j, with dS/dx into slope[j]; returns their maximum (-inf when none is visible).
 template <class T_, class T = compute_t<T_>>
 T scores_row(const Tensor4& q, const Tensor4& k, const Params& p, int b, int h, int hk, int i,
-             T scale, T cap, std::vector<T>& s) {
+             const ScoreMap<T_>& score, std::vector<T>& s, std::vector<T>& slope) {
   const int Nq = q.extent(2), Nk = k.extent(2), D = q.extent(3);
   T mx = -std::numeric_limits<T>::infinity();
   for (int j = 0; j < Nk; ++j) {
@@ -115,10 +145,8 @@ T scores_row(const Tensor4& q, const Tensor4& k, const Params& p, int b, int h, 
     T dot = 0;
     for (int d = 0; d < D; ++d)
       dot += static_cast<T>(q(b, h, i, d)) * static_cast<T>(k(b, hk, j, d));
-    T sj = scale * dot;
-    if (cap > 0) sj = cap * std::tanh(sj / cap);
-    s[j] = sj = round_to<T_>(sj);
-    mx = std::max(mx, sj);
+    s[j] = score(dot, slope[j]);
+    mx = std::max(mx, s[j]);
   }
   return mx;
 }
@@ -134,14 +162,13 @@ void forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params&
   const int B = q.extent(0), Hq = q.extent(1), Nq = q.extent(2), D = q.extent(3);
   const int Hk = k.extent(1), Nk = k.extent(2);
   const DropoutWeight<T> z(p, keep, B, Hq, Nq, Nk);
-  const T scale = static_cast<T>(p.scale < 0 ? 1.0 / std::sqrt(double(D)) : p.scale);
-  const T cap = static_cast<T>(p.softcap);
-  std::vector<T> s(Nk), acc(D);
+  const ScoreMap<T_> score(p, D);
+  std::vector<T> s(Nk), slope(Nk), acc(D);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < Hq; ++h) {
       const int hk = h / (Hq / Hk);
       for (int i = 0; i < Nq; ++i) {
-        const T mx = scores_row<T_>(q, k, p, b, h, hk, i, scale, cap, s);
+        const T mx = scores_row<T_>(q, k, p, b, h, hk, i, score, s, slope);
         T sum = 0;
         std::fill(acc.begin(), acc.end(), T(0));
         for (int j = 0; j < Nk; ++j)
@@ -164,8 +191,8 @@ void forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params&
 /// Naive gradients computed in precision T from double inputs, stored as double: with
 /// P = softmax(S) recomputed per row, Z the dropout weights (1 without dropout),
 /// O_i = sum_j P_ij Z_ij V_j and D_i = dO_i . O_i,
-///   dV_j = sum_i P_ij Z_ij dO_i,  dS_ij = P_ij (Z_ij dO_i . V_j - D_i + dlse_i) (times
-///   1 - tanh^2 of the capped score under softcap),  dQ_i = scale sum_j dS_ij K_j,
+///   dV_j = sum_i P_ij Z_ij dO_i,  dS_ij = P_ij (Z_ij dO_i . V_j - D_i + dlse_i) times
+///   dS/dx of ScoreMap (1 - tanh^2 under softcap),  dQ_i = scale sum_j dS_ij K_j,
 ///   dK_j = scale sum_i dS_ij Q_i,
 /// dK and dV summed over the query heads sharing a kv head. dlse may be an empty view (no LSE
 /// gradient); keep is the dropout keep-mask, needed only when p.dropout > 0. Outputs must be
@@ -178,17 +205,16 @@ void backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params
   const int B = q.extent(0), Hq = q.extent(1), Nq = q.extent(2), D = q.extent(3);
   const int Hk = k.extent(1), Nk = k.extent(2);
   const DropoutWeight<T> z(p, keep, B, Hq, Nq, Nk);
-  const T scale = static_cast<T>(p.scale < 0 ? 1.0 / std::sqrt(double(D)) : p.scale);
-  const T cap = static_cast<T>(p.softcap);
+  const ScoreMap<T_> score(p, D);
   const bool has_dlse = dlse.span() > 0;
-  std::vector<T> s(Nk), pr(Nk), o(D), gq(D), gk(std::size_t(Hk) * Nk * D), gv(gk.size());
+  std::vector<T> s(Nk), slope(Nk), pr(Nk), o(D), gq(D), gk(std::size_t(Hk) * Nk * D), gv(gk.size());
   for (int b = 0; b < B; ++b) {
     std::fill(gk.begin(), gk.end(), T(0));
     std::fill(gv.begin(), gv.end(), T(0));
     for (int h = 0; h < Hq; ++h) {
       const int hk = h / (Hq / Hk);
       for (int i = 0; i < Nq; ++i) {
-        const T mx = scores_row<T_>(q, k, p, b, h, hk, i, scale, cap, s);
+        const T mx = scores_row<T_>(q, k, p, b, h, hk, i, score, s, slope);
         T sum = 0;
         for (int j = 0; j < Nk; ++j)
           if (visible(p, i, j, Nq, Nk)) sum += pr[j] = std::exp(s[j] - mx);
@@ -212,15 +238,13 @@ void backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params
             dp += static_cast<T>(dout(b, h, i, d)) * static_cast<T>(v(b, hk, j, d));
           dp = round_to<T_>(dp);
           const T zj = z(b, h, i, j);
-          T ds = pr[j] * (zj * dp - di + gl);
-          if (cap > 0) ds *= T(1) - (s[j] / cap) * (s[j] / cap);
-          ds = round_to<T_>(ds);
+          const T ds = round_to<T_>(pr[j] * (zj * dp - di + gl) * slope[j]);
           T* gkj = &gk[(std::size_t(hk) * Nk + j) * D];
           T* gvj = &gv[(std::size_t(hk) * Nk + j) * D];
           const T pz = pr[j] * zj;
           for (int d = 0; d < D; ++d) {
-            gq[d] += scale * ds * static_cast<T>(k(b, hk, j, d));
-            gkj[d] += scale * ds * static_cast<T>(q(b, h, i, d));
+            gq[d] += score.scale * ds * static_cast<T>(k(b, hk, j, d));
+            gkj[d] += score.scale * ds * static_cast<T>(q(b, h, i, d));
             gvj[d] += pz * static_cast<T>(dout(b, h, i, d));
           }
         }

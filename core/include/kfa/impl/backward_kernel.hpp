@@ -3,8 +3,8 @@
 /// The FlashAttention-2 backward as Kokkos team kernels.
 ///
 /// Nothing of the forward is stored but O and LSE: every tile recomputes
-///   S = scale Q_i K_j^T (softcapped), P = exp(S - LSE), dP = dO_i V_j^T,
-///   dS = P * (dP * Z - delta) (times 1 - tanh^2 under softcap),
+///   S = scale Q_i K_j^T (softcapped: impl/score.hpp), P = exp(S - LSE), dP = dO_i V_j^T,
+///   dS = P * (dP * Z - delta) (times the transform's dS/dx, 1 - tanh^2 under softcap),
 /// where delta = rowsum(dO * O) - dLSE comes from a small preprocessing kernel (the dLSE term
 /// is the gradient through the LSE: dLSE/dS = P) and Z is the dropout weight (1 without
 /// dropout; regenerated from the element's position, impl/dropout.hpp). Then
@@ -23,14 +23,15 @@
 
 #include <kfa/backends/traits.hpp>
 #include <kfa/impl/dropout.hpp>
+#include <kfa/impl/launch.hpp>
 #include <kfa/impl/mask.hpp>
 #include <kfa/impl/profiling.hpp>
+#include <kfa/impl/score.hpp>
 #include <kfa/impl/validate.hpp>
 #include <kfa/params.hpp>
 
 #include <Kokkos_Core.hpp>
 
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -54,14 +55,12 @@ struct BackwardViews {
 
 /// What the backward kernels share: the views, the problem sizes, the mask and the row step.
 template <class ExecSpace, class T, class Views>
-struct BackwardCommon {
-  using acc_t = backends::accum_t<T>;
-  using traits = backends::TileTraits<ExecSpace, T>;
-  using ops = backends::TileOps<ExecSpace, T>;
-  using policy_t = Kokkos::TeamPolicy<ExecSpace>;
-  using member_t = typename policy_t::member_type;
-  using scratch_view =
-      Kokkos::View<acc_t*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+struct BackwardCommon : TeamKernel<ExecSpace, T> {
+  using base = TeamKernel<ExecSpace, T>;
+  using typename base::acc_t;
+  using typename base::member_t;
+  using typename base::ops;
+  using typename base::traits;
   // Strided, so that a block of rows of a larger problem's delta can be passed (kfa::mpi).
   using delta_view = Kokkos::View<acc_t***, Kokkos::LayoutStride, typename ExecSpace::memory_space>;
 
@@ -73,9 +72,10 @@ struct BackwardCommon {
   int heads_q, heads_k, group, seqlen_q, seqlen_k, head_dim;
   int Bt, q_tiles, k_tiles;  // Br = Bc = Bt
   int ldd, ldt;  // row strides of the scratch tiles D and Bt wide: padded by traits::pad
-  acc_t scale, softcap;
+  ScoreTransform<acc_t> score;
   Mask mask;
   Dropout<acc_t> dropout;
+  int level_kv, level_q;  // scratch levels of KeyValueKernel and QueryKernel
 
   BackwardCommon(const Views& views, const delta_view& delta_, const Params& p,
                  const Origin& at = {})
@@ -91,15 +91,13 @@ struct BackwardCommon {
     ldt = Bt + traits::pad;
     q_tiles = (seqlen_q + Bt - 1) / Bt;
     k_tiles = (seqlen_k + Bt - 1) / Bt;
-    scale =
-        static_cast<acc_t>(p.scale < 0 ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : p.scale);
-    softcap = static_cast<acc_t>(p.softcap);
+    score = ScoreTransform<acc_t>(p, head_dim);
     mask = make_mask(p, seqlen_q, seqlen_k, at);
     dropout = make_dropout<acc_t>(p, at);
+    level_kv = base::scratch_level(scratch_bytes(true));
+    level_q = base::scratch_level(scratch_bytes(false));
   }
 
-  /// Whether any row of the query tile at q0 (nr rows) sees any key of the tile at k0 (nc keys):
-  /// mask ends grow with the row, so the first row's lo and the last row's hi bound the tile.
   /// out = x, or out += x when accumulating, rounded once to out's type (a narrow type is
   /// summed in acc_t, not in 16 bits).
   template <class Out>
@@ -107,36 +105,23 @@ struct BackwardCommon {
     out = Out(accumulate ? static_cast<acc_t>(out) + x : x);
   }
 
+  /// Whether any row of the query tile at q0 (nr rows) sees any key of the tile at k0 (nc keys):
+  /// mask ends grow with the row, so the first row's lo and the last row's hi bound the tile.
   KOKKOS_INLINE_FUNCTION bool tiles_meet(int q0, int nr, int k0, int nc) const {
     return mask.lo(q0) <= k0 + nc - 1 && mask.hi(q0 + nr - 1) >= k0 &&
            mask.lo(q0) <= mask.hi(q0 + nr - 1);
   }
 
-  /// Launches `kernel` with `bytes` of team scratch over `league` teams, or throws kfa::Error.
+  /// Launches `kernel`: the key-tile kernel (`key_outer`: one team per (batch, kv head, key
+  /// tile), with the dK_j and dV_j accumulators in scratch) or the query-tile kernel (one team
+  /// per (batch, query head, query tile)).
   template <class Kernel>
-  void launch(const ExecSpace& space, const char* label, const Kernel& kernel, long long league,
-              std::size_t bytes, int level) const {
-    if (league == 0) return;
-    if (league > 2147483647LL)
-      fail("backward", label, " needs ", league, " teams, more than the league size limit");
-    if (bytes > static_cast<std::size_t>(policy_t::scratch_size_max(level)))
-      fail("backward", "head_dim = ", head_dim, " needs ", bytes, " bytes of team scratch (tile ",
-           Bt, "), more than this execution space offers (", policy_t::scratch_size_max(level),
-           ")");
-    const int vl = traits::vector_length;
-    policy_t policy = traits::team_size > 0
-                          ? policy_t(space, static_cast<int>(league), traits::team_size, vl)
-                          : policy_t(space, static_cast<int>(league), Kokkos::AUTO, vl);
-    policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
-    const int team_max = policy.team_size_max(kernel, Kokkos::ParallelForTag());
-    if (traits::team_size > team_max)
-      fail("backward", "tile traits ask for team_size = ", traits::team_size,
-           " but this execution space allows at most ", team_max, " for head_dim = ", head_dim);
-    Kokkos::parallel_for(label, policy, kernel);
-  }
-
-  static int level_for(std::size_t bytes) {
-    return bytes > std::size_t(policy_t::scratch_size_max(0)) ? 1 : 0;
+  void launch(const ExecSpace& space, const char* label, const Kernel& kernel,
+              bool key_outer) const {
+    const int heads = key_outer ? heads_k : heads_q, tiles = key_outer ? k_tiles : q_tiles;
+    base::launch(space, "backward", label, kernel,
+                 static_cast<long long>(t.q.extent(0)) * heads * tiles, scratch_bytes(key_outer),
+                 key_outer ? level_kv : level_q, {head_dim, Bt, Bt});
   }
 
   /// Team scratch of a backward kernel: the tiles both kernels stage (K_j (Bt x D), K_j^T and
@@ -149,31 +134,50 @@ struct BackwardCommon {
     acc_t* dvs = nullptr;
   };
 
-  std::size_t scratch_bytes(bool with_dkdv) const {
-    const std::size_t tile = std::size_t(Bt) * ldd, tile_t = std::size_t(head_dim) * ldt,
-                      sq = std::size_t(Bt) * ldt;
-    return (with_dkdv ? 6 : 4) * scratch_view::shmem_size(tile) +
-           2 * scratch_view::shmem_size(tile_t) + 2 * scratch_view::shmem_size(sq) +
-           2 * scratch_view::shmem_size(std::size_t(Bt));
+  /// What a team of a launch works on: batch b, head h (the kv head when key_outer), the
+  /// first row t0 of its tile and the tile's n rows, and its scratch tiles.
+  struct TeamWork {
+    int b, h, t0, n;
+    Tiles sc;
+  };
+  KOKKOS_INLINE_FUNCTION TeamWork team_work(const member_t& team, bool key_outer) const {
+    const int heads = key_outer ? heads_k : heads_q, tiles = key_outer ? k_tiles : q_tiles;
+    const int seqlen = key_outer ? seqlen_k : seqlen_q;
+    const int t0 = team.league_rank() % tiles * Bt, bh = team.league_rank() / tiles;
+    return {bh / heads, bh % heads, t0, tile_rows(t0, seqlen), carve(team, key_outer)};
   }
 
-  KOKKOS_INLINE_FUNCTION Tiles carve(const member_t& team, int level, bool with_dkdv) const {
-    const auto& scr = team.team_scratch(level);
+  /// Rows of the tile that starts at row t0 of a sequence of `seqlen`.
+  KOKKOS_INLINE_FUNCTION int tile_rows(int t0, int seqlen) const {
+    return seqlen - t0 < Bt ? seqlen - t0 : Bt;
+  }
+
+  std::size_t scratch_bytes(bool with_dkdv) const {
+    const std::size_t tile = std::size_t(Bt) * ldd, tile_t = std::size_t(head_dim) * ldt,
+                      sq = std::size_t(Bt) * ldt, row = std::size_t(Bt);
+    return with_dkdv
+               ? base::scratch_bytes(
+                     {tile, tile, tile, tile, tile_t, tile_t, tile, tile, sq, sq, row, row})
+               : base::scratch_bytes({tile, tile, tile, tile, tile_t, tile_t, sq, sq, row, row});
+  }
+
+  KOKKOS_INLINE_FUNCTION Tiles carve(const member_t& team, bool with_dkdv) const {
+    const auto& scr = team.team_scratch(with_dkdv ? level_kv : level_q);
     const std::size_t tile = std::size_t(Bt) * ldd, tile_t = std::size_t(head_dim) * ldt,
                       sq = std::size_t(Bt) * ldt;
     Tiles s;
     for (acc_t** t : {&s.ks, &s.qs, &s.dos, &s.dqs})
-      *t = scratch_view(scr, tile).data();
-    s.kt = scratch_view(scr, tile_t).data();
-    s.vt = scratch_view(scr, tile_t).data();
+      *t = base::carve(scr, tile);
+    s.kt = base::carve(scr, tile_t);
+    s.vt = base::carve(scr, tile_t);
     if (with_dkdv) {
-      s.dks = scratch_view(scr, tile).data();
-      s.dvs = scratch_view(scr, tile).data();
+      s.dks = base::carve(scr, tile);
+      s.dvs = base::carve(scr, tile);
     }
-    s.p = scratch_view(scr, sq).data();
-    s.ds = scratch_view(scr, sq).data();
-    s.lse_s = scratch_view(scr, std::size_t(Bt)).data();
-    s.delta_s = scratch_view(scr, std::size_t(Bt)).data();
+    s.p = base::carve(scr, sq);
+    s.ds = base::carve(scr, sq);
+    s.lse_s = base::carve(scr, std::size_t(Bt));
+    s.delta_s = base::carve(scr, std::size_t(Bt));
     return s;
   }
 
@@ -184,7 +188,7 @@ struct BackwardCommon {
                                               acc_t* delta_s) const {
     const int D = head_dim;
     ops::for_each_element(team, nr, D, [&](int r, int d) {
-      qs[r * ldd + d] = scale * static_cast<acc_t>(t.q(b, h, q0 + r, d));
+      qs[r * ldd + d] = score.scaled(static_cast<acc_t>(t.q(b, h, q0 + r, d)));
       dos[r * ldd + d] = static_cast<acc_t>(t.dout(b, h, q0 + r, d));
     });
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr), [&](int r) {
@@ -244,23 +248,18 @@ struct BackwardCommon {
       dsrow[c] = acc_t(0);
     });
     if (c0 >= c1) return;
-    if (!dropout.enabled && !(softcap > acc_t(0))) {  // the common case, vectorised
-      ops::row_exp_sum(team, prow, c0, c1, lse_i);    // P = exp(S - LSE); the sum is not needed
+    if (!dropout.enabled && score.identity()) {     // the common case, vectorised
+      ops::row_exp_sum(team, prow, c0, c1, lse_i);  // P = exp(S - LSE); the sum is not needed
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c0, c1),
                            [&](int c) { dsrow[c] = prow[c] * (dsrow[c] - delta_i); });
       return;
     }
-    const acc_t cap = softcap, inv_cap = cap > acc_t(0) ? acc_t(1) / cap : acc_t(0);
     dropout.for_each(team, b, h, i, k0, c0, c1, [&](int c, acc_t z) {
-      acc_t s = prow[c], dcap = acc_t(1);
-      if (cap > acc_t(0)) {
-        const acc_t th = backends::tanh(s * inv_cap);
-        s = cap * th;
-        dcap = acc_t(1) - th * th;  // d(cap tanh(x / cap))/dx
-      }
-      const acc_t p = backends::exp(s - lse_i);
+      acc_t slope;
+      const acc_t p = backends::exp(score.at(prow[c], b, h, i, k0 + c, slope) - lse_i);
       prow[c] = p * z;
-      dsrow[c] = p * (dsrow[c] * z - delta_i) * dcap;
+      // dL/dS (an additive term's gradient) times dS/dx.
+      dsrow[c] = p * (dsrow[c] * z - delta_i) * slope;
     });
   }
 };
@@ -310,37 +309,22 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views> {
   using typename base::acc_t;
   using typename base::member_t;
   using typename base::ops;
-  using Tiles = typename base::Tiles;
   bool atomic_dq;
-  int level;
 
   /// Narrow dq types take no atomic adds: impl::backward gives them a float accumulator.
   static constexpr bool atomic_capable =
       !backends::is_narrow_float<typename Views::dq_value>::value;
 
-  KeyValueKernel(const base& common, bool atomic_dq_)
-      : base(common), atomic_dq(atomic_dq_), level(base::level_for(scratch_bytes())) {
+  KeyValueKernel(const base& common, bool atomic_dq_) : base(common), atomic_dq(atomic_dq_) {
     if (atomic_dq && !atomic_capable)
       fail("backward", "internal: atomic dQ into a 16-bit view (use a float accumulator)");
   }
 
-  std::size_t scratch_bytes() const { return base::scratch_bytes(true); }
-
-  void launch(const ExecSpace& space) const {
-    const long long league =
-        static_cast<long long>(this->t.q.extent(0)) * this->heads_k * this->k_tiles;
-    base::launch(space, "kfa::backward::dkdv", *this, league, scratch_bytes(), level);
-  }
-
   KOKKOS_FUNCTION void operator()(const member_t& team) const {
-    const int Bt = this->Bt, D = this->head_dim, ldd = this->ldd, ldt = this->ldt;
-    const int kt_i = team.league_rank() % this->k_tiles;
-    const int bhk = team.league_rank() / this->k_tiles;
-    const int hk = bhk % this->heads_k, b = bhk / this->heads_k;
-    const int k0 = kt_i * Bt;
-    const int nc = this->seqlen_k - k0 < Bt ? this->seqlen_k - k0 : Bt;
-
-    const Tiles sc = this->carve(team, level, true);
+    const int D = this->head_dim, ldd = this->ldd, ldt = this->ldt;
+    const auto work = this->team_work(team, true);
+    const auto& sc = work.sc;
+    const int b = work.b, hk = work.h, k0 = work.t0, nc = work.n;
 
     this->load_key_tile(team, b, hk, k0, nc, sc.ks, sc.kt, sc.vt);
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nc * this->ldd), [&](int idx) {
@@ -350,8 +334,8 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views> {
 
     for (int h = hk * this->group; h < (hk + 1) * this->group; ++h)
       for (int qt = 0; qt < this->q_tiles; ++qt) {
-        const int q0 = qt * Bt;
-        const int nr = this->seqlen_q - q0 < Bt ? this->seqlen_q - q0 : Bt;
+        const int q0 = qt * this->Bt;
+        const int nr = this->tile_rows(q0, this->seqlen_q);
         if (!this->tiles_meet(q0, nr, k0, nc)) continue;
         team.team_barrier();  // the previous query tile is no longer read
         this->load_query_tile(team, b, h, q0, nr, sc.qs, sc.dos, sc.lse_s, sc.delta_s);
@@ -361,10 +345,9 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views> {
           if (atomic_dq) {  // dQ_i += scale dS K_j, added into dq
             ops::gemm(team, nr, D, nc, sc.ds, ldt, 1, sc.ks, ldd, sc.dqs, ldd, false);
             team.team_barrier();
-            const acc_t dq_scale = this->scale;
             ops::for_each_element(team, nr, D, [&](int r, int d) {
               Kokkos::atomic_add(&this->t.dq(b, h, q0 + r, d),
-                                 typename Views::dq_value(dq_scale * sc.dqs[r * ldd + d]));
+                                 typename Views::dq_value(this->score.scaled(sc.dqs[r * ldd + d])));
             });
           }
         }
@@ -389,36 +372,21 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views> {
   using typename base::acc_t;
   using typename base::member_t;
   using typename base::ops;
-  using Tiles = typename base::Tiles;
-  int level;
 
-  explicit QueryKernel(const base& common)
-      : base(common), level(base::level_for(scratch_bytes())) {}
-
-  std::size_t scratch_bytes() const { return base::scratch_bytes(false); }
-
-  void launch(const ExecSpace& space) const {
-    const long long league =
-        static_cast<long long>(this->t.q.extent(0)) * this->heads_q * this->q_tiles;
-    base::launch(space, "kfa::backward::dq", *this, league, scratch_bytes(), level);
-  }
+  explicit QueryKernel(const base& common) : base(common) {}
 
   KOKKOS_FUNCTION void operator()(const member_t& team) const {
-    const int Bt = this->Bt, D = this->head_dim, ldd = this->ldd, ldt = this->ldt;
-    const int qt = team.league_rank() % this->q_tiles;
-    const int bh = team.league_rank() / this->q_tiles;
-    const int h = bh % this->heads_q, b = bh / this->heads_q, hk = h / this->group;
-    const int q0 = qt * Bt;
-    const int nr = this->seqlen_q - q0 < Bt ? this->seqlen_q - q0 : Bt;
-
-    const Tiles sc = this->carve(team, level, false);
+    const int D = this->head_dim, ldd = this->ldd, ldt = this->ldt;
+    const auto work = this->team_work(team, false);
+    const auto& sc = work.sc;
+    const int b = work.b, h = work.h, hk = h / this->group, q0 = work.t0, nr = work.n;
 
     this->load_query_tile(team, b, h, q0, nr, sc.qs, sc.dos, sc.lse_s, sc.delta_s);
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr * this->ldd),
                          [&](int idx) { sc.dqs[idx] = acc_t(0); });
     for (int kt_i = 0; kt_i < this->k_tiles; ++kt_i) {
-      const int k0 = kt_i * Bt;
-      const int nc = this->seqlen_k - k0 < Bt ? this->seqlen_k - k0 : Bt;
+      const int k0 = kt_i * this->Bt;
+      const int nc = this->tile_rows(k0, this->seqlen_k);
       if (!this->tiles_meet(q0, nr, k0, nc)) continue;
       team.team_barrier();  // the previous key tile is no longer read
       this->load_key_tile(team, b, hk, k0, nc, sc.ks, sc.kt, sc.vt);
@@ -427,45 +395,11 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views> {
       ops::gemm(team, nr, D, nc, sc.ds, ldt, 1, sc.ks, ldd, sc.dqs, ldd, true);  // dQ_i += dS K_j
     }
     team.team_barrier();
-    const acc_t dq_scale = this->scale;
     ops::for_each_element(team, nr, D, [&](int r, int d) {
-      this->store(this->t.dq(b, h, q0 + r, d), dq_scale * sc.dqs[r * ldd + d]);
+      this->store(this->t.dq(b, h, q0 + r, d), this->score.scaled(sc.dqs[r * ldd + d]));
     });
   }
 };
-
-/// Whether View is a Kokkos::View of rank Rank: tells the two backward overloads apart.
-template <class View, int Rank, class = void>
-struct is_view_of_rank : std::false_type {};
-template <class View, int Rank>
-struct is_view_of_rank<View, Rank, std::enable_if_t<Kokkos::is_view<View>::value>>
-    : std::bool_constant<static_cast<int>(View::rank) == Rank> {};
-
-/// The extents of a backward's tensors against q and k (forward's checks included), for
-/// the pass named `pass`. dlse may be nullptr.
-template <class Q, class K, class V, class O, class Lse, class DO, class DLse, class DQ, class DK,
-          class DV>
-void validate_backward(const char* pass, const Q& q, const K& k, const V& v, const O& o,
-                       const Lse& lse, const DO& dout, const DLse* dlse, const DQ& dq, const DK& dk,
-                       const DV& dv) {
-  validate_shapes(pass, q, k, v, o, lse);
-  for (int dim = 0; dim < 4; ++dim) {
-    static const char* what[] = {"batch", "heads", "seqlen", "head_dim"};
-    expect_extent(pass, "dout", dout, dim, what[dim], q.extent(dim), "q");
-    expect_extent(pass, "dq", dq, dim, what[dim], q.extent(dim), "q");
-    expect_extent(pass, "dk", dk, dim, what[dim], k.extent(dim), "k");
-    expect_extent(pass, "dv", dv, dim, what[dim], k.extent(dim), "k");
-  }
-  if (dlse)
-    for (int dim = 0; dim < 3; ++dim) {
-      static const char* what[] = {"batch", "heads", "seqlen"};
-      expect_extent(pass, "dlse", *dlse, dim, what[dim], q.extent(dim), "q");
-    }
-  expect_unit_stride(pass, "dout", dout);
-  expect_unit_stride(pass, "dq", dq);
-  expect_unit_stride(pass, "dk", dk);
-  expect_unit_stride(pass, "dv", dv);
-}
 
 /// delta = rowsum(dO * O) - dLSE into `delta` (dlse may be nullptr), zeroing dq when zero_dq.
 template <class ExecSpace, class Delta, class DO, class O, class DLse, class DQ>
@@ -480,8 +414,10 @@ void backward_delta(const ExecSpace& space, const Delta& delta, const DO& dout, 
 template <class ExecSpace, class T, class Views>
 void launch_backward(const ExecSpace& space, const BackwardCommon<ExecSpace, T, Views>& common,
                      bool atomic_dq) {
-  KeyValueKernel<ExecSpace, T, Views>(common, atomic_dq).launch(space);
-  if (!atomic_dq) QueryKernel<ExecSpace, T, Views>(common).launch(space);
+  common.launch(space, "kfa::backward::dkdv",
+                KeyValueKernel<ExecSpace, T, Views>(common, atomic_dq), true);
+  if (!atomic_dq)
+    common.launch(space, "kfa::backward::dq", QueryKernel<ExecSpace, T, Views>(common), false);
 }
 
 /// kfa::backward with an optional dlse (nullptr: none): static checks, validation, launches.
@@ -490,30 +426,13 @@ template <class ExecSpace, class Q, class K, class V, class O, class Lse, class 
 void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
               const Lse& lse, const DO& dout, const DLse* dlse, const DQ& dq, const DK& dk,
               const DV& dv, const Params& params, const Origin& at = {}) {
-  static_assert(Kokkos::is_execution_space<ExecSpace>::value,
-                "kfa::backward: the first argument must be a Kokkos execution space");
-  static_check_tensors<ExecSpace, Q, K, V, O, DO, DQ, DK, DV>();
-  static_assert(is_view_of_rank<Lse, 3>::value && is_view_of_rank<DLse, 3>::value,
-                "kfa::backward: lse and dlse must be rank-3 Views (batch, heads_q, seqlen_q)");
-  using T = typename Q::non_const_value_type;
-  static_assert(std::is_same_v<T, typename K::non_const_value_type> &&
-                    std::is_same_v<T, typename V::non_const_value_type> &&
-                    std::is_same_v<T, typename O::non_const_value_type> &&
-                    std::is_same_v<T, typename DO::non_const_value_type>,
-                "kfa::backward: q, k, v, o and dout must share one value type");
-  static_assert(std::is_same_v<T, typename DQ::value_type> &&
-                    std::is_same_v<T, typename DK::value_type> &&
-                    std::is_same_v<T, typename DV::value_type>,
-                "kfa::backward: dq, dk and dv must be non-const and of the value type of q");
-  static_assert(backends::is_value_type_v<T>,
-                "kfa::backward: value type must be float, double, or Kokkos half_t / bhalf_t "
-                "where they are 16-bit types (backends::is_narrow_float)");
-  static_assert(std::is_floating_point_v<typename Lse::non_const_value_type> &&
-                    sizeof(typename Lse::non_const_value_type) >= sizeof(float) &&
+  static_check_pass<ExecSpace, false, Lse>(Inputs<Q, K, V, O, DO>{}, Outputs<DQ, DK, DV>{});
+  static_assert(is_view_of_rank<DLse, 3>::value &&
                     std::is_floating_point_v<typename DLse::non_const_value_type>,
-                "kfa::backward: lse must be float or wider, dlse floating point");
-  static_check_accessible<ExecSpace, Lse>();
+                "kfa::backward: dlse must be a rank-3 View (batch, heads_q, seqlen_q), floating "
+                "point");
   static_check_accessible<ExecSpace, DLse>();
+  using T = typename Q::non_const_value_type;
 
   ScopedRegion region("kfa::backward");
   validate_params("backward", params);

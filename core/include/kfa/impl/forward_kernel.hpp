@@ -19,28 +19,28 @@
 #include <kfa/backends/traits.hpp>
 #include <kfa/combine.hpp>
 #include <kfa/impl/dropout.hpp>
+#include <kfa/impl/launch.hpp>
 #include <kfa/impl/mask.hpp>
 #include <kfa/impl/profiling.hpp>
+#include <kfa/impl/score.hpp>
 #include <kfa/impl/split_kv.hpp>
 #include <kfa/impl/validate.hpp>
 #include <kfa/params.hpp>
 
 #include <Kokkos_Core.hpp>
 
-#include <cmath>
+#include <cstddef>
 
 namespace kfa::impl {
 
 template <class ExecSpace, class Q, class K, class V, class O, class Lse>
-struct ForwardKernel {
+struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   using value_type = typename Q::non_const_value_type;
-  using acc_t = backends::accum_t<value_type>;
-  using traits = backends::TileTraits<ExecSpace, value_type>;
-  using ops = backends::TileOps<ExecSpace, value_type>;
-  using policy_t = Kokkos::TeamPolicy<ExecSpace>;
-  using member_t = typename policy_t::member_type;
-  using scratch_view =
-      Kokkos::View<acc_t*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  using base = TeamKernel<ExecSpace, value_type>;
+  using typename base::acc_t;
+  using typename base::member_t;
+  using typename base::ops;
+  using typename base::traits;
 
   Q q;
   K k;
@@ -50,7 +50,7 @@ struct ForwardKernel {
   int heads_q, group, seqlen_q, seqlen_k, head_dim;
   int Br, Bc, q_tiles;
   int ldd, ldc;  // row strides of the scratch tiles D and Bc wide: padded by traits::pad
-  acc_t scale, softcap;
+  ScoreTransform<acc_t> score;
   Mask mask;
   Dropout<acc_t> dropout;
   int scratch_level;  // 0 when the tiles fit the fast scratch, else 1
@@ -70,12 +70,10 @@ struct ForwardKernel {
     ldd = head_dim + traits::pad;
     ldc = Bc + traits::pad;
     q_tiles = (seqlen_q + Br - 1) / Br;
-    scale =
-        static_cast<acc_t>(p.scale < 0 ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : p.scale);
-    softcap = static_cast<acc_t>(p.softcap);
+    score = ScoreTransform<acc_t>(p, head_dim);
     mask = make_mask(p, seqlen_q, seqlen_k, at);
     dropout = make_dropout<acc_t>(p, at);
-    scratch_level = scratch_bytes() > std::size_t(policy_t::scratch_size_max(0)) ? 1 : 0;
+    scratch_level = base::scratch_level(scratch_bytes());
     const int key_tiles = (seqlen_k + Bc - 1) / Bc;
     const long long teams = static_cast<long long>(q.extent(0)) * heads_q * q_tiles;
     splits = p.num_splits > 0 ? p.num_splits
@@ -88,38 +86,15 @@ struct ForwardKernel {
   /// Team scratch: Q_i, O~_i (Br x D), K_j^T (D x Bc), V_j (Bc x D), S_ij (Br x Bc), m, l (Br);
   /// rows ldd or ldc apart.
   std::size_t scratch_bytes() const {
-    const std::size_t n[] = {
-        std::size_t(Br) * ldd, std::size_t(Br) * ldd, std::size_t(head_dim) * ldc,
-        std::size_t(Bc) * ldd, std::size_t(Br) * ldc, std::size_t(Br),
-        std::size_t(Br)};
-    std::size_t bytes = 0;
-    for (std::size_t e : n)
-      bytes += scratch_view::shmem_size(e);
-    return bytes;
+    return base::scratch_bytes({std::size_t(Br) * ldd, std::size_t(Br) * ldd,
+                                std::size_t(head_dim) * ldc, std::size_t(Bc) * ldd,
+                                std::size_t(Br) * ldc, std::size_t(Br), std::size_t(Br)});
   }
 
   void launch(const ExecSpace& space) const {
     const long long league = static_cast<long long>(q.extent(0)) * heads_q * q_tiles * splits;
-    if (league == 0) return;
-    if (league > 2147483647LL)
-      fail("forward", "batch * heads_q * ceil(seqlen_q / ", Br, ") * splits (", splits,
-           ") = ", league, " teams exceeds the league size limit");
-    const std::size_t bytes = scratch_bytes();
-    const int level = scratch_level;
-    if (bytes > static_cast<std::size_t>(policy_t::scratch_size_max(level)))
-      fail("forward", "head_dim = ", head_dim, " needs ", bytes,
-           " bytes of team scratch (Br = ", Br, ", Bc = ", Bc,
-           "), more than this execution space offers (", policy_t::scratch_size_max(level), ")");
-    const int vl = traits::vector_length;
-    policy_t policy = traits::team_size > 0
-                          ? policy_t(space, static_cast<int>(league), traits::team_size, vl)
-                          : policy_t(space, static_cast<int>(league), Kokkos::AUTO, vl);
-    policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
-    const int team_max = policy.team_size_max(*this, Kokkos::ParallelForTag());
-    if (traits::team_size > team_max)
-      fail("forward", "tile traits ask for team_size = ", traits::team_size,
-           " but this execution space allows at most ", team_max, " for head_dim = ", head_dim);
-    Kokkos::parallel_for("kfa::forward", policy, *this);
+    base::launch(space, "forward", "kfa::forward", *this, league, scratch_bytes(), scratch_level,
+                 {head_dim, Br, Bc});
     if (splits > 1) SplitMerge<ExecSpace, acc_t, O, Lse>{part, o, lse, head_dim}.launch(space);
   }
 
@@ -134,17 +109,17 @@ struct ForwardKernel {
 
     const auto& scr = team.team_scratch(scratch_level);
     const int ldd = this->ldd, ldc = this->ldc;
-    acc_t* qs = scratch_view(scr, std::size_t(Br) * ldd).data();
-    acc_t* os = scratch_view(scr, std::size_t(Br) * ldd).data();
-    acc_t* kt = scratch_view(scr, std::size_t(D) * ldc).data();
-    acc_t* vs = scratch_view(scr, std::size_t(Bc) * ldd).data();
-    acc_t* s = scratch_view(scr, std::size_t(Br) * ldc).data();
-    acc_t* m = scratch_view(scr, std::size_t(Br)).data();
-    acc_t* l = scratch_view(scr, std::size_t(Br)).data();
+    acc_t* qs = base::carve(scr, std::size_t(Br) * ldd);
+    acc_t* os = base::carve(scr, std::size_t(Br) * ldd);
+    acc_t* kt = base::carve(scr, std::size_t(D) * ldc);
+    acc_t* vs = base::carve(scr, std::size_t(Bc) * ldd);
+    acc_t* s = base::carve(scr, std::size_t(Br) * ldc);
+    acc_t* m = base::carve(scr, std::size_t(Br));
+    acc_t* l = base::carve(scr, std::size_t(Br));
 
-    // Q_i is loaded once, pre-multiplied by the scale.
+    // Q_i is loaded once, pre-multiplied by the scale (the score transform's x = scale q.k).
     ops::for_each_element(team, nr, D, [&](int r, int d) {
-      qs[r * ldd + d] = scale * static_cast<acc_t>(q(b, h, q0 + r, d));
+      qs[r * ldd + d] = score.scaled(static_cast<acc_t>(q(b, h, q0 + r, d)));
       os[r * ldd + d] = acc_t(0);
     });
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr), [&](int r) {
@@ -205,9 +180,9 @@ struct ForwardKernel {
   }
 
   /// Online-softmax step of query row r (global index i) of head (b, h) against the key tile
-  /// at k0 whose scores S_ij fill columns [cb, ce) of s: turns the row's scores into
-  /// P (zero for keys the row does not see), rescales its O~ and updates m and l. O~ += P V_j
-  /// follows for the whole tile.
+  /// at k0 whose products x = scale q.k fill columns [cb, ce) of s: turns them into the scores
+  /// S_ij (impl/score.hpp), then into P (zero for keys the row does not see), rescales its O~
+  /// and updates m and l. O~ += P V_j follows for the whole tile.
   KOKKOS_INLINE_FUNCTION void update_row(const member_t& team, int b, int h, int r, int i, int k0,
                                          int cb, int ce, acc_t* s, acc_t* os, acc_t* m,
                                          acc_t* l) const {
@@ -221,11 +196,7 @@ struct ForwardKernel {
     }
     Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, cb, c0), [&](int c) { srow[c] = 0; });
     Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c1, ce), [&](int c) { srow[c] = 0; });
-    if (softcap > acc_t(0)) {
-      const acc_t inv_cap = acc_t(1) / softcap;
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c0, c1),
-                           [&](int c) { srow[c] = softcap * backends::tanh(srow[c] * inv_cap); });
-    }
+    score.row(team, b, h, i, k0, srow, c0, c1);
     const acc_t tile_max = ops::row_max(team, srow, c0, c1);
     // Merge the tile's partial into the row's with the combiner (kfa/combine.hpp). The tile's
     // P is formed relative to the merged maximum, which folds the combiner's beta into P.

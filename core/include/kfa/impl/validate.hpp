@@ -3,6 +3,7 @@
 /// Host-side checks of a pass's arguments. Everything here runs before any kernel; each
 /// failure throws kfa::Error naming the argument and the sizes involved.
 
+#include <kfa/backends/portability.hpp>
 #include <kfa/params.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
 namespace kfa::impl {
 
@@ -59,6 +61,46 @@ template <class ExecSpace, class... Views>
 constexpr void static_check_tensors() {
   (static_check_tensor<Views>(), ...);
   (static_check_accessible<ExecSpace, Views>(), ...);
+}
+
+/// Whether View is a Kokkos::View of rank Rank: tells the two backward overloads apart.
+template <class View, int Rank, class = void>
+struct is_view_of_rank : std::false_type {};
+template <class View, int Rank>
+struct is_view_of_rank<View, Rank, std::enable_if_t<Kokkos::is_view<View>::value>>
+    : std::bool_constant<static_cast<int>(View::rank) == Rank> {};
+
+/// The rank-4 tensors a pass reads (q, k, v, and o, dout in the backward).
+template <class... Views>
+struct Inputs {};
+/// The rank-4 tensors a pass writes (o; dq, dk, dv).
+template <class... Views>
+struct Outputs {};
+
+/// Compile-time checks of a pass's tensors: ExecSpace is an execution space, every tensor a
+/// rank-4 View accessible from it, all of one value type kfa takes (that of the first input,
+/// q), the outputs non-const; lse (rank 3) float or wider, non-const when `lse_written`.
+template <class ExecSpace, bool lse_written, class Lse, class Q, class... In, class... Out>
+constexpr void static_check_pass(Inputs<Q, In...>, Outputs<Out...>) {
+  static_assert(Kokkos::is_execution_space<ExecSpace>::value,
+                "kfa: the first argument must be a Kokkos execution space");
+  static_check_tensors<ExecSpace, Q, In..., Out...>();
+  using T = typename Q::non_const_value_type;
+  static_assert((std::is_same_v<T, typename In::non_const_value_type> && ...),
+                "kfa: q, k, v (and o and dout in the backward) must share one value type");
+  static_assert((std::is_same_v<T, typename Out::value_type> && ...),
+                "kfa: the outputs (o; dq, dk, dv) must be non-const and of the value type of q");
+  static_assert(backends::is_value_type_v<T>,
+                "kfa: value type must be float, double, or Kokkos half_t / bhalf_t where they "
+                "are 16-bit types (backends::is_narrow_float)");
+  static_assert(is_view_of_rank<Lse, 3>::value,
+                "kfa: lse must be a rank-3 View (batch, heads_q, seqlen_q)");
+  using L = typename Lse::non_const_value_type;
+  static_assert(std::is_floating_point_v<L> && sizeof(L) >= sizeof(float),
+                "kfa: lse must be float or wider");
+  static_assert(!lse_written || std::is_same_v<L, typename Lse::value_type>,
+                "kfa: lse is an output of the forward and must be non-const");
+  static_check_accessible<ExecSpace, Lse>();
 }
 
 inline void validate_params(const char* pass, const Params& p) {
@@ -112,6 +154,32 @@ void validate_shapes(const char* pass, const Q& q, const K& k, const V& v, const
       static_cast<long long>(k.extent(2)) > int_max)
     fail(pass, "seqlen must fit in int, got seqlen_q = ", q.extent(2),
          ", seqlen_k = ", k.extent(2));
+}
+
+/// The extents of a backward's tensors against q and k (forward's checks included), for
+/// the pass named `pass`. dlse may be nullptr.
+template <class Q, class K, class V, class O, class Lse, class DO, class DLse, class DQ, class DK,
+          class DV>
+void validate_backward(const char* pass, const Q& q, const K& k, const V& v, const O& o,
+                       const Lse& lse, const DO& dout, const DLse* dlse, const DQ& dq, const DK& dk,
+                       const DV& dv) {
+  validate_shapes(pass, q, k, v, o, lse);
+  for (int dim = 0; dim < 4; ++dim) {
+    static const char* what[] = {"batch", "heads", "seqlen", "head_dim"};
+    expect_extent(pass, "dout", dout, dim, what[dim], q.extent(dim), "q");
+    expect_extent(pass, "dq", dq, dim, what[dim], q.extent(dim), "q");
+    expect_extent(pass, "dk", dk, dim, what[dim], k.extent(dim), "k");
+    expect_extent(pass, "dv", dv, dim, what[dim], k.extent(dim), "k");
+  }
+  if (dlse)
+    for (int dim = 0; dim < 3; ++dim) {
+      static const char* what[] = {"batch", "heads", "seqlen"};
+      expect_extent(pass, "dlse", *dlse, dim, what[dim], q.extent(dim), "q");
+    }
+  expect_unit_stride(pass, "dout", dout);
+  expect_unit_stride(pass, "dq", dq);
+  expect_unit_stride(pass, "dk", dk);
+  expect_unit_stride(pass, "dv", dv);
 }
 
 }  // namespace kfa::impl
