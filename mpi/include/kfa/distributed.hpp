@@ -1,0 +1,182 @@
+#pragma once
+/// \file distributed.hpp
+/// Sequence parallelism over MPI (target kfa::mpi): the sequence is split across the ranks of
+/// a communicator, each rank holds its rows of Q, K, V (and O, LSE, dO, dQ, dK, dV), and the
+/// partial results over key shards merge with the combiner of kfa/combine.hpp. The vocabulary
+/// (Layout, Mode, SeqPar, owned_rows, agree) is in kfa/seqpar.hpp.
+///
+/// Modes (how partials meet):
+///  - ring: K/V shards travel around the ring, the next exchange posted before the current
+///    block is computed; each rank merges its queries' partials locally and skips the blocks
+///    the masks hide. The backward carries the dK/dV accumulators along; dQ stays local.
+///  - tree: the queries are gathered, each rank computes their partials against its own keys,
+///    and a reduce-scatter with the combiner as a non-commutative MPI_Op (a sum of dQ in the
+///    backward) leaves each rank its rows.
+///
+/// The backward uses the final, global LSE and D = rowsum(dO * O), so each block's
+/// P = exp(S - LSE) is exact and no re-merge is needed. Masks and dropout are evaluated at
+/// global positions, so every mode, layout and rank count gives the single-device result
+/// within rounding (and, with dropout, the same mask). params.deterministic: no atomics in the
+/// kernels and every cross-rank sum in a fixed order, so the backward is bitwise repeatable
+/// run to run for a given rank count and layout (not across rank counts: the blocks, and so
+/// the rounding, change with them).
+///
+/// Invalid input on any rank (a bad shape, params or SeqPar fields that differ between ranks)
+/// is found by a collective check before the first collective that could hang: every rank
+/// throws the same kfa::Error, naming the lowest failing rank or the fields that differ. MPI
+/// counts are ints, so the largest message (a K/V shard pair, or the tree's gathered rows)
+/// must hold fewer than 2^31 values; the check refuses larger problems on every rank (use more
+/// ranks, or fewer heads per call). Views in a memory space the host cannot access are staged
+/// through host buffers for MPI (portable without a GPU-aware MPI).
+///
+/// Where things live (namespace kfa::mpi::impl under kfa/impl/mpi/):
+///  - comm.hpp: host-staged point-to-point Channel, the collectives on packed rows
+///    (allgather_rows, reduce_scatter_rows), the MPI_Ops (combiner, ordered sum), MPI timing;
+///  - check.hpp: the collective check, with every value the ranks must share encoded exactly
+///    (Params through kfa::for_each_field, SeqPar through for_each_agreed_field);
+///  - blocks.hpp: the blocks a rank computes (for_each_block, forward_block, backward_block),
+///    row packing for messages (pack_rows, unpack_rows), the merge of results;
+///  - ring.hpp, tree.hpp: one mode each, a class with largest_message, forward and backward.
+/// This file holds the public passes: compile-time checks, the collective check, the
+/// backward's delta and the dispatch on Mode (with_mode). A new mode is one file like ring.hpp
+/// (included here), one value of Mode with its name in EnumNames<Mode>, and one case in
+/// with_mode (the compiler's -Wswitch names a missing one).
+
+#include <kfa/backends/traits.hpp>
+#include <kfa/impl/backward_kernel.hpp>
+#include <kfa/impl/mpi/blocks.hpp>
+#include <kfa/impl/mpi/check.hpp>
+#include <kfa/impl/mpi/comm.hpp>
+#include <kfa/impl/mpi/ring.hpp>
+#include <kfa/impl/mpi/tree.hpp>
+#include <kfa/impl/profiling.hpp>
+#include <kfa/impl/validate.hpp>
+#include <kfa/params.hpp>
+#include <kfa/seqpar.hpp>
+
+#include <mpi.h>
+#include <Kokkos_Core.hpp>
+
+#include <type_traits>
+
+namespace kfa::mpi::impl {
+
+/// Calls f(M{}) with the class M that implements `mode` (see ring.hpp): the one list of modes.
+/// The collective check has refused values outside Mode before any pass dispatches.
+template <class F>
+void with_mode(Mode mode, F&& f) {
+  switch (mode) {
+    case Mode::ring:
+      return f(Ring{});
+    case Mode::tree:
+      return f(Tree{});
+  }
+}
+
+/// The checks of a pass's arguments that need no other rank, common to both passes.
+template <class Q, class K>
+void check_locally(const Call& call, const Params& params, const SeqPar& sp, int rank, int P,
+                   const Q& q, const K& k) {
+  kfa::impl::validate_params(call.name, params);
+  check_seqpar(call.name, sp);
+  with_mode(sp.mode, [&](auto mode) {
+    check_message_size(call.name, sp, mode.largest_message(sp, P, call));
+  });
+  expect_rows(call.name, "q", q, owned_count(sp.layout, sp.seqlen_q, rank, P), "query");
+  expect_rows(call.name, "k", k, owned_count(sp.layout, sp.seqlen_k, rank, P), "key");
+}
+
+/// kfa::mpi::backward with an optional dlse (nullptr: none).
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DLse,
+          class DQ, class DK, class DV>
+void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+              const Lse& lse, const DO& dout, const DLse* dlse, const DQ& dq, const DK& dk,
+              const DV& dv, const Params& params, const SeqPar& sp) {
+  using T = typename Q::non_const_value_type;
+  static_assert(std::is_same_v<typename Lse::non_const_value_type, T> &&
+                    std::is_same_v<typename DQ::value_type, T> &&
+                    std::is_same_v<typename DK::value_type, T> &&
+                    std::is_same_v<typename DV::value_type, T>,
+                "kfa::mpi::backward: lse, dq, dk and dv share the value type of q (dq, dk, dv "
+                "non-const)");
+  static_assert(
+      kfa::impl::is_view_of_rank<Lse, 3>::value && kfa::impl::is_view_of_rank<DLse, 3>::value,
+      "kfa::mpi::backward: lse and dlse must be rank-3 Views");
+  kfa::impl::static_check_tensors<ExecSpace, Q, K, V, O, DO, DQ, DK, DV>();
+  kfa::impl::static_check_accessible<ExecSpace, Lse>();
+  kfa::impl::static_check_accessible<ExecSpace, DLse>();
+  const kfa::impl::ScopedRegion region("kfa::mpi::backward");
+  const Meter whole_call(total_sink(sp));
+  const Ranks ranks = ranks_of(sp.comm);
+  const int rank = ranks.rank, P = ranks.size;
+  const Call call = call_of<T>("mpi::backward", Passes::backward, q, k, dlse != nullptr);
+  check_collectively(call, sp, params, [&] {
+    check_locally(call, params, sp, rank, P, q, k);
+    kfa::impl::validate_backward(call.name, q, k, v, o, lse, dout, dlse, dq, dk, dv);
+  });
+  // delta = rowsum(dO * O) - dLSE of this rank's rows, from the final O: with the global LSE,
+  // every block's P = exp(S - LSE) is the exact global one, so blocks need no re-merge.
+  const Rows<backends::accum_t<T>, typename ExecSpace::memory_space> delta(
+      "kfa::mpi::delta", q.extent(0), q.extent(1), q.extent(2));
+  kfa::impl::backward_delta(space, delta, dout, o, dlse, dq, /*zero_dq=*/true);
+  with_mode(sp.mode, [&](auto mode) {
+    mode.backward(space, q, k, v, dout, lse, delta, dq, dk, dv, params, sp, rank, P);
+  });
+  space.fence();
+}
+
+}  // namespace kfa::mpi::impl
+
+namespace kfa::mpi {
+
+/// Sequence-parallel forward. Each rank passes its rows (owned_rows(sp.layout, ...)) of q
+/// (B, Hq, local Nq, D), k and v (B, Hk, local Nk, D), and receives its rows of o and lse.
+/// Collective over sp.comm: every rank must call it with the same params and SeqPar.
+/// \throws kfa::Error on every rank when any rank's input is invalid.
+template <class ExecSpace, class Q, class K, class V, class O, class Lse>
+void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
+             const Params& params, const SeqPar& sp) {
+  using T = typename Q::non_const_value_type;
+  static_assert(
+      std::is_same_v<typename O::value_type, T> && std::is_same_v<typename Lse::value_type, T>,
+      "kfa::mpi::forward: o and lse share the value type of q (non-const)");
+  kfa::impl::static_check_tensors<ExecSpace, Q, K, V, O>();
+  const kfa::impl::ScopedRegion region("kfa::mpi::forward");
+  const impl::Meter whole_call(impl::total_sink(sp));
+  const impl::Ranks ranks = impl::ranks_of(sp.comm);
+  const int rank = ranks.rank, P = ranks.size;
+  const impl::Call call = impl::call_of<T>("mpi::forward", Passes::forward, q, k, false);
+  impl::check_collectively(call, sp, params, [&] {
+    impl::check_locally(call, params, sp, rank, P, q, k);
+    kfa::impl::validate_shapes(call.name, q, k, v, o, lse);
+  });
+  impl::with_mode(sp.mode,
+                  [&](auto mode) { mode.forward(space, q, k, v, o, lse, params, sp, rank, P); });
+  space.fence();
+}
+
+/// Sequence-parallel backward: each rank passes its rows of q, k, v (as to forward), of o and
+/// lse (forward's results) and of dout, and receives its rows of dq, dk and dv. Collective
+/// over sp.comm, with the forward's params (params.deterministic as in kfa::backward: no
+/// atomics, and the cross-rank sums in a fixed order, so the result is bitwise repeatable).
+/// \throws kfa::Error on every rank when any rank's input is invalid.
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ,
+          class DK, class DV, std::enable_if_t<kfa::impl::is_view_of_rank<DQ, 4>::value, int> = 0>
+void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+              const Lse& lse, const DO& dout, const DQ& dq, const DK& dk, const DV& dv,
+              const Params& params, const SeqPar& sp) {
+  impl::backward(space, q, k, v, o, lse, dout, static_cast<const Lse*>(nullptr), dq, dk, dv, params,
+                 sp);
+}
+
+/// As above, with dlse = dL/dLSE of this rank's rows (batch, heads_q, local seqlen_q).
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DLse,
+          class DQ, class DK, class DV,
+          std::enable_if_t<kfa::impl::is_view_of_rank<DLse, 3>::value, int> = 0>
+void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+              const Lse& lse, const DO& dout, const DLse& dlse, const DQ& dq, const DK& dk,
+              const DV& dv, const Params& params, const SeqPar& sp) {
+  impl::backward(space, q, k, v, o, lse, dout, &dlse, dq, dk, dv, params, sp);
+}
+
+}  // namespace kfa::mpi

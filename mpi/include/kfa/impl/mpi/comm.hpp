@@ -1,0 +1,240 @@
+#pragma once
+/// \file impl/mpi/comm.hpp
+/// kfa::mpi's messages: point-to-point buffers staged through the host where MPI cannot read
+/// the memory space (portable without a GPU-aware MPI; the staging copies are synchronous),
+/// the tree mode's collectives on packed rows, the reduction operators, and the timing of MPI.
+
+#include <kfa/combine.hpp>
+#include <kfa/seqpar.hpp>
+
+#include <mpi.h>
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace kfa::mpi::impl {
+
+/// This rank and the number of ranks of comm (0 and 1 for MPI_COMM_NULL, which the collective
+/// check then refuses).
+struct Ranks {
+  int rank = 0, size = 1;
+};
+inline Ranks ranks_of(MPI_Comm comm) {
+  Ranks r;
+  if (comm != MPI_COMM_NULL) {
+    MPI_Comm_rank(comm, &r.rank);
+    MPI_Comm_size(comm, &r.size);
+  }
+  return r;
+}
+
+/// Adds the wall time of its scope to *sink (nothing when sink is null).
+class Meter {
+ public:
+  explicit Meter(double* sink) : sink_(sink), t0_(sink ? MPI_Wtime() : 0) {}
+  ~Meter() {
+    if (sink_) *sink_ += MPI_Wtime() - t0_;
+  }
+  Meter(const Meter&) = delete;
+  Meter& operator=(const Meter&) = delete;
+
+ private:
+  double* sink_;
+  double t0_;
+};
+
+/// Where a Meter of a pass's MPI time adds; fences `space` first when measuring, so that
+/// kernels still running are not booked as communication.
+template <class ExecSpace>
+double* comm_sink(const ExecSpace& space, const SeqPar& sp) {
+  if (!sp.timings) return nullptr;
+  space.fence();
+  return &sp.timings->comm_s;
+}
+inline double* total_sink(const SeqPar& sp) {
+  return sp.timings ? &sp.timings->total_s : nullptr;
+}
+
+/// MPI_Waitall on n requests, booked as MPI time.
+template <class ExecSpace>
+void wait_all(const ExecSpace& space, const SeqPar& sp, int n, MPI_Request* reqs) {
+  const Meter m(comm_sink(space, sp));
+  MPI_Waitall(n, reqs, MPI_STATUSES_IGNORE);
+}
+
+template <class T>
+MPI_Datatype mpi_type() {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "float or double");
+  return std::is_same_v<T, float> ? MPI_FLOAT : MPI_DOUBLE;
+}
+
+/// A flat buffer seen as (B, H, rows, D) tensors, for the messages.
+template <class T, class Mem>
+struct Flat {
+  Kokkos::View<T*, Mem> data;
+  using tensor = Kokkos::View<T****, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged>;
+  tensor at(std::size_t offset, std::size_t b, std::size_t h, std::size_t rows,
+            std::size_t d) const {
+    return tensor(data.data() + offset, b, h, rows, d);
+  }
+};
+
+/// MPI send/receive of a contiguous device or host buffer; staged through the host when MPI
+/// cannot read the memory space.
+template <class T, class Mem>
+struct Channel {
+  static constexpr bool host_ok = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible;
+  Kokkos::View<T*, Kokkos::HostSpace> send_stage, recv_stage;
+
+  void isend(const Kokkos::View<T*, Mem>& buf, std::size_t n, int to, int tag, MPI_Comm comm,
+             MPI_Request* req) {
+    const T* p = buf.data();
+    if constexpr (!host_ok) {
+      if (send_stage.extent(0) < n) send_stage = decltype(send_stage)("kfa::mpi::send", n);
+      Kokkos::deep_copy(Kokkos::subview(send_stage, std::make_pair(std::size_t(0), n)),
+                        Kokkos::subview(buf, std::make_pair(std::size_t(0), n)));
+      p = send_stage.data();
+    }
+    MPI_Isend(p, static_cast<int>(n), mpi_type<T>(), to, tag, comm, req);
+  }
+  void irecv(const Kokkos::View<T*, Mem>& buf, std::size_t n, int from, int tag, MPI_Comm comm,
+             MPI_Request* req) {
+    T* p = buf.data();
+    if constexpr (!host_ok) {
+      if (recv_stage.extent(0) < n) recv_stage = decltype(recv_stage)("kfa::mpi::recv", n);
+      p = recv_stage.data();
+    }
+    MPI_Irecv(p, static_cast<int>(n), mpi_type<T>(), from, tag, comm, req);
+  }
+  /// After the receive completed: moves staged data into buf.
+  void finish_recv(const Kokkos::View<T*, Mem>& buf, std::size_t n) {
+    if constexpr (!host_ok)
+      Kokkos::deep_copy(Kokkos::subview(buf, std::make_pair(std::size_t(0), n)),
+                        Kokkos::subview(recv_stage, std::make_pair(std::size_t(0), n)));
+    (void)buf;
+    (void)n;
+  }
+};
+
+/// Rows of W values per (row, b, h), packed row-outermost as (rows, B, H, W) so that each
+/// rank's rows are one contiguous message.
+template <class T, class Mem>
+using Packed = Kokkos::View<T****, Kokkos::LayoutRight, Mem>;
+
+/// Every rank's packed rows, in rank order (MPI_Allgatherv; staged through the host). `rows`:
+/// each rank's row count.
+template <class T, class Mem>
+Packed<T, Mem> allgather_rows(const Packed<T, Mem>& mine, const std::vector<int>& rows,
+                              const SeqPar& sp) {
+  MPI_Comm comm = sp.comm;
+  const int P = int(rows.size());
+  long long total = 0;
+  for (int r : rows)
+    total += r;
+  const int per_row = int(mine.extent(1) * mine.extent(2) * mine.extent(3));
+  std::vector<int> counts(P), offs(P);
+  for (int r = 0, off = 0; r < P; ++r) {
+    counts[r] = rows[r] * per_row;
+    offs[r] = off;
+    off += counts[r];
+  }
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  Packed<T, Mem> all("kfa::mpi::gathered", total, mine.extent(1), mine.extent(2), mine.extent(3));
+  auto host_mine = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), mine);
+  auto host_all = Kokkos::create_mirror_view(all);
+  {
+    const Meter m(comm_sink(Kokkos::DefaultHostExecutionSpace(), sp));
+    MPI_Allgatherv(host_mine.data(), counts[rank], mpi_type<T>(), host_all.data(), counts.data(),
+                   offs.data(), mpi_type<T>(), comm);
+  }
+  Kokkos::deep_copy(all, host_all);
+  return all;
+}
+
+/// Each rank's own rows of the reduction over ranks of `all` (every rank's packed rows, in
+/// rank order) with `op` (MPI_Reduce_scatter; staged through the host). With whole_rows the op
+/// sees rows of W values as one element (the combiner); otherwise single values (a sum, which
+/// MPI's built-in ops allow on the base type only).
+template <class T, class Mem>
+Packed<T, Mem> reduce_scatter_rows(const Packed<T, Mem>& all, const std::vector<int>& rows,
+                                   MPI_Op op, bool whole_rows, const SeqPar& sp) {
+  MPI_Comm comm = sp.comm;
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  const int P = int(rows.size());
+  const std::size_t B = all.extent(1), H = all.extent(2), W = all.extent(3);
+  MPI_Datatype type = mpi_type<T>();
+  if (whole_rows) {
+    MPI_Type_contiguous(int(W), mpi_type<T>(), &type);
+    MPI_Type_commit(&type);
+  }
+  std::vector<int> counts(P);
+  for (int r = 0; r < P; ++r)
+    counts[r] = rows[r] * int(B * H * (whole_rows ? 1 : W));
+  auto host_all = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), all);
+  Packed<T, Kokkos::HostSpace> host_mine("kfa::mpi::mine", rows[rank], B, H, W);
+  {
+    const Meter m(comm_sink(Kokkos::DefaultHostExecutionSpace(), sp));
+    MPI_Reduce_scatter(host_all.data(), host_mine.data(), counts.data(), type, op, comm);
+  }
+  if (whole_rows) MPI_Type_free(&type);
+  return Kokkos::create_mirror_view_and_copy(Mem(), host_mine);
+}
+
+/// inout <- in + inout elementwise, as a non-commutative MPI_Op: the sum in rank order, the
+/// same on every run (for params.deterministic).
+template <class T>
+void sum_op(void* in, void* inout, int* len, MPI_Datatype* type) {
+  int bytes = 0;
+  MPI_Type_size(*type, &bytes);
+  const long long n = static_cast<long long>(*len) * (bytes / int(sizeof(T)));
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (long long i = 0; i < n; ++i)
+    b[i] = a[i] + b[i];
+}
+
+/// The combiner as an MPI_Op on rows [lse, O_0 .. O_{D-1}] of T (D from the datatype's size):
+/// inout <- combine(in, inout), both normalised. Registered non-commutative, so MPI applies it
+/// in rank order and the result is the same on every run.
+template <class T>
+void combine_op(void* in, void* inout, int* len, MPI_Datatype* type) {
+  int bytes = 0;
+  MPI_Type_size(*type, &bytes);
+  const int w = bytes / int(sizeof(T)), D = w - 1;
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (int r = 0; r < *len; ++r, a += w, b += w) {
+    const Rescale<T> s = rescale(a[0], b[0]);
+    const T l = s.alpha + s.beta;
+    const T inv = l > T(0) ? T(1) / l : T(0);
+    for (int d = 1; d <= D; ++d)
+      b[d] = (s.alpha * a[d] + s.beta * b[d]) * inv;
+    b[0] = kfa::lse(Partial<T>{s.m, l});
+  }
+}
+
+/// A non-commutative user-defined MPI_Op for the lifetime of a scope, or MPI_SUM when `fn` is
+/// null.
+class ScopedOp {
+ public:
+  explicit ScopedOp(MPI_User_function* fn) : owned_(fn != nullptr) {
+    if (owned_) MPI_Op_create(fn, /*commute=*/0, &op_);
+  }
+  ~ScopedOp() {
+    if (owned_) MPI_Op_free(&op_);
+  }
+  ScopedOp(const ScopedOp&) = delete;
+  ScopedOp& operator=(const ScopedOp&) = delete;
+  MPI_Op get() const { return op_; }
+
+ private:
+  bool owned_;
+  MPI_Op op_ = MPI_SUM;
+};
+
+}  // namespace kfa::mpi::impl
