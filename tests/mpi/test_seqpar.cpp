@@ -8,6 +8,8 @@
 
 #include <mpi.h>
 
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -319,11 +321,111 @@ TEST(SeqPar, BadInputOnOneRankEndsEveryRank) {
   }
 }
 
+// What every rank must pass alike is compared exactly across ranks: each rank throws the same
+// kfa::Error naming every field that differs, with the values printed exactly (enums by name).
+TEST(SeqPar, ValuesThatDifferBetweenRanksAreNamedExactly) {
+  const int P = comm_size(), rank = comm_rank(), last = P - 1;
+  if (P == 1) GTEST_SKIP() << "needs two ranks";
+  const Shape s{1, 2, 2, 40, 40, 16};
+  Problem pb(s, 5);
+  const kmpi::SeqPar base{MPI_COMM_WORLD, s.seqlen_q, s.seqlen_k, kmpi::Layout::contiguous,
+                          kmpi::Mode::ring};
+  // The message of the error the forward threw on this rank, in value type T ("" for none).
+  auto forward_error = [&](auto zero, const kfa::Params& p, const kmpi::SeqPar& sp) {
+    using T = decltype(zero);
+    auto q = to_device<T>(my_rows(pb.q, sp.layout, "q"));
+    auto k = to_device<T>(my_rows(pb.k, sp.layout, "k"));
+    auto v = to_device<T>(my_rows(pb.v, sp.layout, "v"));
+    Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space> o("o", q.extent(0), q.extent(1),
+                                                                   q.extent(2), q.extent(3));
+    Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", q.extent(0), q.extent(1),
+                                                                    q.extent(2));
+    try {
+      kmpi::forward(Exec(), q, k, v, o, lse, p, sp);
+    } catch (const kfa::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  auto expect_everywhere = [&](const std::string& got, const std::string& want) {
+    EXPECT_EQ(got, "kfa: mpi::forward: " + want);
+    std::string first = got;  // rank 0's message, on every rank
+    int len = static_cast<int>(first.size());
+    MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    first.resize(static_cast<std::size_t>(len));
+    MPI_Bcast(first.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD);
+    EXPECT_EQ(got, first);
+  };
+  const bool odd = rank == last;  // the one rank that passes another value
+  {
+    kfa::Params p;
+    p.align = odd ? kfa::Align::top_left : kfa::Align::bottom_right;
+    expect_everywhere(forward_error(0.0f, p, base),
+                      "params.align differs between ranks (bottom-right vs top-left)");
+  }
+  {
+    kmpi::SeqPar sp = base;
+    sp.mode = odd ? kmpi::Mode::tree : kmpi::Mode::ring;
+    expect_everywhere(forward_error(0.0f, {}, sp),
+                      "SeqPar::mode differs between ranks (ring vs tree)");
+  }
+  {
+    // 64-bit integers whole, doubles to the last bit, several fields in one message.
+    kfa::Params p;
+    p.seed = 0xfffffffffffffffeULL + (odd ? 1 : 0);
+    p.scale = odd ? std::nextafter(0.1, 1.0) : 0.1;
+    p.num_splits = odd ? 2 : 0;
+    expect_everywhere(forward_error(0.0f, p, base),
+                      "params.scale differs between ranks (0.1 vs 0.10000000000000002); "
+                      "params.seed differs between ranks (18446744073709551614 vs "
+                      "18446744073709551615); params.num_splits differs between ranks (0 vs 2)");
+  }
+  {
+    // Each rank passes the rows its own layout gives it, so only the comparison can tell.
+    kmpi::SeqPar sp = base;
+    sp.layout = odd ? kmpi::Layout::zigzag : kmpi::Layout::contiguous;
+    const std::string got = odd ? forward_error(0.0, {}, sp) : forward_error(0.0f, {}, sp);
+    expect_everywhere(got,
+                      "SeqPar::layout differs between ranks (contiguous vs zigzag); the "
+                      "value type differs between ranks (float vs double)");
+  }
+  // The forward reads no params.deterministic: ranks may differ there.
+  kfa::Params p;
+  p.deterministic = odd;
+  EXPECT_EQ(forward_error(0.0f, p, base), "");
+}
+
+/// Names the rank in every failure. Rank 0 keeps GoogleTest's printer (one copy of the
+/// progress), after this listener, which starts each failure's first line with "[rank 0] ";
+/// the other ranks print their failures whole: "[rank r] file:line: Failure" and the message.
+class RankPrefix : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankPrefix(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed()) return;
+    std::printf("[rank %d] ", rank_);
+    if (rank_ != 0)
+      std::printf("%s:%d: Failure\n%s\n", r.file_name() ? r.file_name() : "unknown file",
+                  r.line_number(), r.message());
+    std::fflush(stdout);
+  }
+
+ private:
+  int rank_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
+  ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
+  ::testing::TestEventListener* printer = listeners.Release(listeners.default_result_printer());
+  listeners.Append(new RankPrefix(comm_rank()));
+  if (comm_rank() == 0)
+    listeners.Append(printer);
+  else
+    delete printer;
   Kokkos::initialize(argc, argv);
   int result = RUN_ALL_TESTS();
   Kokkos::finalize();
