@@ -1,8 +1,9 @@
 #pragma once
 // Random attention problems for the tests: inputs drawn in double on the host from a printed
-// seed, copied to the default execution space in the precision under test, and the kernel's
-// outputs copied back as double for comparison with kfa::reference.
+// seed, copied to the suite's execution space (category.hpp) in the precision under test, and
+// the kernel's outputs copied back as double for comparison with kfa::reference.
 
+#include "category.hpp"
 #include "narrow_float.hpp"
 
 #include <gtest/gtest.h>
@@ -26,7 +27,12 @@ namespace kfa_test {
 using kfa::reference::Keep4;
 using kfa::reference::Tensor3;
 using kfa::reference::Tensor4;
-using Exec = Kokkos::DefaultExecutionSpace;
+
+/// Views of the suite's space (category.hpp), in the layout the helpers below produce.
+template <class T>
+using View4 = Kokkos::View<T****, Kokkos::LayoutRight, Device>;
+template <class T>
+using View3 = Kokkos::View<T***, Kokkos::LayoutRight, Device>;
 
 struct Shape {
   int batch = 1, heads_q = 1, heads_k = 1, seqlen_q = 1, seqlen_k = 1, head_dim = 16;
@@ -75,11 +81,11 @@ struct Problem {
   }
 };
 
-/// Copies a double host tensor to a device View of T (same extents, LayoutRight).
+/// Copies a double host tensor to a View of T in the suite's space (same extents, LayoutRight):
+/// converted on the host, then deep-copied (a no-op where the space is the host's).
 template <class T, class Src>
 auto to_device(const Src& src) {
-  Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space> dst(
-      "kfa_test::tensor", src.extent(0), src.extent(1), src.extent(2), src.extent(3));
+  View4<T> dst("kfa_test::tensor", src.extent(0), src.extent(1), src.extent(2), src.extent(3));
   auto h = Kokkos::create_mirror_view(dst);
   for (std::size_t e = 0; e < src.span(); ++e)
     h.data()[e] = static_cast<T>(src.data()[e]);
@@ -87,7 +93,7 @@ auto to_device(const Src& src) {
   return dst;
 }
 
-/// Copies any device View back to a double host tensor of the same rank.
+/// Copies any View of the suite's space back to a double host tensor of the same rank.
 template <class HostDouble, class Dev>
 HostDouble to_host(const Dev& dev, const char* label) {
   auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dev);
@@ -110,10 +116,8 @@ Outputs<T> run_forward(const Problem& pb, const kfa::Params& params) {
   auto k = to_device<T>(pb.k);
   auto v = to_device<T>(pb.v);
   const auto& s = pb.shape;
-  Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space> o("o", s.batch, s.heads_q,
-                                                                 s.seqlen_q, s.head_dim);
-  Kokkos::View<lse_t<T>***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", s.batch, s.heads_q,
-                                                                         s.seqlen_q);
+  View4<T> o("o", s.batch, s.heads_q, s.seqlen_q, s.head_dim);
+  View3<lse_t<T>> lse("lse", s.batch, s.heads_q, s.seqlen_q);
   Kokkos::deep_copy(o, quiet_nan<T>());
   Kokkos::deep_copy(lse, quiet_nan<lse_t<T>>());
   kfa::forward(Exec(), q, k, v, o, lse, params);
@@ -136,20 +140,16 @@ Gradients<T> run_backward(const Problem& pb, const kfa::Params& params, const Te
   auto v = to_device<T>(pb.v);
   auto dodev = to_device<T>(dout);
   const auto& s = pb.shape;
-  Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space> o("o", s.batch, s.heads_q,
-                                                                 s.seqlen_q, s.head_dim);
-  Kokkos::View<lse_t<T>***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", s.batch, s.heads_q,
-                                                                         s.seqlen_q);
+  View4<T> o("o", s.batch, s.heads_q, s.seqlen_q, s.head_dim);
+  View3<lse_t<T>> lse("lse", s.batch, s.heads_q, s.seqlen_q);
   kfa::forward(Exec(), q, k, v, o, lse, params);
-  Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space> dq("dq", s.batch, s.heads_q,
-                                                                  s.seqlen_q, s.head_dim),
+  View4<T> dq("dq", s.batch, s.heads_q, s.seqlen_q, s.head_dim),
       dk("dk", s.batch, s.heads_k, s.seqlen_k, s.head_dim),
       dv("dv", s.batch, s.heads_k, s.seqlen_k, s.head_dim);
   for (const auto& g : {dq, dk, dv})
     Kokkos::deep_copy(g, quiet_nan<T>());
   if (dlse.span() > 0) {
-    Kokkos::View<lse_t<T>***, Kokkos::LayoutRight, Exec::memory_space> gl("dlse", s.batch,
-                                                                          s.heads_q, s.seqlen_q);
+    View3<lse_t<T>> gl("dlse", s.batch, s.heads_q, s.seqlen_q);
     auto h = Kokkos::create_mirror_view(gl);
     for (std::size_t e = 0; e < h.span(); ++e)
       h.data()[e] = static_cast<lse_t<T>>(dlse.data()[e]);
@@ -163,11 +163,10 @@ Gradients<T> run_backward(const Problem& pb, const kfa::Params& params, const Te
 }
 
 /// The dropout keep-mask of params for a problem of shape s, made by kfa::dropout_mask on the
-/// device and copied to the host; empty when params.dropout is 0.
+/// suite's space and copied to the host; empty when params.dropout is 0.
 inline Keep4 keep_mask(const Shape& s, const kfa::Params& params) {
   if (!(params.dropout > 0)) return {};
-  Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, Exec::memory_space> keep(
-      "keep", s.batch, s.heads_q, s.seqlen_q, s.seqlen_k);
+  View4<std::uint8_t> keep("keep", s.batch, s.heads_q, s.seqlen_q, s.seqlen_k);
   kfa::dropout_mask(Exec(), keep, params);
   Keep4 h("keep_host", s.batch, s.heads_q, s.seqlen_q, s.seqlen_k);
   Kokkos::deep_copy(h, keep);
@@ -182,12 +181,12 @@ bool all_written(const View& v) {
   return true;
 }
 
-/// TESTING.md's matrix: seqlen pairs that are not multiples of any tile, and head dims.
+/// The matrix of docs/testing.md: seqlen pairs that are not multiples of any tile, and head dims.
 inline const std::vector<std::pair<int, int>> kSeqlens = {
     {1, 1}, {1, 239}, {3, 799}, {17, 17}, {113, 203}, {128, 217}, {1023, 1024}, {1024, 1023}};
 inline const std::vector<int> kHeadDims = {16, 32, 40, 59, 64, 80, 96, 111, 128, 256};
 
-/// TESTING.md's masks: none, causal in both alignments, windows (left, right, both, 0),
+/// The masks of docs/testing.md: none, causal in both alignments, windows (left, right, both, 0),
 /// causal with a window, and softcap alone and combined.
 inline std::vector<kfa::Params> masks() {
   std::vector<kfa::Params> out;

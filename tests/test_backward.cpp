@@ -1,6 +1,6 @@
 // kfa::backward against the double-precision reference gradients (themselves checked against
-// finite differences in test_reference) over TESTING.md's matrix; the gradient through the
-// LSE; determinism of the deterministic mode and agreement of the atomic one.
+// finite differences in test_reference) over the matrix of docs/testing.md; the gradient through
+// the LSE; determinism of the deterministic mode and agreement of the atomic one.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -183,9 +183,8 @@ TEST(Backward, StridedLayoutMatchesContiguous) {
   const kfa::Params p = deterministic({});
   const auto contiguous = run_backward<float>(pb, p, dout);
 
-  using Strided = Kokkos::View<float****, Kokkos::LayoutStride, Exec::memory_space>;
-  using Bshd =
-      Kokkos::View<float****, Kokkos::LayoutRight, Exec::memory_space>;  // (B, N, H, D) storage
+  using Strided = Kokkos::View<float****, Kokkos::LayoutStride, Device>;
+  using Bshd = View4<float>;  // (B, N, H, D) storage
   const Kokkos::LayoutStride layout(B, std::size_t(N) * H * D, H, D, N, std::size_t(H) * D, D, 1);
   auto make = [&](const Tensor4* src, const char* label) {
     Bshd store(std::string(label), B, N, H, D);
@@ -207,7 +206,7 @@ TEST(Backward, StridedLayoutMatchesContiguous) {
   auto [dqs, dq] = make(nullptr, "dq");
   auto [dks, dk] = make(nullptr, "dk");
   auto [dvs, dv] = make(nullptr, "dv");
-  Kokkos::View<float***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", B, H, N);
+  View3<float> lse("lse", B, H, N);
   kfa::forward(Exec(), q, k, v, o, lse, p);
   kfa::backward(Exec(), q, k, v, o, lse, dov, dq, dk, dv, p);
   Kokkos::fence();

@@ -77,7 +77,7 @@ TEST(Dropout, KeptFractionIsOneMinusP) {
     EXPECT_NEAR(kept_fraction(keep), 1 - p, 0.01) << "p = " << p;
   }
   // dropout = 0: kfa::dropout_mask keeps everything.
-  Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, Exec::memory_space> all("all", 1, 2, 33, 65);
+  View4<std::uint8_t> all("all", 1, 2, 33, 65);
   kfa::dropout_mask(Exec(), all, dropout(0, 42));
   Keep4 h("h", 1, 2, 33, 65);
   Kokkos::deep_copy(h, all);
@@ -93,7 +93,7 @@ TEST(Dropout, SameSeedAndOffsetGiveTheSameMaskForAnyShapeAndLayout) {
   const auto a = keep_mask(big, p), b = keep_mask(big, p);
   EXPECT_EQ(differing_fraction(a, b), 0.0);
 
-  Kokkos::View<std::uint8_t****, Kokkos::LayoutLeft, Exec::memory_space> left("left", 1, 2, 9, 23);
+  Kokkos::View<std::uint8_t****, Kokkos::LayoutLeft, Device> left("left", 1, 2, 9, 23);
   kfa::dropout_mask(Exec(), left, p);
   auto lh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), left);
   for (int h = 0; h < 2; ++h)
@@ -202,7 +202,7 @@ TEST(Dropout, LseDoesNotDependOnDropout) {
 }
 
 // Forward and backward against the reference fed with the materialised mask: masks of
-// TESTING.md (causal in both alignments, windows, softcap), GQA, fully masked rows
+// docs/testing.md (causal in both alignments, windows, softcap), GQA, fully masked rows
 // (bottom-right causal with seqlen_q > seqlen_k), split-KV, both dQ strategies, dlse.
 class DropoutMatrix : public ::testing::TestWithParam<std::tuple<int, std::pair<int, int>>> {};
 
@@ -237,7 +237,7 @@ INSTANTIATE_TEST_SUITE_P(
 // Bad input: dropout outside [0, 1) in the materialiser; the reference refuses to guess a
 // mask it was not given.
 TEST(Dropout, BadInput) {
-  Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, Exec::memory_space> keep("keep", 1, 1, 4, 4);
+  View4<std::uint8_t> keep("keep", 1, 1, 4, 4);
   for (double p : {1.0, -0.1, std::nan("")}) {
     try {
       kfa::dropout_mask(Exec(), keep, dropout(p, 1));

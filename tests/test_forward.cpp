@@ -1,4 +1,4 @@
-// kfa::forward against the double-precision reference over TESTING.md's matrix, with the
+// kfa::forward against the double-precision reference over the matrix of docs/testing.md, with the
 // tolerance rule of kfa::reference::check_forward.
 #include <gtest/gtest.h>
 
@@ -135,9 +135,9 @@ TEST(Forward, StridedLayoutMatchesContiguous) {
   p.causal = true;
   auto contiguous = run_forward<float>(pb, p);
 
-  using Strided = Kokkos::View<float****, Kokkos::LayoutStride, Exec::memory_space>;
+  using Strided = Kokkos::View<float****, Kokkos::LayoutStride, Device>;
   auto bshd = [&](const Tensor4& t) {
-    Kokkos::View<float****, Kokkos::LayoutRight, Exec::memory_space> store("bshd", B, N, H, D);
+    View4<float> store("bshd", B, N, H, D);
     auto h = Kokkos::create_mirror_view(store);
     for (int b = 0; b < B; ++b)
       for (int hh = 0; hh < H; ++hh)
@@ -148,12 +148,12 @@ TEST(Forward, StridedLayoutMatchesContiguous) {
     return store;
   };
   auto q = bshd(pb.q), k = bshd(pb.k), v = bshd(pb.v);
-  Kokkos::View<float****, Kokkos::LayoutRight, Exec::memory_space> ostore("o", B, N, H, D);
+  View4<float> ostore("o", B, N, H, D);
   const std::size_t sb = std::size_t(N) * H * D, sn = std::size_t(H) * D;
   const Kokkos::LayoutStride layout(B, sb, H, D, N, sn, D, 1);
   Strided qs(q.data(), layout), ks(k.data(), layout), vs(v.data(), layout),
       os(ostore.data(), layout);
-  Kokkos::View<float***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", B, H, N);
+  View3<float> lse("lse", B, H, N);
   kfa::forward(Exec(), qs, ks, vs, os, lse, p);
   Kokkos::fence();
   auto oh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ostore);
@@ -168,9 +168,8 @@ TEST(Forward, StridedLayoutMatchesContiguous) {
 
 // seqlen_k = 0: every row is empty.
 TEST(Forward, NoKeys) {
-  Kokkos::View<float****, Kokkos::LayoutRight, Exec::memory_space> q("q", 1, 1, 5, 16),
-      k("k", 1, 1, 0, 16), v("v", 1, 1, 0, 16), o("o", 1, 1, 5, 16);
-  Kokkos::View<float***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", 1, 1, 5);
+  View4<float> q("q", 1, 1, 5, 16), k("k", 1, 1, 0, 16), v("v", 1, 1, 0, 16), o("o", 1, 1, 5, 16);
+  View3<float> lse("lse", 1, 1, 5);
   Kokkos::deep_copy(o, std::numeric_limits<float>::quiet_NaN());
   kfa::forward(Exec(), q, k, v, o, lse);
   auto oh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), o);

@@ -1,7 +1,7 @@
 // 16-bit value types: kfa::forward and kfa::backward with inputs and outputs in a narrow type,
-// computed in float, against the double reference under TESTING.md's rule, whose "naive in the
-// same precision" is the unfused 16-bit attention (products in float, S, P, O, dP, dS and the
-// gradients rounded to the type; kfa::reference::compute_t).
+// computed in float, against the double reference under the rule of docs/testing.md, whose "naive
+// in the same precision" is the unfused 16-bit attention (products in float, S, P, O, dP, dS and
+// the gradients rounded to the type; kfa::reference::compute_t).
 //
 // Runs with the test bfloat16 of narrow_float.hpp on every build, and with Kokkos' half_t and
 // bhalf_t where the Kokkos build makes them 16-bit types (GPU backends), on the default

@@ -3,9 +3,13 @@
 // and the portable one (on a team of several threads where the space has them), on shapes
 // that hit the micro-kernel blocks and every edge path, with transposed operands read in
 // place; and the host's float and double exp against the library's in higher precision.
+// Compiled for each host space (the products run on host memory here): on Serial a team has
+// one thread, on OpenMP and Threads the portable products run on teams of several.
 #include <kfa/backends/traits.hpp>
 
 #include <gtest/gtest.h>
+
+#include "category.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -15,7 +19,8 @@
 
 namespace {
 
-using Host = Kokkos::DefaultHostExecutionSpace;
+using Host = kfa_test::Exec;
+static_assert(kfa_test::host_accessible, "test_tiles is built for host spaces only");
 using Member = Kokkos::TeamPolicy<Host>::member_type;
 
 /// Runs f(member) on one team of the host space: one thread, or up to 4 when `threads` and

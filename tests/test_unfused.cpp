@@ -37,12 +37,11 @@ void check_unfused(const Shape& s, bool causal) {
     return t;
   };
   auto o = poisoned(pb.q), dq = poisoned(pb.q), dk = poisoned(pb.k), dv = poisoned(pb.v);
-  Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", s.batch, s.heads_q,
-                                                                  s.seqlen_q);
+  View3<T> lse("lse", s.batch, s.heads_q, s.seqlen_q);
   Kokkos::deep_copy(lse, std::numeric_limits<T>::quiet_NaN());
 
-  kfa_bench::unfused::Attention<T> attention(s.batch, s.heads_q, s.seqlen_q, s.seqlen_k, s.head_dim,
-                                             causal);
+  kfa_bench::unfused::Attention<T, Exec> attention(s.batch, s.heads_q, s.seqlen_q, s.seqlen_k,
+                                                   s.head_dim, causal);
   attention.forward(q, k, v, o, lse);
   attention.backward(q, k, v, o, dodev, dq, dk, dv);
   Kokkos::fence();
@@ -90,8 +89,8 @@ TEST(Unfused, KeepsMaskedProbabilities) {
   Problem pb(s, 11);
   auto q = to_device<double>(pb.q), k = to_device<double>(pb.k), v = to_device<double>(pb.v);
   auto o = to_device<double>(pb.q);
-  Kokkos::View<double***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", 1, 1, 50);
-  kfa_bench::unfused::Attention<double> attention(1, 1, 50, 50, 16, true);
+  View3<double> lse("lse", 1, 1, 50);
+  kfa_bench::unfused::Attention<double, Exec> attention(1, 1, 50, 50, 16, true);
   attention.forward(q, k, v, o, lse);
   const auto p = to_host<Tensor4>(attention.probabilities(), "p");
   for (int i = 0; i < 50; ++i) {

@@ -10,8 +10,8 @@
 namespace {
 
 using namespace kfa_test;
-using V4 = Kokkos::View<float****, Kokkos::LayoutRight, Exec::memory_space>;
-using V3 = Kokkos::View<float***, Kokkos::LayoutRight, Exec::memory_space>;
+using V4 = View4<float>;
+using V3 = View3<float>;
 
 struct Args {
   V4 q{"q", 2, 4, 10, 32}, k{"k", 2, 2, 12, 32}, v{"v", 2, 2, 12, 32}, o{"o", 2, 4, 10, 32};
@@ -85,7 +85,7 @@ TEST(Validation, HeadDimOutOfRange) {
 TEST(Validation, NonUnitStride) {
   Args a;
   // LayoutLeft puts batch, not head_dim, at unit stride.
-  Kokkos::View<float****, Kokkos::LayoutLeft, Exec::memory_space> ql("ql", 2, 4, 10, 32);
+  Kokkos::View<float****, Kokkos::LayoutLeft, Device> ql("ql", 2, 4, 10, 32);
   Kokkos::deep_copy(a.o, std::numeric_limits<float>::quiet_NaN());
   try {
     kfa::forward(Exec(), ql, a.k, a.v, a.o, a.lse, a.p);
