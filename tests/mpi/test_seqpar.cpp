@@ -61,6 +61,16 @@ HostView my_rows(const HostView& g, kmpi::Layout layout, const char* label) {
   return out;
 }
 
+// Every value of a mode or layout enum, from the names the library gives them, so a new mode
+// or layout is tested here without an edit.
+template <class E>
+std::vector<E> every() {
+  std::vector<E> all;
+  for (const auto& value_name : kfa::EnumNames<E>::values)
+    all.push_back(value_name.first);
+  return all;
+}
+
 struct Case {
   Shape shape;
   kfa::Params params;
@@ -71,10 +81,8 @@ void check_forward(const Case& c, kmpi::Mode mode, kmpi::Layout layout) {
   const Shape& s = c.shape;
   const std::uint64_t seed = seed_of(s, 91);
   SCOPED_TRACE(::testing::Message()
-               << s << " " << describe(c.params)
-               << " mode=" << (mode == kmpi::Mode::ring ? "ring" : "tree")
-               << " layout=" << (layout == kmpi::Layout::zigzag ? "zigzag" : "contiguous")
-               << " ranks=" << comm_size() << " rank=" << comm_rank());
+               << s << " " << describe(c.params) << " mode=" << kfa::name_of(mode) << " layout="
+               << kfa::name_of(layout) << " ranks=" << comm_size() << " rank=" << comm_rank());
   Problem pb(s, seed);
   // The global reference, in double and in float (the rule's naive same-precision error).
   const Keep4 keep = keep_mask(s, c.params);
@@ -166,8 +174,7 @@ void check_backward(const Case& c, kmpi::Mode mode, kmpi::Layout layout, bool wi
   SCOPED_TRACE(::testing::Message()
                << s << " " << describe(c.params) << (with_dlse ? " dlse" : "")
                << (c.params.deterministic ? " deterministic" : " atomic")
-               << " mode=" << (mode == kmpi::Mode::ring ? "ring" : "tree")
-               << " layout=" << (layout == kmpi::Layout::zigzag ? "zigzag" : "contiguous")
+               << " mode=" << kfa::name_of(mode) << " layout=" << kfa::name_of(layout)
                << " ranks=" << comm_size() << " rank=" << comm_rank());
   Problem pb(s, seed);
   std::mt19937_64 gen(seed + 1);
@@ -205,8 +212,8 @@ std::vector<Case> cases() {
 
 TEST(SeqPar, ForwardEveryModeAndLayoutMatchesReference) {
   for (const Case& c : cases())
-    for (auto mode : {kmpi::Mode::ring, kmpi::Mode::tree})
-      for (auto layout : {kmpi::Layout::contiguous, kmpi::Layout::zigzag})
+    for (auto mode : every<kmpi::Mode>())
+      for (auto layout : every<kmpi::Layout>())
         check_forward(c, mode, layout);
 }
 
@@ -214,8 +221,8 @@ TEST(SeqPar, BackwardEveryModeAndLayoutMatchesReference) {
   const std::vector<Case> all = cases();
   for (std::size_t i = 0; i < all.size(); ++i)
     for (bool deterministic : {false, true})  // both dQ paths, every case
-      for (auto mode : {kmpi::Mode::ring, kmpi::Mode::tree})
-        for (auto layout : {kmpi::Layout::contiguous, kmpi::Layout::zigzag}) {
+      for (auto mode : every<kmpi::Mode>())
+        for (auto layout : every<kmpi::Layout>()) {
           Case c = all[i];
           c.params.deterministic = deterministic;
           check_backward(c, mode, layout, /*with_dlse=*/(i + deterministic) % 2 == 0);
@@ -231,20 +238,20 @@ TEST(SeqPar, DeterministicBackwardIsBitwiseRepeatable) {
   kfa::Params p;
   p.causal = true;
   p.deterministic = true;
-  for (auto mode : {kmpi::Mode::ring, kmpi::Mode::tree}) {
+  for (auto mode : every<kmpi::Mode>()) {
     const kmpi::SeqPar sp{MPI_COMM_WORLD, s.seqlen_q, s.seqlen_k, kmpi::Layout::zigzag, mode};
     const RankGradients a = run_backward(pb, p, dout, {}, sp),
                         b = run_backward(pb, p, dout, {}, sp);
     for (const auto& [x, y] : {std::pair{a.dq, b.dq}, {a.dk, b.dk}, {a.dv, b.dv}})
       EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.span() * sizeof(double)))
-          << "mode " << (mode == kmpi::Mode::ring ? "ring" : "tree");
+          << "mode " << kfa::name_of(mode);
   }
 }
 
 TEST(SeqPar, OwnedRowsCoverTheSequenceOnce) {
   for (int P : {1, 2, 3, 4, 7})
     for (long long N : {0LL, 1LL, 3LL, 10LL, 1001LL})
-      for (auto layout : {kmpi::Layout::contiguous, kmpi::Layout::zigzag}) {
+      for (auto layout : every<kmpi::Layout>()) {
         std::vector<int> hits(N, 0);
         for (int r = 0; r < P; ++r) {
           long long end = 0;  // each rank's rows ascend (row-slab I/O relies on it)
@@ -276,7 +283,7 @@ TEST(SeqPar, BadInputOnOneRankEndsEveryRank) {
         "o", q.extent(0), q.extent(1), q.extent(2), 16);
     Kokkos::View<float***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", q.extent(0),
                                                                         q.extent(1), q.extent(2));
-    for (auto mode : {kmpi::Mode::ring, kmpi::Mode::tree}) {
+    for (auto mode : every<kmpi::Mode>()) {
       const kmpi::SeqPar sp{MPI_COMM_WORLD, s.seqlen_q, s.seqlen_k, layout, mode};
       std::string got;
       try {
@@ -308,7 +315,7 @@ TEST(SeqPar, BadInputOnOneRankEndsEveryRank) {
   Dev3 lse("lse", q.extent(0), q.extent(1), q.extent(2));
   const std::size_t nk = k.extent(2) - (comm_rank() == last && k.extent(2) > 0 ? 1 : 0);
   Dev4 dk("dk", 1, 2, nk, 16), dv("dv", 1, 2, k.extent(2), 16);
-  for (auto mode : {kmpi::Mode::ring, kmpi::Mode::tree}) {
+  for (auto mode : every<kmpi::Mode>()) {
     const kmpi::SeqPar sp{MPI_COMM_WORLD, s.seqlen_q, s.seqlen_k, layout, mode};
     std::string got;
     try {
