@@ -72,15 +72,19 @@ struct TeamKernel {
     if (vl > vl_max)
       fail(pass, "tile traits ask for vector_length = ", vl,
            " but this execution space allows at most ", vl_max);
-    policy_t policy = traits::team_size > 0
-                          ? policy_t(space, static_cast<int>(league), traits::team_size, vl)
-                          : policy_t(space, static_cast<int>(league), Kokkos::AUTO, vl);
+    // The limit is read from an AUTO policy: Kokkos aborts the process while constructing a
+    // policy whose team size it cannot give, before any check of ours could throw.
+    policy_t policy(space, static_cast<int>(league), Kokkos::AUTO, vl);
     policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
     const int team_max = policy.team_size_max(kernel, Kokkos::ParallelForTag());
     if (traits::team_size > team_max)
       fail(pass, "tile traits ask for team_size = ", traits::team_size,
            " but this execution space allows at most ", team_max, " for ", label,
            " at head_dim = ", shape.head_dim);
+    if (traits::team_size > 0) {
+      policy = policy_t(space, static_cast<int>(league), traits::team_size, vl);
+      policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
+    }
     Kokkos::parallel_for(label, policy, kernel);
   }
 };
