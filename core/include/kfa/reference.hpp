@@ -294,8 +294,8 @@ struct ForwardCheck {
   bool ok() const { return o.ok() && lse.ok(); }
 };
 
-/// TESTING.md's rule on one output computed in precision T: `tested` and `naive` (the naive
-/// algorithm in T) against `ref` (the naive algorithm in double).
+/// The tolerance rule (docs/testing.md) on one output computed in precision T: `tested` and `naive`
+/// (the naive algorithm in T) against `ref` (the naive algorithm in double).
 ///   float:  err <= factor * naive_err + floor, floor = 8 * eps(T) * max(1, max|ref|);
 ///   double: err <= 1e-12 * max(1, max|ref|).
 template <class T, class A, class N, class R>
@@ -318,7 +318,8 @@ Check apply_rule(const A& tested, const N& naive, const R& ref, double factor = 
   return c;
 }
 
-/// Applies TESTING.md's rule to (o, lse) computed in precision T by the code under test:
+/// Applies the tolerance rule (docs/testing.md) to (o, lse) computed in precision T by the code
+/// under test:
 ///   float:  err <= 2 * naive_err + floor, floor = 8 * eps(T) * max(1, max|ref64|);
 ///   double: err <= 1e-12 * max(1, max|ref64|).
 /// The floor covers outputs where naive_err happens to be 0 (for instance O of a row with a
