@@ -404,6 +404,10 @@ TEST(Cli, BadFlags) {
   expect_bad("forward --random 1,2,64,16 --deterministic", "--deterministic applies to backward");
   expect_bad("backward --random 1,2,64,16 --splits 2", "--splits applies to forward");
   expect_bad("forward --random 1,2,64,16 --splits -1", "--splits must be >= 0, got -1");
+  // Beyond int: refused, never wrapped into range (-2^32 + 1 would wrap to 1, -2^32 to 0).
+  expect_bad("forward --random 1,2,64,16 --splits -4294967295",
+             "--splits must be in [-2147483648, 2147483647], got -4294967295");
+  expect_bad(in + " --window -4294967290,0", "--window LEFT must be in [-2147483648, 2147483647]");
   expect_bad("forward --in", "--in expects a value");
   expect_bad(in + " --dropout 1", "--dropout must be in [0, 1), got 1");
   expect_bad(in + " --dropout -0.1", "--dropout must be in [0, 1), got -0.1");
@@ -469,7 +473,7 @@ TEST(Cli, PassFlagsFollowTheFieldList) {
              "--align expects bottom-right or top-left, got 'middle'");
   expect_bad("forward --random 1,2,64,16 --window-left -2", "--window-left must be >= -1, got -2");
   expect_bad("forward --random 1,2,64,16 --window-right 3000000000",
-             "--window-right must be <= 2147483647");
+             "--window-right must be in [-2147483648, 2147483647], got 3000000000");
   expect_bad("forward --random 1,2,64,16 --seed 18446744073709551616", "--seed must be < 2^64");
   // The usage lists every flag of the list.
   const std::string usage = run_cli("--help").out;

@@ -136,8 +136,9 @@ void set_field(const kfa::Field& f, const std::string& label, const FlagValue& v
     } else {
       static_assert(std::is_same_v<T, int>, "a Params member of a type the programs cannot read");
       const long long v = parse_int(label, text, LLONG_MIN);
-      if (v > INT_MAX)
-        throw InputError(label + " must be <= " + std::to_string(INT_MAX) + ", got " + text);
+      if (v < INT_MIN || v > INT_MAX)
+        throw InputError(label + " must be in [" + std::to_string(INT_MIN) + ", " +
+                         std::to_string(INT_MAX) + "], got " + text);
       m = static_cast<int>(v);
     }
     check_range(f, label, text, static_cast<double>(m));
@@ -170,10 +171,6 @@ constexpr const char* kWindowHelp = "both window fields at once";
 
 }  // namespace
 
-bool reads(const kfa::Field& f, kfa::Passes pass) {
-  return f.passes == kfa::Passes::both || pass == kfa::Passes::both || f.passes == pass;
-}
-
 bool parse_pass_flag(const std::string& flag, const FlagValue& value, kfa::Params& p,
                      kfa::Passes pass) {
   if (flag == kWindowFlag) {
@@ -192,7 +189,8 @@ bool parse_pass_flag(const std::string& flag, const FlagValue& value, kfa::Param
   kfa::for_each_field(p, [&](const kfa::Field& f, auto& m) {
     if (found || flag != f.flag) return;
     found = true;
-    if (!reads(f, pass)) throw InputError(flag + " applies to " + pass_name(f.passes) + " only");
+    if (!kfa::reads(f, pass))
+      throw InputError(flag + " applies to " + pass_name(f.passes) + " only");
     set_field(f, flag, value, m);
   });
   return found;

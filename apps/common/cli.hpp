@@ -48,9 +48,6 @@ std::vector<long long> parse_dims(const std::string& flag, const std::string& te
 /// Fetches the argument of the flag being read; throws InputError when there is none.
 using FlagValue = std::function<std::string()>;
 
-/// Whether `pass` reads field f; every field for Passes::both.
-bool reads(const kfa::Field& f, kfa::Passes pass);
-
 /// Reads one pass flag into p: the flag of any field of kfa::for_each_field, or the shorthand
 /// --window LEFT,RIGHT for both window fields. `pass` is the command's pass: a flag of a field
 /// the pass does not read is refused ("--splits applies to forward only"); Passes::both takes

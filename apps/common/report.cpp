@@ -11,7 +11,7 @@
 namespace kfa_apps {
 
 FieldFilter read_by(kfa::Passes pass) {
-  return [pass](const kfa::Field& f) { return reads(f, pass); };
+  return [pass](const kfa::Field& f) { return kfa::reads(f, pass); };
 }
 
 std::string describe_params(const kfa::Params& p, const FieldFilter& show) {

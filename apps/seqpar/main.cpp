@@ -347,6 +347,22 @@ Verdict agree_on(const std::vector<NamedCheck>& mine) {
   return v;
 }
 
+// The whole problem's forward on this rank alone, in precision U: the reference side of
+// --check, whose result each rank compares with its own rows.
+template <class U>
+struct SingleRank {
+  Dev4<U> q, k, v, o;
+  Dev3<U> lse;
+  SingleRank(const Options& opts, const Problem& p, const Whole& w)
+      : q(kfa_apps::dataset_to_view<Dev4<U>>(w.q, "q")),
+        k(kfa_apps::dataset_to_view<Dev4<U>>(w.k, "k")),
+        v(kfa_apps::dataset_to_view<Dev4<U>>(w.v, "v")),
+        o("o1", p.B, p.Hq, p.Nq, p.D),
+        lse("l1", p.B, p.Hq, p.Nq) {
+    kfa::forward(Exec(), q, k, v, o, lse, opts.params);
+  }
+};
+
 // The single-rank forward of the whole problem in T and in double; this rank's rows of
 // (O, LSE) against them.
 template <class T>
@@ -354,14 +370,8 @@ Verdict check_forward(const Options& o, const Problem& p, const Dev4<T>& out, co
   const Whole w = whole_problem(o, p);
   const auto qr = my_rows(o, p.Nq);
   auto single = [&](auto zero) {
-    using U = decltype(zero);
-    auto q = kfa_apps::dataset_to_view<Dev4<U>>(w.q, "q"),
-         k = kfa_apps::dataset_to_view<Dev4<U>>(w.k, "k"),
-         v = kfa_apps::dataset_to_view<Dev4<U>>(w.v, "v");
-    Dev4<U> o1("o1", p.B, p.Hq, p.Nq, p.D);
-    Dev3<U> l1("l1", p.B, p.Hq, p.Nq);
-    kfa::forward(Exec(), q, k, v, o1, l1, o.params);
-    return std::pair{rows_of(to_host_double(o1), qr), rows_of(to_host_double(l1), qr)};
+    const SingleRank<decltype(zero)> s(o, p, w);
+    return std::pair{rows_of(to_host_double(s.o), qr), rows_of(to_host_double(s.lse), qr)};
   };
   const auto [o64, l64] = single(0.0);
   const auto [oT, lT] = single(T(0));
@@ -376,15 +386,11 @@ Verdict check_backward(const Options& o, const Problem& p, const Dev4<T>& dq, co
   const auto qr = my_rows(o, p.Nq), kr = my_rows(o, p.Nk);
   auto single = [&](auto zero) {
     using U = decltype(zero);
-    auto q = kfa_apps::dataset_to_view<Dev4<U>>(w.q, "q"),
-         k = kfa_apps::dataset_to_view<Dev4<U>>(w.k, "k"),
-         v = kfa_apps::dataset_to_view<Dev4<U>>(w.v, "v"),
-         d = kfa_apps::dataset_to_view<Dev4<U>>(w.dout, "do");
-    Dev4<U> o1("o1", p.B, p.Hq, p.Nq, p.D), dq1("dq1", p.B, p.Hq, p.Nq, p.D),
-        dk1("dk1", p.B, p.Hk, p.Nk, p.D), dv1("dv1", p.B, p.Hk, p.Nk, p.D);
-    Dev3<U> l1("l1", p.B, p.Hq, p.Nq);
-    kfa::forward(Exec(), q, k, v, o1, l1, o.params);
-    kfa::backward(Exec(), q, k, v, o1, l1, d, dq1, dk1, dv1, o.params);
+    const SingleRank<U> s(o, p, w);
+    const auto d = kfa_apps::dataset_to_view<Dev4<U>>(w.dout, "do");
+    Dev4<U> dq1("dq1", p.B, p.Hq, p.Nq, p.D), dk1("dk1", p.B, p.Hk, p.Nk, p.D),
+        dv1("dv1", p.B, p.Hk, p.Nk, p.D);
+    kfa::backward(Exec(), s.q, s.k, s.v, s.o, s.lse, d, dq1, dk1, dv1, o.params);
     return std::array{rows_of(to_host_double(dq1), qr), rows_of(to_host_double(dk1), kr),
                       rows_of(to_host_double(dv1), kr)};
   };
@@ -578,15 +584,12 @@ int main(int argc, char** argv) {
     Kokkos::ScopeGuard kokkos(argc, argv);
     try {
       status = main_pass(opts);
-    } catch (const kfa::Error& e) {
-      const std::string msg = e.what();
-      // "kfa: rank R: ..." comes from a collective check, raised on every rank alike; any
-      // other kfa::Error (a kernel launch refused) may be on this rank only.
-      if (msg.rfind("kfa: rank ", 0) != 0) {
-        std::fprintf(stderr, "kfa-seqpar: error on rank %d: %s\n", comm_rank(), msg.c_str());
-        MPI_Abort(MPI_COMM_WORLD, 2);
-      }
+    } catch (const kmpi::CollectiveError& e) {  // raised on every rank alike
       print_error(kfa_apps::message_of(e));
+    } catch (const kfa::Error& e) {
+      // Any other kfa::Error (a kernel launch refused) may be on this rank only.
+      std::fprintf(stderr, "kfa-seqpar: error on rank %d: %s\n", comm_rank(), e.what());
+      MPI_Abort(MPI_COMM_WORLD, 2);
     } catch (const InputError& e) {  // raised on every rank alike (see collectively)
       print_error(e.what());
     } catch (const std::exception& e) {

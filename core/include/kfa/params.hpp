@@ -83,6 +83,11 @@ struct Field {
   const char* help;
 };
 
+/// Whether `pass` reads field f (Passes::both asks for every field).
+inline bool reads(const Field& f, Passes pass) {
+  return f.passes == Passes::both || pass == Passes::both || f.passes == pass;
+}
+
 /// The one list of Params' fields, in declaration order: calls f(Field, member) for each, with
 /// `member` a (const) reference into p. The programs parse flags, print the run description and
 /// write JSON from it, and kfa::mpi checks that every rank passed the same values with it, so

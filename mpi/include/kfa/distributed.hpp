@@ -93,17 +93,13 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
               const Lse& lse, const DO& dout, const DLse* dlse, const DQ& dq, const DK& dk,
               const DV& dv, const Params& params, const SeqPar& sp) {
   using T = typename Q::non_const_value_type;
-  static_assert(std::is_same_v<typename Lse::non_const_value_type, T> &&
-                    std::is_same_v<typename DQ::value_type, T> &&
-                    std::is_same_v<typename DK::value_type, T> &&
-                    std::is_same_v<typename DV::value_type, T>,
-                "kfa::mpi::backward: lse, dq, dk and dv share the value type of q (dq, dk, dv "
-                "non-const)");
-  static_assert(
-      kfa::impl::is_view_of_rank<Lse, 3>::value && kfa::impl::is_view_of_rank<DLse, 3>::value,
-      "kfa::mpi::backward: lse and dlse must be rank-3 Views");
-  kfa::impl::static_check_tensors<ExecSpace, Q, K, V, O, DO, DQ, DK, DV>();
-  kfa::impl::static_check_accessible<ExecSpace, Lse>();
+  kfa::impl::static_check_pass<ExecSpace, false, Lse>(kfa::impl::Inputs<Q, K, V, O, DO>{},
+                                                      kfa::impl::Outputs<DQ, DK, DV>{});
+  static_assert(std::is_same_v<typename Lse::non_const_value_type, T>,
+                "kfa::mpi::backward: lse has the value type of q (kfa::mpi takes float and "
+                "double)");
+  static_assert(kfa::impl::is_view_of_rank<DLse, 3>::value,
+                "kfa::mpi::backward: dlse must be a rank-3 View");
   kfa::impl::static_check_accessible<ExecSpace, DLse>();
   const kfa::impl::ScopedRegion region("kfa::mpi::backward");
   const Meter whole_call(total_sink(sp));
@@ -137,10 +133,10 @@ template <class ExecSpace, class Q, class K, class V, class O, class Lse>
 void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
              const Params& params, const SeqPar& sp) {
   using T = typename Q::non_const_value_type;
-  static_assert(
-      std::is_same_v<typename O::value_type, T> && std::is_same_v<typename Lse::value_type, T>,
-      "kfa::mpi::forward: o and lse share the value type of q (non-const)");
-  kfa::impl::static_check_tensors<ExecSpace, Q, K, V, O>();
+  kfa::impl::static_check_pass<ExecSpace, true, Lse>(kfa::impl::Inputs<Q, K, V>{},
+                                                     kfa::impl::Outputs<O>{});
+  static_assert(std::is_same_v<typename Lse::value_type, T>,
+                "kfa::mpi::forward: lse has the value type of q (kfa::mpi takes float and double)");
   const kfa::impl::ScopedRegion region("kfa::mpi::forward");
   const impl::Meter whole_call(impl::total_sink(sp));
   const impl::Ranks ranks = impl::ranks_of(sp.comm);

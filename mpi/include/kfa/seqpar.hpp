@@ -113,9 +113,17 @@ void for_each_agreed_field(S& sp, F&& f) {
   f("mode", sp.mode);
 }
 
+/// The kfa::Error that every rank of a communicator throws alike, at the same point (from agree
+/// and from the passes' check that ranks were given the same values): a program may report it
+/// once and end normally, where any other error may be on one rank only and must end the job.
+class CollectiveError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Collective error agreement: every rank passes its own error message (empty: none); when any
-/// rank has one, every rank throws kfa::Error("rank R: <message>") with the lowest failing rank
-/// R, so no rank goes on into a collective the others have left. Every rank of comm must call
+/// rank has one, every rank throws CollectiveError("rank R: <message>") with the lowest failing
+/// rank R, so no rank goes on into a collective the others have left. Every rank of comm must call
 /// it at the same point. kfa::mpi's passes use it for their input checks; programs can use it
 /// for their own (reading files, say).
 inline void agree(MPI_Comm comm, const std::string& local_error) {
@@ -131,7 +139,7 @@ inline void agree(MPI_Comm comm, const std::string& local_error) {
   std::string msg = rank == first ? local_error : std::string(static_cast<std::size_t>(len), ' ');
   MPI_Bcast(msg.data(), len, MPI_CHAR, first, comm);
   const std::string text = msg.rfind("kfa: ", 0) == 0 ? msg.substr(5) : msg;
-  throw Error("rank " + std::to_string(first) + ": " + text);
+  throw CollectiveError("rank " + std::to_string(first) + ": " + text);
 }
 
 }  // namespace kfa::mpi
