@@ -402,6 +402,37 @@ TEST(SeqPar, ValuesThatDifferBetweenRanksAreNamedExactly) {
   EXPECT_EQ(forward_error(0.0f, p, base), "");
 }
 
+// One rank calls the forward while the others call the backward: the pass is compared first,
+// so every rank throws instead of the backward ranks waiting for messages that never come.
+TEST(SeqPar, DifferentPassesOnDifferentRanksEndEveryRank) {
+  const int P = comm_size(), rank = comm_rank();
+  if (P == 1) GTEST_SKIP() << "needs two ranks";
+  const Shape s{1, 2, 2, 40, 40, 16};
+  Problem pb(s, 6);
+  const kmpi::SeqPar sp{MPI_COMM_WORLD, s.seqlen_q, s.seqlen_k, kmpi::Layout::contiguous,
+                        kmpi::Mode::ring};
+  auto q = to_device<float>(my_rows(pb.q, sp.layout, "q"));
+  auto k = to_device<float>(my_rows(pb.k, sp.layout, "k"));
+  auto v = to_device<float>(my_rows(pb.v, sp.layout, "v"));
+  Dev4 o("o", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
+  Dev3 lse("lse", q.extent(0), q.extent(1), q.extent(2));
+  kmpi::forward(Exec(), q, k, v, o, lse, kfa::Params{}, sp);
+  Dev4 dq("dq", q.extent(0), q.extent(1), q.extent(2), q.extent(3)),
+      dk("dk", k.extent(0), k.extent(1), k.extent(2), k.extent(3)),
+      dv("dv", k.extent(0), k.extent(1), k.extent(2), k.extent(3));
+  std::string got;
+  try {
+    if (rank == P - 1)
+      kmpi::forward(Exec(), q, k, v, o, lse, kfa::Params{}, sp);
+    else
+      kmpi::backward(Exec(), q, k, v, o, lse, o, dq, dk, dv, kfa::Params{}, sp);
+  } catch (const kmpi::CollectiveError& e) {
+    got = e.what();
+  }
+  EXPECT_NE(got.find("the pass differs between ranks (forward vs backward)"), std::string::npos)
+      << got;
+}
+
 /// Names the rank in every failure. Rank 0 keeps GoogleTest's printer (one copy of the
 /// progress), after this listener, which starts each failure's first line with "[rank 0] ";
 /// the other ranks print their failures whole: "[rank r] file:line: Failure" and the message.
