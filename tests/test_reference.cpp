@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -171,6 +172,26 @@ TEST(Reference, ToleranceRuleRejectsAPerturbedResult) {
   EXPECT_TRUE(ref::check_forward<float>(pb.q, pb.k, pb.v, p, o, lse).ok());
   o(0, 0, 4, 3) += 1e-3;
   EXPECT_FALSE(ref::check_forward<float>(pb.q, pb.k, pb.v, p, o, lse).ok());
+}
+
+// A rule that cannot judge fails: an infinite error (NaN in the result), and a naive
+// same-precision result that overflowed where float64 did not (an infinite bound).
+TEST(Reference, ToleranceRuleFailsWhenItCannotJudge) {
+  Tensor3 ref64("ref64", 1, 1, 3), naive("naive", 1, 1, 3), tested("tested", 1, 1, 3);
+  for (int i = 0; i < 3; ++i)
+    ref64(0, 0, i) = naive(0, 0, i) = tested(0, 0, i) = 0.25 * i;
+  EXPECT_TRUE(ref::apply_rule<float>(tested, naive, ref64).ok());
+  tested(0, 0, 1) = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_FALSE(ref::apply_rule<float>(tested, naive, ref64).ok());
+  tested(0, 0, 1) = 0.25;
+  naive(0, 0, 2) = std::numeric_limits<double>::infinity();
+  const ref::Check c = ref::apply_rule<float>(tested, naive, ref64);
+  EXPECT_EQ(c.err, 0);  // kfa agrees with float64 exactly, yet the rule has no finite bound
+  EXPECT_FALSE(c.ok());
+  // Equal infinities are equal: a fully masked row's LSE = -inf in all three passes.
+  for (auto* t : {&ref64, &naive, &tested})
+    (*t)(0, 0, 2) = -std::numeric_limits<double>::infinity();
+  EXPECT_TRUE(ref::apply_rule<float>(tested, naive, ref64).ok());
 }
 
 }  // namespace

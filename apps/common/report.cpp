@@ -5,6 +5,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -42,16 +43,21 @@ std::string to_digits(double x, int digits) {
   std::snprintf(buf, sizeof buf, "%.*g", digits, x);
   return buf;
 }
+
+// JSON has no inf or NaN: a non-finite figure (an infinite error, say) is written as null.
+std::string json_number(double x, int digits) {
+  return std::isfinite(x) ? to_digits(x, digits) : "null";
+}
 }  // namespace
 
 JsonLine& JsonLine::figure(const std::string& key, double x, int digits) {
-  return raw(key, to_digits(x, digits));
+  return raw(key, json_number(x, digits));
 }
 
 JsonLine& JsonLine::figures(const std::string& key, const std::vector<double>& xs, int digits) {
   std::string a;
   for (double x : xs)
-    a += (a.empty() ? "" : ",") + to_digits(x, digits);
+    a += (a.empty() ? "" : ",") + json_number(x, digits);
   return raw(key, "[" + a + "]");
 }
 

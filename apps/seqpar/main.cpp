@@ -32,6 +32,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <cstdint>
 #include <cstdio>
@@ -329,11 +330,15 @@ auto to_host_double(const View& v) {
 Verdict agree_on(const std::vector<NamedCheck>& mine) {
   Verdict v;
   for (const NamedCheck& c : mine) {
-    // The rank whose error is largest relative to its bound speaks for all.
+    // The rank whose error is largest relative to its bound speaks for all; a failing rank
+    // (a ratio above 1, or a non-finite error or bound) ranks above every passing one.
+    const double ratio = c.check.bound > 0 ? c.check.err / c.check.bound : 0;
     struct {
       double ratio;
       int rank;
-    } in{c.check.bound > 0 ? c.check.err / c.check.bound : (c.check.err > 0 ? 1e300 : 0),
+    } in{c.check.ok()           ? ratio
+         : std::isfinite(ratio) ? std::max(2.0, ratio)
+                                : 1e300,
          comm_rank()},
         out{};
     MPI_Allreduce(&in, &out, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD);

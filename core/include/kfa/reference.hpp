@@ -282,8 +282,10 @@ struct Check {
   double err = 0;        ///< max |tested - ref64|
   double naive_err = 0;  ///< max |naive in the tested precision - ref64| (0 for double)
   double bound = 0;      ///< what err may reach
-  /// Whether the rule holds.
-  bool ok() const { return err <= bound; }
+  /// Whether the rule holds. A rule whose error or bound is not finite cannot judge the result
+  /// (an overflow in the tested code, or in the naive same-precision run where float64 stays
+  /// finite), so it fails.
+  bool ok() const { return std::isfinite(err) && std::isfinite(bound) && err <= bound; }
 };
 
 /// Result of check_forward: the rule applied to O and to LSE.
