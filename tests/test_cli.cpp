@@ -165,13 +165,12 @@ TEST(Cli, RandomWithJsonAndCheck) {
   EXPECT_NE(d.out.find("\"dtype\":\"float64\""), std::string::npos);
 }
 
-// A check that cannot judge fails: scale 1e300 overflows float (kfa's result is NaN, the
-// float64 reference stays finite), so the error is infinite and the verdict is FAIL, exit 1,
-// with the infinite figures written as JSON null.
+// A check that cannot judge fails: scale 3e38 (float holds it) makes scores overflow float (kfa's
+// result is NaN, the float64 reference stays finite), so the error is infinite and the verdict is
+// FAIL, exit 1, with the infinite figures written as JSON null.
 TEST(Cli, CheckWithNonFiniteErrorFails) {
   for (const char* pass : {"forward", "backward"}) {
-    const CliRun r =
-        run_cli(std::string(pass) + " --random 1,2,32,16 --scale 1e300 --check --json");
+    const CliRun r = run_cli(std::string(pass) + " --random 1,2,32,16 --scale 3e38 --check --json");
     EXPECT_EQ(r.status, 1) << pass << ": " << r.out << r.err;
     EXPECT_NE(r.out.find(": FAIL"), std::string::npos) << r.out;
     const std::string last = r.out.substr(r.out.rfind('{'));

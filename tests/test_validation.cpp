@@ -116,4 +116,24 @@ TEST(Validation, BadParams) {
   expect_error(a, {"dropout"});
 }
 
+// scale and softcap that float (the accumulation type of float inputs) cannot hold: refused,
+// where they would give NaN (scale) or silently turn softcap off (it rounds to 0).
+TEST(Validation, ParamsOutsideTheAccumulationType) {
+  Args a;
+  a.p.scale = 1e300;
+  expect_error(a, {"scale = 1e+300", "float"});
+  a = Args();
+  a.p.scale = 1e-300;
+  expect_error(a, {"scale = 1e-300", "float"});
+  a = Args();
+  a.p.softcap = 1e-300;
+  expect_error(a, {"softcap = 1e-300", "float"});
+  a = Args();
+  a.p.softcap = 1e-40;  // a float subnormal: its reciprocal overflows
+  expect_error(a, {"softcap = 1e-40", "float"});
+  a = Args();
+  a.p.softcap = 1e300;
+  expect_error(a, {"softcap = 1e+300", "float"});
+}
+
 }  // namespace

@@ -77,7 +77,7 @@ void with_mode(Mode mode, F&& f) {
 template <class Q, class K>
 void check_locally(const Call& call, const Params& params, const SeqPar& sp, int rank, int P,
                    const Q& q, const K& k) {
-  kfa::impl::validate_params(call.name, params);
+  kfa::impl::validate_params<typename Q::non_const_value_type>(call.name, params);
   check_seqpar(call.name, sp);
   with_mode(sp.mode, [&](auto mode) {
     check_message_size(call.name, sp, mode.largest_message(sp, P, call));

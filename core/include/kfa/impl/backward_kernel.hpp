@@ -435,7 +435,7 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
   using T = typename Q::non_const_value_type;
 
   ScopedRegion region("kfa::backward");
-  validate_params("backward", params);
+  validate_params<T>("backward", params);
   validate_backward("backward", q, k, v, o, lse, dout, dlse, dq, dk, dv);
 
   using Views = BackwardViews<Q, K, V, DO, Lse, DQ, DK, DV>;

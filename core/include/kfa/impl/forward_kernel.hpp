@@ -224,7 +224,7 @@ template <class ExecSpace, class Q, class K, class V, class O, class Lse>
 void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
              const Params& params, const Origin& at) {
   ScopedRegion region("kfa::forward");
-  validate_params("forward", params);
+  validate_params<typename Q::non_const_value_type>("forward", params);
   validate_shapes("forward", q, k, v, o, lse);
   ForwardKernel<ExecSpace, Q, K, V, O, Lse>(space, q, k, v, o, lse, params, at).launch(space);
 }

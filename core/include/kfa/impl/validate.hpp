@@ -118,6 +118,28 @@ inline void validate_params(const char* pass, const Params& p) {
     fail(pass, "align must be Align::bottom_right or Align::top_left");
 }
 
+/// validate_params, then scale and softcap as the kernels hold them: in Acc, the accumulation
+/// type of the pass's value type T (backends::accum_t). A value Acc cannot hold would turn the
+/// result into NaN (scale 1e300 in float) or silently change the pass (softcap 1e-300 rounds to
+/// 0 in float, which means "off"), so it is refused here, where the type is known.
+template <class T>
+void validate_params(const char* pass, const Params& p) {
+  validate_params(pass, p);
+  using Acc = backends::accum_t<T>;
+  const char* acc = std::is_same_v<Acc, float> ? "float" : "double";
+  if (p.scale > 0) {
+    const Acc s = static_cast<Acc>(p.scale);
+    if (!(std::isfinite(s) && s > Acc(0)))
+      fail(pass, "scale = ", p.scale, " is outside what the accumulation type (", acc, ") holds");
+  }
+  if (p.softcap > 0) {
+    const Acc cap = static_cast<Acc>(p.softcap), inv_cap = Acc(1) / cap;
+    if (!(std::isfinite(cap) && cap > Acc(0) && std::isfinite(inv_cap)))
+      fail(pass, "softcap = ", p.softcap, " is outside what the accumulation type (", acc,
+           ") holds with its reciprocal");
+  }
+}
+
 /// Shapes shared by forward and backward: q (B,Hq,Nq,D), k and v (B,Hk,Nk,D), o like q,
 /// lse (B,Hq,Nq).
 template <class Q, class K, class V, class O, class Lse>
