@@ -288,6 +288,19 @@ TEST(Cli, BadFiles) {
                 v = from_tensor(pb.v, DType::f32);
   const std::string good = write_inputs("good.h5", q, k, v).string();
   expect_bad("forward --in " + (work_dir() / "missing.h5").string(), "cannot open input file");
+  {  // --out naming the input, by another path too: refused, the input left as it was
+    const auto before = fs::file_size(good);
+    const std::string other_path = (work_dir() / "." / "good.h5").string();
+    for (const std::string& out : {good, other_path}) {
+      const CliRun r = run_cli("forward --in " + good + " --out " + out);
+      EXPECT_EQ(r.status, 2) << r.out << r.err;
+      EXPECT_NE(r.err.find("is the input file"), std::string::npos) << r.err;
+    }
+    EXPECT_EQ(fs::file_size(good), before);
+    EXPECT_EQ(
+        run_cli("forward --in " + good + " --out " + (work_dir() / "good_out.h5").string()).status,
+        0);
+  }
   expect_bad("forward --in " + work_dir().string(), "is not a readable HDF5 file");
 
   {  // corrupted: garbage, and a real file cut in half

@@ -3,6 +3,7 @@
 #include <charconv>
 #include <climits>
 #include <cmath>
+#include <filesystem>
 #include <iomanip>
 #include <limits>
 #include <sstream>
@@ -299,6 +300,12 @@ void check_sources(const RunOptions& o) {
     throw InputError("give --in IN.h5 --out OUT.h5 or --random B,H,N,D");
   if (file_mode && (o.in.empty() || o.out.empty()))
     throw InputError(o.in.empty() ? "--out needs --in" : "--in needs --out");
+  // The output replaces OUT by a rename at the end, so an OUT that is the input file (by any
+  // path: same device and inode) would destroy the input.
+  std::error_code ec;
+  if (file_mode && std::filesystem::equivalent(o.in, o.out, ec))
+    throw InputError("--out " + o.out + " is the input file " + o.in +
+                     " (the output would replace it); choose another --out");
   if (file_mode && (o.heads_kv || o.seqlen_k))
     throw InputError("--heads-kv and --seqlen-k apply to --random only");
   if (!o.random.empty() && o.heads_kv && o.random[1] % *o.heads_kv != 0)
