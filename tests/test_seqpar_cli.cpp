@@ -1,7 +1,7 @@
 // The kfa-seqpar program under mpiexec, through its contract: --random --check passes for each
 // mode and layout (forward and backward); HDF5 round trips, each rank writing only its rows,
-// checked against the reference; bad input exits 2 with one line, on every rank, and leaves
-// no output file.
+// checked against the reference; bad input, or options that differ between ranks, exits 2
+// with one line, on every rank, and leaves no output file.
 #include <gtest/gtest.h>
 
 #include <kfa/config.hpp>
@@ -30,6 +30,16 @@ using kfa_apps::DType;
 ProgramRun seqpar(int ranks, const std::string& args) {
   return run_program(std::string(KFA_MPIEXEC) + " -n " + std::to_string(ranks) + " " +
                      KFA_SEQPAR_PATH + " " + args);
+}
+
+// Rank 1 given `rank1_args` and every other rank `args`, through a shell per rank that reads
+// its rank from the launcher's environment; `timeout` turns a hang into a failure (status
+// 124) rather than the whole test's time running out.
+ProgramRun seqpar_rank1_differs(int ranks, const std::string& args, const std::string& rank1_args) {
+  const std::string program = KFA_SEQPAR_PATH;
+  return run_program("timeout 60 " + std::string(KFA_MPIEXEC) + " -n " + std::to_string(ranks) +
+                     " sh -c 'if [ \"${OMPI_COMM_WORLD_RANK:-$PMI_RANK}\" = 1 ]; then exec " +
+                     program + " " + rank1_args + "; else exec " + program + " " + args + "; fi'");
 }
 
 TEST(SeqParCli, RandomCheckPassesInEveryModeAndLayout) {
@@ -218,6 +228,49 @@ TEST(SeqParCli, BadInputEndsEveryRankWithOneLine) {
                                      (work_dir() / "no" / "such" / "dir.h5").string());
   EXPECT_EQ(r.status, 2) << r.out << r.err;
   EXPECT_NE(r.err.find("cannot create output file"), std::string::npos) << r.err;
+}
+
+// Options that differ between ranks, which left ranks waiting in different collectives (or
+// aborted inside MPI) before: every rank ends with exit 2 and one line from rank 0 naming the
+// option, before any file is opened or written.
+TEST(SeqParCli, OptionsThatDifferBetweenRanksEndEveryRank) {
+  const fs::path out = work_dir() / "sp_differs.h5", in = work_dir() / "sp_differs_in.h5";
+  const std::string random = "forward --random 1,2,64,16 ";
+  const std::string files = "forward --in " + in.string() + " --out " + out.string() + " ";
+  struct Case {
+    int ranks;
+    std::string args, rank1_args, want;
+  };
+  const Case cases[] = {
+      {2, random + "--repeat 2", random + "--repeat 3",
+       "--repeat differs between ranks (2 on rank 0 vs 3 on rank 1)"},
+      {3, random + "--repeat 2", random + "--repeat 2 --no-such-flag",
+       "rank 1: unknown option '--no-such-flag'"},
+      {2, random + "--dtype float", random + "--dtype double",
+       "--dtype differs between ranks (float32 on rank 0 vs float64 on rank 1)"},
+      {3, random + "--check", random, "--check differs between ranks"},
+      {2, random + "--causal", random + "--window 3,0", "--causal differs between ranks"},
+      {2, random, "backward --random 1,2,64,16", "the command differs between ranks"},
+      // The input file does not exist: the difference is found before any rank opens it.
+      {2, files + "--mode ring", files + "--mode tree",
+       "--mode differs between ranks (ring on rank 0 vs tree on rank 1)"},
+      {2, files, "forward --in " + in.string() + " --out " + out.string() + "2",
+       "--out differs between ranks"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args + " | rank 1: " + c.rank1_args);
+    fs::remove(out);
+    const ProgramRun r = seqpar_rank1_differs(c.ranks, c.args, c.rank1_args);
+    EXPECT_EQ(r.status, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find("kfa-seqpar: error: " + c.want), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("kfa-seqpar: error: "), r.err.rfind("kfa-seqpar: error: ")) << r.err;
+    EXPECT_EQ(r.err.find("cannot open"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(out));
+    EXPECT_FALSE(fs::exists(out.string() + "2"));
+  }
+  // The same options on every rank, through the same per-rank launch, still run.
+  const ProgramRun same = seqpar_rank1_differs(2, random + "--repeat 2", random + "--repeat 2");
+  EXPECT_EQ(same.status, 0) << same.out << same.err;
 }
 
 // Every field of kfa::Params appears in the JSON line, and the fields the pass reads in the

@@ -22,8 +22,9 @@
 //
 // Exit status as kfa: 0 success; 1 when --check finds the rule broken; 2 bad input (one line
 // "kfa-seqpar: error: ..." from rank 0, the same on every rank). An error on one rank ends
-// every rank; an unexpected one aborts the job. The output file appears only when every rank
-// wrote its part.
+// every rank; an unexpected one aborts the job. Every rank must be given the same command and
+// options: a difference is an error of the same kind, found before any file is opened. The
+// output file appears only when every rank wrote its part.
 #include <kfa/distributed.hpp>
 #include <kfa/kfa.hpp>
 #include <kfa/reference.hpp>
@@ -32,14 +33,16 @@
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
-#include <cmath>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cli.hpp"
@@ -565,13 +568,109 @@ void print_error(const std::string& msg) {
   std::fprintf(stderr, "kfa-seqpar: error: %s\n", msg.c_str());
 }
 
+// ---- Agreement on the options ------------------------------------------------------------
+
+// The options every rank must be given alike, each as a flag and its value as text; the
+// command alone when the command line asks for help or the version (nothing collective
+// follows).
+std::vector<std::pair<std::string, std::string>> agreed_options(const Options& o) {
+  std::vector<std::pair<std::string, std::string>> v;
+  const auto add = [&](const char* flag, std::string value) {
+    v.emplace_back(flag, value.empty() ? "none" : std::move(value));
+  };
+  const auto flag = [](bool b) { return std::string(b ? "given" : "not given"); };
+  const auto maybe = [](const std::optional<long long>& x) {
+    return x ? std::to_string(*x) : std::string("not given");
+  };
+  add("the command", o.action == kfa_apps::Action::help      ? "--help"
+                     : o.action == kfa_apps::Action::version ? "--version"
+                                                             : o.command);
+  if (o.action != kfa_apps::Action::run) return v;
+  add("--in", o.in);
+  add("--out", o.out);
+  std::string dims;
+  for (std::size_t i = 0; i < o.random.size(); ++i)
+    dims += (i ? "," : "") + std::to_string(o.random[i]);
+  add("--random", dims);
+  add("--heads-kv", maybe(o.heads_kv));
+  add("--seqlen-k", maybe(o.seqlen_k));
+  add("--dtype", kfa_apps::name(o.dtype));
+  add("--data-seed", std::to_string(o.data_seed));
+  add("--repeat", std::to_string(o.repeat));
+  add("--check", flag(o.check));
+  add("--json", flag(o.json));
+  add("--mode", kfa::name_of(o.mode));
+  add("--layout", kfa::name_of(o.layout));
+  kfa::for_each_field(o.params, [&](const kfa::Field& f, const auto& x) {
+    using X = std::decay_t<decltype(x)>;
+    if constexpr (std::is_same_v<X, bool>)
+      add(f.flag, flag(x));
+    else if constexpr (std::is_enum_v<X>)
+      add(f.flag, kfa::name_of(x));
+    else if constexpr (std::is_floating_point_v<X>)
+      add(f.flag, kfa_apps::exact(x));  // distinct doubles never print alike
+    else
+      add(f.flag, std::to_string(x));
+  });
+  return v;
+}
+
+// Throws InputError on every rank, naming the first option whose value differs between
+// ranks, with rank 0's value and that of the lowest rank that differs; returns on every rank
+// when all agree. The values are compared as text, exactly: rank 0 sends its values, each
+// rank compares, and one reduction finds the first difference.
+void agree_on_options(const Options& o) {
+  const auto mine = agreed_options(o);
+  std::string blob;  // rank 0's values, each as its length, ':' and the text
+  if (comm_rank() == 0)
+    for (const auto& [flag, value] : mine)
+      blob += std::to_string(value.size()) + ":" + value;
+  unsigned long long size = blob.size();
+  MPI_Bcast(&size, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+  blob.resize(size);
+  MPI_Bcast(blob.data(), static_cast<int>(size), MPI_CHAR, 0, MPI_COMM_WORLD);
+  std::vector<std::string> theirs;
+  for (std::size_t at = 0; at < blob.size();) {
+    const std::size_t colon = blob.find(':', at);
+    const std::size_t n = std::stoull(blob.substr(at, colon - at));
+    theirs.push_back(blob.substr(colon + 1, n));
+    at = colon + 1 + n;
+  }
+  // Ranks with help or the version list fewer options: the command itself differs first.
+  const std::size_t count = std::max(mine.size(), theirs.size());
+  std::size_t differs = count;
+  for (std::size_t i = 0; i < count && differs == count; ++i)
+    if (i >= mine.size() || i >= theirs.size() || mine[i].second != theirs[i]) differs = i;
+  struct {
+    int index, rank;
+  } in{differs == count ? std::numeric_limits<int>::max() : static_cast<int>(differs), comm_rank()},
+      first{};
+  MPI_Allreduce(&in, &first, 1, MPI_2INT, MPI_MINLOC, MPI_COMM_WORLD);
+  if (first.index == std::numeric_limits<int>::max()) return;
+  // Every rank lists option i: a rank listing the command alone differs at the command.
+  const auto i = static_cast<std::size_t>(first.index);
+  std::string value = comm_rank() == first.rank ? mine[i].second : std::string();
+  int len = static_cast<int>(value.size());
+  MPI_Bcast(&len, 1, MPI_INT, first.rank, MPI_COMM_WORLD);
+  value.resize(static_cast<std::size_t>(len));
+  MPI_Bcast(value.data(), len, MPI_CHAR, first.rank, MPI_COMM_WORLD);
+  throw InputError(mine[i].first + " differs between ranks (" + theirs[i] + " on rank 0 vs " +
+                   value + " on rank " + std::to_string(first.rank) + ")");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   Options opts;
+  // Ranks may be given different command lines: they agree on the parse's verdict, then on
+  // the options, before anything collective (a file opened, a pass) can leave one waiting.
   try {
-    opts = parse(argc, argv);  // the same argv, so the same verdict, on every rank
+    collectively([&] {
+      opts = parse(argc, argv);
+      return 0;
+    });
+    agree_on_options(opts);
   } catch (const InputError& e) {
     print_error(e.what());
     MPI_Finalize();
