@@ -292,7 +292,9 @@ TEST(Cli, BadFiles) {
     const auto before = fs::file_size(good);
     const std::string other_path = (work_dir() / "." / "good.h5").string();
     for (const std::string& out : {good, other_path}) {
-      const CliRun r = run_cli("forward --in " + good + " --out " + out);
+      std::string args = "forward --in " + good;
+      args += " --out " + out;
+      const CliRun r = run_cli(args);
       EXPECT_EQ(r.status, 2) << r.out << r.err;
       EXPECT_NE(r.err.find("is the input file"), std::string::npos) << r.err;
     }
