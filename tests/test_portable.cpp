@@ -1,7 +1,9 @@
 // The kernels with the portable tile products and traits (backends/generic/) instead of the
 // host ones. This suite is compiled with KFA_PORTABLE_TILES, so on a host space it runs the
 // code path the backends without their own tile products run: threads of a team own rows, team
-// barriers between a tile product and its readers, flat staging loops. Checked against the
+// barriers between a tile product and its readers, flat staging loops. Built a second time as
+// test_portable_key_major, with the forward's key-major score layout (the host's choice) on the
+// portable column operations. Checked against the
 // float64 reference as test_forward and test_backward do, on a subset of their matrix; on a
 // multi-threaded host space (test_portable_openmp, test_portable_threads) with teams of two
 // threads it also exercises the barriers.
@@ -28,6 +30,9 @@ template <class T>
 struct TileTraits<kfa_test::Exec, T, void> : TileTraits<kfa_test::Exec, T, int> {
   static constexpr int team_size = portable_test_team_size();
   static constexpr int pad = 4;
+#ifdef KFA_TEST_KEY_MAJOR_SCORES
+  static constexpr bool key_major_scores = true;  // test_portable_key_major
+#endif
 };
 }  // namespace kfa::backends
 
@@ -40,6 +45,13 @@ using namespace kfa_test;
 static_assert(
     std::is_base_of_v<kfa::backends::PortableTileOps<float>, kfa::backends::TileOps<Exec, float>>,
     "KFA_PORTABLE_TILES must select the portable tile products");
+#ifdef KFA_TEST_KEY_MAJOR_SCORES
+static_assert(kfa::backends::TileTraits<Exec, float>::key_major_scores,
+              "test_portable_key_major must run the key-major forward");
+#else
+static_assert(!kfa::backends::TileTraits<Exec, float>::key_major_scores,
+              "test_portable must run the query-major forward, the layout of the device backends");
+#endif
 
 // The size of a team of `want` threads as its members see it. Outside the TEST body: nvcc takes
 // no device lambda in a private member function.
@@ -77,6 +89,21 @@ TEST(Portable, ForwardSplitKV) {
   check_case<float>({1, 2, 2, 17, 1000, 64}, p);
   p.causal = true;
   check_case<float>({1, 2, 2, 130, 700, 40}, p);
+}
+
+// The score transform and dropout, each with a mask whose edge crosses tiles.
+TEST(Portable, ForwardSoftcapAndDropout) {
+  kfa::Params capped;
+  capped.causal = true;
+  capped.softcap = 2.5;
+  check_case<float>({1, 2, 1, 113, 203, 64}, capped, 0, 4.0);
+  kfa::Params dropped;
+  dropped.window_left = 40;
+  dropped.window_right = 7;
+  dropped.dropout = 0.3;
+  dropped.seed = 11;
+  check_case<float>({1, 2, 2, 97, 150, 32}, dropped);
+  check_case<double>({1, 2, 2, 97, 150, 32}, dropped);
 }
 
 TEST(Portable, BackwardEveryMask) {

@@ -83,13 +83,21 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       part = decltype(part)(splits, static_cast<int>(q.extent(0)), heads_q, seqlen_q, head_dim);
   }
 
+  static constexpr bool key_major = traits::key_major_scores;  ///< S^T = K_j Q_i^T
+
   /// Team scratch: Q_i, O~_i (Br x D), K_j^T (D x Bc), V_j (Bc x D), S_ij (Br x Bc), m, l (Br);
-  /// rows ldd or ldc apart.
+  /// rows ldd or ldc apart. Key-major (TileTraits::key_major_scores): Q_i^T (D x Br), K_j
+  /// (Bc x D) and S_ij^T (Bc x Br), rows of Br elements ldq apart, and two more arrays of Br
+  /// (the tile's column maxima, then the rescale factors).
   std::size_t scratch_bytes() const {
-    return base::scratch_bytes({std::size_t(Br) * ldd, std::size_t(Br) * ldd,
-                                std::size_t(head_dim) * ldc, std::size_t(Bc) * ldd,
-                                std::size_t(Br) * ldc, std::size_t(Br), std::size_t(Br)});
+    const std::size_t br = Br, bc = Bc, d = head_dim;
+    if (key_major)
+      return base::scratch_bytes(
+          {d * ldq(), br * ldd, bc * ldd, bc * ldd, bc * ldq(), br, br, br, br});
+    return base::scratch_bytes({br * ldd, br * ldd, d * ldc, bc * ldd, br * ldc, br, br});
   }
+  /// Row stride of the key-major tiles Br wide.
+  KOKKOS_INLINE_FUNCTION int ldq() const { return Br + traits::pad; }
 
   void launch(const ExecSpace& space) const {
     const long long league = static_cast<long long>(q.extent(0)) * heads_q * q_tiles * splits;
@@ -98,34 +106,27 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     if (splits > 1) SplitMerge<ExecSpace, acc_t, O, Lse>{part, o, lse, head_dim}.launch(space);
   }
 
+  /// Where a team is: batch, query head, its key/value head, first query row and row count.
+  struct Place {
+    int b, h, hk, q0, nr;
+  };
+
   KOKKOS_FUNCTION void operator()(const member_t& team) const {
     const int split = team.league_rank() % splits;
     const int qt = (team.league_rank() / splits) % q_tiles;
     const int bh = team.league_rank() / splits / q_tiles;
-    const int h = bh % heads_q, b = bh / heads_q, hk = h / group;
+    const int h = bh % heads_q, b = bh / heads_q;
     const int q0 = qt * Br;
-    const int nr = seqlen_q - q0 < Br ? seqlen_q - q0 : Br;
+    const Place tile{b, h, h / group, q0, seqlen_q - q0 < Br ? seqlen_q - q0 : Br};
+    const int nr = tile.nr;
     const int D = head_dim;
 
     const auto& scr = team.team_scratch(scratch_level);
-    const int ldd = this->ldd, ldc = this->ldc;
-    acc_t* qs = base::carve(scr, std::size_t(Br) * ldd);
+    const int ldd = this->ldd;
+    acc_t* qs = base::carve(scr, key_major ? std::size_t(D) * ldq() : std::size_t(Br) * ldd);
     acc_t* os = base::carve(scr, std::size_t(Br) * ldd);
-    acc_t* kt = base::carve(scr, std::size_t(D) * ldc);
-    acc_t* vs = base::carve(scr, std::size_t(Bc) * ldd);
-    acc_t* s = base::carve(scr, std::size_t(Br) * ldc);
-    acc_t* m = base::carve(scr, std::size_t(Br));
-    acc_t* l = base::carve(scr, std::size_t(Br));
-
-    // Q_i is loaded once, pre-multiplied by the scale (the score transform's x = scale q.k).
-    ops::for_each_element(team, nr, D, [&](int r, int d) {
-      qs[r * ldd + d] = score.scaled(static_cast<acc_t>(q(b, h, q0 + r, d)));
-      os[r * ldd + d] = acc_t(0);
-    });
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr), [&](int r) {
-      m[r] = -backends::infinity<acc_t>();
-      l[r] = acc_t(0);
-    });
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr * D),
+                         [&](int e) { os[(e / D) * ldd + e % D] = acc_t(0); });
 
     // Keys visible to any row of this tile; tiles outside are never touched. With split-KV
     // this team takes its chunk of those tiles.
@@ -133,27 +134,13 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     const int t_first = kbeg / Bc, t_count = kend > kbeg ? (kend - 1) / Bc + 1 - t_first : 0;
     int t_begin = t_first, t_n = t_count;
     if (splits > 1) split_range(t_first, t_count, splits, split, t_begin, t_n);
-    for (int k0 = t_begin * Bc; k0 < (t_begin + t_n) * Bc; k0 += Bc) {
-      const int nc = seqlen_k - k0 < Bc ? seqlen_k - k0 : Bc;
-      team.team_barrier();  // the previous tile is no longer read
-      ops::for_each_element(team, nc, D, [&](int c, int d) {
-        kt[d * ldc + c] = static_cast<acc_t>(k(b, hk, k0 + c, d));
-        vs[c * ldd + d] = static_cast<acc_t>(v(b, hk, k0 + c, d));
-      });
-      team.team_barrier();
-      // Keys of this tile that any of its rows sees: [cb, ce). S_ij = Q_i K_j^T on those
-      // columns, the online-softmax step row by row (P into S's place), then O~ += P V_j.
-      int cb, ce;  // never empty: the loop visits only tiles the query tile sees
-      mask.tile_columns(q0, nr, k0, nc, cb, ce);
-      ops::gemm(team, nr, ce - cb, D, qs, ldd, 1, kt + cb, ldc, s + cb, ldc, false);
-      team.team_barrier();
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
-        update_row(team, b, h, r, q0 + r, k0, cb, ce, s, os, m, l);
-      });
-      team.team_barrier();
-      ops::gemm(team, nr, D, ce - cb, s + cb, ldc, 1, vs + static_cast<std::ptrdiff_t>(cb) * ldd,
-                ldd, os, ldd, true);
-    }
+    const int k_begin = t_begin * Bc, k_end = (t_begin + t_n) * Bc;
+
+    acc_t *m, *l;
+    if constexpr (key_major)
+      sweep_key_major(team, tile, k_begin, k_end, scr, qs, os, m, l);
+    else
+      sweep_query_major(team, tile, k_begin, k_end, scr, qs, os, m, l);
     team.team_barrier();
 
     if (splits > 1) {  // hand the partial to SplitMerge
@@ -177,6 +164,147 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
         lse(b, h, q0 + r) = kfa::lse(Partial<acc_t>{m[r], lr});
       });
     });
+  }
+
+  /// The key tiles [k_begin, k_end) of the query tile `tile`, query-major: S_ij = Q_i K_j^T,
+  /// the online-softmax step row by row (update_row), O~ += P V_j. Carves the rest of the
+  /// scratch after qs and os, and returns the rows' m and l there.
+  KOKKOS_INLINE_FUNCTION void sweep_query_major(const member_t& team, const Place& tile,
+                                                int k_begin, int k_end,
+                                                const typename ExecSpace::scratch_memory_space& scr,
+                                                acc_t* qs, acc_t* os, acc_t*& m, acc_t*& l) const {
+    const int b = tile.b, h = tile.h, hk = tile.hk, q0 = tile.q0, nr = tile.nr, D = head_dim;
+    const int ldd = this->ldd, ldc = this->ldc;
+    acc_t* kt = base::carve(scr, std::size_t(D) * ldc);
+    acc_t* vs = base::carve(scr, std::size_t(Bc) * ldd);
+    acc_t* s = base::carve(scr, std::size_t(Br) * ldc);
+    m = base::carve(scr, std::size_t(Br));
+    l = base::carve(scr, std::size_t(Br));
+
+    // Q_i is loaded once, pre-multiplied by the scale (the score transform's x = scale q.k).
+    ops::for_each_element(team, nr, D, [&](int r, int d) {
+      qs[r * ldd + d] = score.scaled(static_cast<acc_t>(q(b, h, q0 + r, d)));
+    });
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr), [&](int r) {
+      m[r] = -backends::infinity<acc_t>();
+      l[r] = acc_t(0);
+    });
+
+    for (int k0 = k_begin; k0 < k_end; k0 += Bc) {
+      const int nc = seqlen_k - k0 < Bc ? seqlen_k - k0 : Bc;
+      team.team_barrier();  // the previous tile is no longer read
+      ops::for_each_element(team, nc, D, [&](int c, int d) {
+        kt[d * ldc + c] = static_cast<acc_t>(k(b, hk, k0 + c, d));
+        vs[c * ldd + d] = static_cast<acc_t>(v(b, hk, k0 + c, d));
+      });
+      team.team_barrier();
+      // Keys of this tile that any of its rows sees: [cb, ce). S_ij = Q_i K_j^T on those
+      // columns, the online-softmax step row by row (P into S's place), then O~ += P V_j.
+      int cb, ce;  // never empty: the loop visits only tiles the query tile sees
+      mask.tile_columns(q0, nr, k0, nc, cb, ce);
+      ops::gemm(team, nr, ce - cb, D, qs, ldd, 1, kt + cb, ldc, s + cb, ldc, false);
+      team.team_barrier();
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
+        update_row(team, b, h, r, q0 + r, k0, cb, ce, s, os, m, l);
+      });
+      team.team_barrier();
+      ops::gemm(team, nr, D, ce - cb, s + cb, ldc, 1, vs + static_cast<std::ptrdiff_t>(cb) * ldd,
+                ldd, os, ldd, true);
+    }
+  }
+
+  /// The key tiles [k_begin, k_end) of the query tile `tile`, key-major: S^T = K_j Q_i^T, the
+  /// online-softmax step down the columns for all rows at once, O~ += P V_j with P read from
+  /// S^T in place. The same arithmetic as the query-major sweep; only the layout differs.
+  KOKKOS_INLINE_FUNCTION void sweep_key_major(const member_t& team, const Place& tile, int k_begin,
+                                              int k_end,
+                                              const typename ExecSpace::scratch_memory_space& scr,
+                                              acc_t* qt, acc_t* os, acc_t*& m, acc_t*& l) const {
+    const int b = tile.b, h = tile.h, hk = tile.hk, q0 = tile.q0, nr = tile.nr, D = head_dim;
+    const int ldd = this->ldd, ldq = this->ldq();
+    acc_t* ks = base::carve(scr, std::size_t(Bc) * ldd);
+    acc_t* vs = base::carve(scr, std::size_t(Bc) * ldd);
+    acc_t* st = base::carve(scr, std::size_t(Bc) * ldq);
+    m = base::carve(scr, std::size_t(Br));
+    l = base::carve(scr, std::size_t(Br));
+    acc_t* top = base::carve(scr, std::size_t(Br));    // the tile's column maxima, then m'
+    acc_t* alpha = base::carve(scr, std::size_t(Br));  // e^(m - m')
+
+    // Q_i^T, once, pre-multiplied by the scale (the score transform's x = scale q.k).
+    ops::for_each_element(team, nr, D, [&](int r, int d) {
+      qt[d * ldq + r] = score.scaled(static_cast<acc_t>(q(b, h, q0 + r, d)));
+    });
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr), [&](int r) {
+      m[r] = -backends::infinity<acc_t>();
+      l[r] = acc_t(0);
+    });
+
+    for (int k0 = k_begin; k0 < k_end; k0 += Bc) {
+      const int nc = seqlen_k - k0 < Bc ? seqlen_k - k0 : Bc;
+      team.team_barrier();  // the previous tile is no longer read
+      // Row copies through pointers (head_dim has unit stride, validate.hpp), K and V in
+      // separate loops: a loop with both stores is not vectorised, and cost a third of the
+      // time at head_dim 64.
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nc), [&](int c) {
+        const value_type* kr = &k(b, hk, k0 + c, 0);
+        const value_type* vr = &v(b, hk, k0 + c, 0);
+        acc_t* kd = ks + static_cast<std::ptrdiff_t>(c) * ldd;
+        acc_t* vd = vs + static_cast<std::ptrdiff_t>(c) * ldd;
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
+                             [&](int d) { kd[d] = static_cast<acc_t>(kr[d]); });
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
+                             [&](int d) { vd[d] = static_cast<acc_t>(vr[d]); });
+      });
+      team.team_barrier();
+      // Keys of this tile that any of its rows sees: rows [cb, ce) of S^T.
+      int cb, ce;  // never empty: the loop visits only tiles the query tile sees
+      mask.tile_columns(q0, nr, k0, nc, cb, ce);
+      ops::gemm(team, ce - cb, nr, D, ks + static_cast<std::ptrdiff_t>(cb) * ldd, ldd, 1, qt, ldq,
+                st + static_cast<std::ptrdiff_t>(cb) * ldq, ldq, false);
+      team.team_barrier();
+      // x -> S (impl/score.hpp), and -inf where a row does not see a key of [cb, ce): only in
+      // tiles the mask's edge crosses (the ends of the visible intervals grow with the row).
+      const bool edge = mask.lo(q0 + nr - 1) - k0 > cb || mask.hi(q0) + 1 - k0 < ce;
+      if (edge || !score.identity()) {
+        ops::for_each_element(team, ce - cb, nr, [&](int jj, int r) {
+          const int c = cb + jj, i = q0 + r;
+          acc_t& x = st[c * ldq + r];
+          if (!score.identity()) x = score.value(x, b, h, i, k0 + c);
+          if (k0 + c < mask.lo(i) || k0 + c > mask.hi(i)) x = -backends::infinity<acc_t>();
+        });
+        team.team_barrier();
+      }
+      // The online-softmax step of every row (see update_row for the combiner's terms).
+      Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr),
+                           [&](int r) { top[r] = -backends::infinity<acc_t>(); });
+      team.team_barrier();
+      ops::col_max(team, st, ldq, cb, ce, nr, top);
+      team.team_barrier();
+      Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr), [&](int r) {
+        const Rescale<acc_t> merge = rescale(m[r], top[r]);
+        alpha[r] = merge.alpha;
+        m[r] = merge.m;
+        l[r] *= merge.alpha;
+        // A row that has seen nothing yet keeps m = -inf: shift by 0 so that its P = e^-inf = 0.
+        top[r] = merge.m == -backends::infinity<acc_t>() ? acc_t(0) : merge.m;
+      });
+      team.team_barrier();
+      ops::col_exp_sum(team, st, ldq, cb, ce, nr, top, l);
+      if (dropout.enabled) {
+        team.team_barrier();
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
+          const int i = q0 + r, lo = mask.lo(i) - k0, hi = mask.hi(i) + 1 - k0;
+          dropout.for_each(team, b, h, i, k0, lo > cb ? lo : cb, hi < ce ? hi : ce,
+                           [&](int c, acc_t z) { st[c * ldq + r] *= z; });
+        });
+      }
+      ops::for_each_element(team, nr, D, [&](int r, int d) {
+        if (alpha[r] != acc_t(1)) os[r * ldd + d] *= alpha[r];
+      });
+      team.team_barrier();
+      ops::gemm(team, nr, D, ce - cb, st + static_cast<std::ptrdiff_t>(cb) * ldq, 1, ldq,
+                vs + static_cast<std::ptrdiff_t>(cb) * ldd, ldd, os, ldd, true);
+    }
   }
 
   /// Online-softmax step of query row r (global index i) of head (b, h) against the key tile

@@ -87,6 +87,14 @@ struct ScoreTransform {
                            [&](int c) { srow[c] += bias(b, h, i, k0 + c); });
   }
 
+  /// Forward, one element: S of x for local query i and local key j of head (b, h), as `row`
+  /// makes it (the key-major forward transforms its tile element by element).
+  KOKKOS_INLINE_FUNCTION Acc value(Acc x, int b, int h, int i, int j) const {
+    Acc s = capped() ? cap * backends::tanh(x * inv_cap) : x;
+    if constexpr (Bias::enabled) s += bias(b, h, i, j);
+    return s;
+  }
+
   /// Backward: S of x for local query i and local key j of head (b, h), and dS/dx in `slope`.
   /// The slope comes from the tanh just computed rather than from S / cap, which the
   /// additive term would shift.

@@ -50,6 +50,8 @@ struct TileTraits<Kokkos::Cuda, T, void> {
   /// conflict-free, and the FMA path's two A rows per step fall on different banks. With
   /// strides that are multiples of 32 words the A loads were eight-way conflicts.
   static constexpr int pad = 4;
+  /// Query-major scores: warps own query rows (TileTraits::key_major_scores).
+  static constexpr bool key_major_scores = false;
   /// Teams the GPU runs at once: per SM, as many as its shared memory holds at about 40 KiB
   /// each (4 on an A100, 5 on an H100), at most 16 (2048 threads of 128).
   static int concurrent_teams(const Kokkos::Cuda& space) {

@@ -30,6 +30,13 @@ struct TileTraits {
   /// Elements added to each row of a scratch tile (row stride = width + pad), to move rows
   /// that a warp reads together onto different shared-memory banks.
   static constexpr int pad = 0;
+  /// Layout of the forward's score tile. false: S_ij = Q_i K_j^T, query rows by key columns,
+  /// the softmax along rows (threads own rows: the layout of thread-per-row and warp
+  /// backends). true: S_ij^T = K_j Q_i^T, key rows by query columns: Q_i is staged transposed
+  /// once per query tile, K_j and V_j are plain row copies, both products read their operands
+  /// where they lie, and the softmax runs down the columns, vectorised across queries (the
+  /// layout of one-thread host teams, which would otherwise transpose every K_j).
+  static constexpr bool key_major_scores = false;
   /// Teams the space runs at once, for the split-KV heuristic. The portable guess: teams of
   /// about 256 threads, so a GPU reporting 2048 resident threads per SM holds 8 teams per SM.
   static int concurrent_teams(const ExecSpace& space) {
@@ -101,6 +108,37 @@ struct PortableTileOps {
         },
         sum);
     return sum;
+  }
+
+  /// Column maxima of a key-major score tile, by the whole team: for c < n,
+  /// mx[c] = max(mx[c], s[j * lds + c] for j in [j0, j1)).
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void col_max(const Member& team, const Acc* s, int lds, int j0,
+                                             int j1, int n, Acc* mx) {
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, n), [&](int c) {
+      Acc m = mx[c];
+      for (int j = j0; j < j1; ++j) {
+        const Acc x = s[static_cast<std::ptrdiff_t>(j) * lds + c];
+        m = x > m ? x : m;
+      }
+      mx[c] = m;
+    });
+  }
+
+  /// The column form of row_exp_sum, by the whole team: for c < n and j in [j0, j1),
+  /// s[j * lds + c] = exp(s[j * lds + c] - shift[c]), and sum[c] += the column's sum of them.
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void col_exp_sum(const Member& team, Acc* s, int lds, int j0,
+                                                 int j1, int n, const Acc* shift, Acc* sum) {
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, n), [&](int c) {
+      Acc total = 0;
+      for (int j = j0; j < j1; ++j) {
+        Acc& x = s[static_cast<std::ptrdiff_t>(j) * lds + c];
+        x = backends::exp(x - shift[c]);
+        total += x;
+      }
+      sum[c] += total;
+    });
   }
 };
 

@@ -286,6 +286,32 @@ struct TileOps<
       sum += lane[j];
     return sum;
   }
+
+  /// PortableTileOps::col_max: rows outer, the n columns inner and unit-stride, so that the
+  /// compiler vectorises across columns.
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void col_max(const Member& /*team*/, const Acc* s, int lds, int j0,
+                                             int j1, int n, Acc* mx) {
+    for (int j = j0; j < j1; ++j) {
+      const Acc* sj = s + static_cast<std::ptrdiff_t>(j) * lds;
+      for (int c = 0; c < n; ++c)
+        mx[c] = sj[c] > mx[c] ? sj[c] : mx[c];
+    }
+  }
+
+  /// PortableTileOps::col_exp_sum, in the loop order of col_max, with the vectorisable exp.
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void col_exp_sum(const Member& /*team*/, Acc* s, int lds, int j0,
+                                                 int j1, int n, const Acc* shift, Acc* sum) {
+    for (int j = j0; j < j1; ++j) {
+      Acc* sj = s + static_cast<std::ptrdiff_t>(j) * lds;
+      for (int c = 0; c < n; ++c) {
+        const Acc p = host::exp(sj[c] - shift[c]);
+        sj[c] = p;
+        sum[c] += p;
+      }
+    }
+  }
 };
 
 }  // namespace kfa::backends

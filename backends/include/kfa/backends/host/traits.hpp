@@ -23,6 +23,8 @@ struct TileTraits<
   static constexpr int team_size = 1;      ///< host teams are one thread
   static constexpr int vector_length = 1;  ///< the compiler vectorises instead
   static constexpr int pad = 0;            ///< rows packed: no banks to spread
+  /// S^T = K_j Q_i^T: no transpose of K_j per tile, softmax vectorised across queries.
+  static constexpr bool key_major_scores = true;
   /// Teams running at once: one per host thread.
   static int concurrent_teams(const ExecSpace& space) { return space.concurrency(); }
 };
