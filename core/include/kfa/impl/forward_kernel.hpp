@@ -30,6 +30,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
+#include <type_traits>
 
 namespace kfa::impl {
 
@@ -54,7 +55,13 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   Mask mask;
   Dropout<acc_t> dropout;
   int scratch_level;  // 0 when the tiles fit the fast scratch, else 1
-  int splits = 1;     // chunks of key tiles per query tile (1: no split-KV)
+  // Key-major: the products read K and V in the views, not from scratch copies, when they hold
+  // acc_t and their row strides fit the products' int strides.
+  static constexpr bool kv_in_place_type =
+      std::is_same_v<typename K::non_const_value_type, acc_t> &&
+      std::is_same_v<typename V::non_const_value_type, acc_t>;
+  bool kv_in_place = false;
+  int splits = 1;  // chunks of key tiles per query tile (1: no split-KV)
   SplitPartials<acc_t, typename ExecSpace::memory_space> part;  // allocated when splits > 1
 
   ForwardKernel(const ExecSpace& space, const Q& q_, const K& k_, const V& v_, const O& o_,
@@ -74,6 +81,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     mask = make_mask(p, seqlen_q, seqlen_k, at);
     dropout = make_dropout<acc_t>(p, at);
     scratch_level = base::scratch_level(scratch_bytes());
+    kv_in_place = kv_in_place_type && k.stride(2) <= 2147483647 && v.stride(2) <= 2147483647;
     const int key_tiles = (seqlen_k + Bc - 1) / Bc;
     const long long teams = static_cast<long long>(q.extent(0)) * heads_q * q_tiles;
     splits = p.num_splits > 0 ? p.num_splits
@@ -241,25 +249,38 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
 
     for (int k0 = k_begin; k0 < k_end; k0 += Bc) {
       const int nc = seqlen_k - k0 < Bc ? seqlen_k - k0 : Bc;
-      team.team_barrier();  // the previous tile is no longer read
-      // Row copies through pointers (head_dim has unit stride, validate.hpp), K and V in
-      // separate loops: a loop with both stores is not vectorised, and cost a third of the
-      // time at head_dim 64.
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nc), [&](int c) {
-        const value_type* kr = &k(b, hk, k0 + c, 0);
-        const value_type* vr = &v(b, hk, k0 + c, 0);
-        acc_t* kd = ks + static_cast<std::ptrdiff_t>(c) * ldd;
-        acc_t* vd = vs + static_cast<std::ptrdiff_t>(c) * ldd;
-        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
-                             [&](int d) { kd[d] = static_cast<acc_t>(kr[d]); });
-        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
-                             [&](int d) { vd[d] = static_cast<acc_t>(vr[d]); });
-      });
+      // K_j and V_j where they lie when the views hold acc_t (head_dim has unit stride,
+      // validate.hpp): the products read rows ldk, ldv apart. Otherwise row copies into
+      // scratch, converted; K and V in separate loops (with both stores in one the compiler
+      // did not vectorise, and the copy cost a third of the time at head_dim 64).
+      const acc_t* kj = ks;
+      const acc_t* vj = vs;
+      int ldk = ldd, ldv = ldd;
+      if constexpr (kv_in_place_type)
+        if (kv_in_place) {
+          kj = &k(b, hk, k0, 0);
+          vj = &v(b, hk, k0, 0);
+          ldk = static_cast<int>(k.stride(2));
+          ldv = static_cast<int>(v.stride(2));
+        }
+      if (kj == ks) {
+        team.team_barrier();  // the previous tile is no longer read
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nc), [&](int c) {
+          const auto* kr = &k(b, hk, k0 + c, 0);
+          const auto* vr = &v(b, hk, k0 + c, 0);
+          acc_t* kd = ks + static_cast<std::ptrdiff_t>(c) * ldd;
+          acc_t* vd = vs + static_cast<std::ptrdiff_t>(c) * ldd;
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
+                               [&](int d) { kd[d] = static_cast<acc_t>(kr[d]); });
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
+                               [&](int d) { vd[d] = static_cast<acc_t>(vr[d]); });
+        });
+      }
       team.team_barrier();
       // Keys of this tile that any of its rows sees: rows [cb, ce) of S^T.
       int cb, ce;  // never empty: the loop visits only tiles the query tile sees
       mask.tile_columns(q0, nr, k0, nc, cb, ce);
-      ops::gemm(team, ce - cb, nr, D, ks + static_cast<std::ptrdiff_t>(cb) * ldd, ldd, 1, qt, ldq,
+      ops::gemm(team, ce - cb, nr, D, kj + static_cast<std::ptrdiff_t>(cb) * ldk, ldk, 1, qt, ldq,
                 st + static_cast<std::ptrdiff_t>(cb) * ldq, ldq, false);
       team.team_barrier();
       // x -> S (impl/score.hpp), and -inf where a row does not see a key of [cb, ce): only in
@@ -303,7 +324,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       });
       team.team_barrier();
       ops::gemm(team, nr, D, ce - cb, st + static_cast<std::ptrdiff_t>(cb) * ldq, 1, ldq,
-                vs + static_cast<std::ptrdiff_t>(cb) * ldd, ldd, os, ldd, true);
+                vj + static_cast<std::ptrdiff_t>(cb) * ldv, ldv, os, ldd, true);
     }
   }
 
