@@ -165,6 +165,82 @@ TEST(Tiles, PortableRowsDouble) {
   check_rows<kfa::backends::PortableTileOps<double>, double>();
 }
 
+// col_max and col_exp_sum on a key-major score tile (rows of keys, columns of queries):
+// rows [j0, j1) of the first n columns, n across the 16-lane blocks and their tails. Masked
+// keys (-inf) give 0, a column whose shift is 0 and whose keys are all masked stays at sum 0,
+// and nothing outside rows [j0, j1) or columns [0, n) is touched.
+template <class Ops, class Acc>
+void check_cols(bool threads = false) {
+  const int lds = 53, rows = 64;
+  const Acc inf = std::numeric_limits<Acc>::infinity();
+  const struct {
+    int j0, j1, n;
+  } cases[] = {{0, 64, 48}, {3, 17, 50}, {5, 6, 1}, {0, 40, 16}, {2, 2, 7}, {9, 64, 33}};
+  for (const auto& cs : cases) {
+    SCOPED_TRACE(::testing::Message() << "rows [" << cs.j0 << ", " << cs.j1 << "), n = " << cs.n);
+    auto s = random_values<Acc>(std::size_t(rows) * lds, 7);
+    for (std::size_t e = 0; e < s.size(); ++e) {
+      s[e] *= Acc(6);
+      if (e % 11 == 3) s[e] = -inf;  // masked keys
+    }
+    for (int j = 0; j < rows; ++j)
+      s[std::size_t(j) * lds + 4] = -inf;  // column 4 sees nothing
+    const auto s0 = s;
+    std::vector<Acc> mx(lds, -inf), sum(lds, Acc(0.25)), shift(lds, Acc(0));
+    for (int c = 0; c < lds; ++c)
+      mx[c] = c % 3 == 0 ? Acc(2.5) : -inf;  // an earlier tile's maximum for some columns
+    const auto mx0 = mx;
+    on_one_team(
+        [&](const Member& team) {
+          Ops::col_max(team, s.data(), lds, cs.j0, cs.j1, cs.n, mx.data());
+          team.team_barrier();
+          Kokkos::single(Kokkos::PerTeam(team), [&]() {
+            for (int c = 0; c < lds; ++c)
+              shift[c] = mx[c] == -inf ? Acc(0) : mx[c];
+          });
+          team.team_barrier();
+          Ops::col_exp_sum(team, s.data(), lds, cs.j0, cs.j1, cs.n, shift.data(), sum.data());
+        },
+        threads);
+    const double eps = std::numeric_limits<Acc>::epsilon();
+    for (int c = 0; c < lds; ++c) {
+      double ref_max = mx0[c];
+      for (int j = cs.j0; j < cs.j1 && c < cs.n; ++j)
+        ref_max = std::max(ref_max, double(s0[std::size_t(j) * lds + c]));
+      ASSERT_EQ(double(mx[c]), ref_max) << "c=" << c;
+      const double sh = double(shift[c]);
+      double ref_sum = 0.25;
+      for (int j = 0; j < rows; ++j) {
+        const std::size_t e = std::size_t(j) * lds + c;
+        if (c >= cs.n || j < cs.j0 || j >= cs.j1) {
+          ASSERT_EQ(s[e], s0[e]) << "outside the block is not touched: j=" << j << " c=" << c;
+          continue;
+        }
+        const double x = double(s0[e]) - sh;
+        const double ref = std::exp(x);
+        ref_sum += ref;
+        if (s0[e] == -inf)
+          ASSERT_EQ(s[e], Acc(0)) << "a masked key gives 0: j=" << j << " c=" << c;
+        else
+          ASSERT_NEAR(s[e], ref, ref * (4 + std::abs(x)) * eps) << "j=" << j << " c=" << c;
+      }
+      ASSERT_NEAR(sum[c], ref_sum, ref_sum * 70 * eps) << "c=" << c;
+    }
+  }
+}
+TEST(Tiles, HostColumnsFloat) {
+  check_cols<HostOps, float>();
+}
+TEST(Tiles, HostColumnsDouble) {
+  check_cols<HostOpsD, double>();
+}
+TEST(Tiles, PortableColumnsFloat) {
+  check_cols<kfa::backends::PortableTileOps<float>, float>(true);
+}
+TEST(Tiles, PortableColumnsDouble) {
+  check_cols<kfa::backends::PortableTileOps<double>, double>(true);
+}
+
 // for_each_element visits every (r, c) of the tile exactly once, in both versions.
 template <class Ops>
 void check_for_each_element(bool threads) {
@@ -205,6 +281,40 @@ TEST(Tiles, HostExpFloat) {
   EXPECT_EQ(kfa::backends::host::exp_float(-88.0f), 0.0f);  // below the normal range: 0
   EXPECT_EQ(kfa::backends::host::exp_float(-std::numeric_limits<float>::infinity()), 0.0f);
   EXPECT_TRUE(std::isnan(kfa::backends::host::exp_float(std::nanf(""))));
+}
+
+// The AVX-512 exp16 of the softmax's column loop: within 2 ulp of std::exp in double over the
+// range softmax feeds it, as exp_float, and exp_float's edges: 0 below -87 and at -inf, NaN
+// kept, and exp(88) for arguments above 88.
+TEST(Tiles, HostExp16IsExpFloat) {
+#ifdef __AVX512F__
+  std::vector<float> x;
+  for (float v = -90.0f; v <= 2.0f; v += 0.000731f)
+    x.push_back(v);
+  for (float v : {0.0f, -0.0f, -87.0f, 88.0f, 95.0f, 1e-30f, -1e-30f})
+    x.push_back(v);
+  x.push_back(-std::numeric_limits<float>::infinity());
+  x.push_back(std::nanf(""));
+  while (x.size() % 16 != 0)
+    x.push_back(0.5f);
+  for (std::size_t i = 0; i < x.size(); i += 16) {
+    float out[16];
+    _mm512_storeu_ps(out, kfa::backends::host::exp16(_mm512_loadu_ps(&x[i])));
+    for (int l = 0; l < 16; ++l) {
+      const float v = x[i + l];
+      if (std::isnan(v)) {
+        ASSERT_TRUE(std::isnan(out[l]));
+      } else if (v < -87.0f) {
+        ASSERT_EQ(out[l], 0.0f) << "x=" << v;
+      } else {
+        const double ref = std::exp(double(v < 88.0f ? v : 88.0f));
+        ASSERT_LE(std::abs(double(out[l]) - ref), 2 * ulp_of<float>(ref)) << "x=" << v;
+      }
+    }
+  }
+#else
+  GTEST_SKIP() << "built without AVX-512";
+#endif
 }
 
 // The host double exp likewise, against long double: at most 2 ulp.

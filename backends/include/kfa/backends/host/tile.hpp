@@ -23,6 +23,13 @@
 #include <cstring>
 #include <type_traits>
 
+#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__CUDACC__) && !defined(__HIPCC__) && \
+    !defined(__SYCL_DEVICE_ONLY__)
+#include <immintrin.h>
+/// Set while this header uses AVX-512 intrinsics (undefined at its end).
+#define KFA_HOST_AVX512 1
+#endif
+
 namespace kfa::backends::host {
 
 /// Bytes of the widest vector register the compiler may use for this translation unit.
@@ -133,6 +140,34 @@ KOKKOS_INLINE_FUNCTION Acc exp(Acc x) {
   else
     return exp_double(x);
 }
+
+#ifdef KFA_HOST_AVX512
+/// exp_float on 16 lanes with AVX-512's own steps: the same reduction and polynomial (about 1
+/// ulp), with 2^n applied by vscalefps instead of built in the exponent bits, and the clamps
+/// and the zero below -87 as one max, one min and a zero-masked scalef: about 14 instructions
+/// instead of 20, on the softmax's hot loop. NaN stays NaN (the clamps take x's NaN, the mask
+/// keeps its lane).
+inline __m512 exp16(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.0f), hi = _mm512_set1_ps(88.0f);
+  // vmaxps/vminps return their second operand when either is NaN: x goes second.
+  const __m512 xc = _mm512_min_ps(hi, _mm512_max_ps(lo, x));
+  const __m512 shifter = _mm512_set1_ps(12582912.0f);  // round to nearest as in exp_float
+  const __m512 n =
+      _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), shifter), shifter);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  // Lanes with x < -87 (-inf included) are 0; NaN compares unordered and is kept.
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ);
+  return _mm512_maskz_scalef_ps(keep, p, n);
+}
+#endif
 
 /// An m x n block of C (+)= A B by plain loops: the edges the micro-kernel blocks leave, and
 /// whole blocks where the vector extension is not available.
@@ -299,13 +334,30 @@ struct TileOps<
     }
   }
 
-  /// PortableTileOps::col_exp_sum, in the loop order of col_max, with the vectorisable exp.
+  /// PortableTileOps::col_exp_sum, in the loop order of col_max, with the vectorisable exp;
+  /// on AVX-512, float columns 16 at a time with exp16, shift and sum in registers.
   template <class Member>
   static KOKKOS_INLINE_FUNCTION void col_exp_sum(const Member& /*team*/, Acc* s, int lds, int j0,
                                                  int j1, int n, const Acc* shift, Acc* sum) {
+    int c0 = 0;
+#ifdef KFA_HOST_AVX512
+    if constexpr (std::is_same_v<Acc, float>) {
+      for (; c0 + 16 <= n; c0 += 16) {
+        const __m512 sh = _mm512_loadu_ps(shift + c0);
+        __m512 total = _mm512_setzero_ps();
+        for (int j = j0; j < j1; ++j) {
+          float* x = s + static_cast<std::ptrdiff_t>(j) * lds + c0;
+          const __m512 p = host::exp16(_mm512_sub_ps(_mm512_loadu_ps(x), sh));
+          _mm512_storeu_ps(x, p);
+          total = _mm512_add_ps(total, p);
+        }
+        _mm512_storeu_ps(sum + c0, _mm512_add_ps(_mm512_loadu_ps(sum + c0), total));
+      }
+    }
+#endif
     for (int j = j0; j < j1; ++j) {
       Acc* sj = s + static_cast<std::ptrdiff_t>(j) * lds;
-      for (int c = 0; c < n; ++c) {
+      for (int c = c0; c < n; ++c) {
         const Acc p = host::exp(sj[c] - shift[c]);
         sj[c] = p;
         sum[c] += p;
@@ -317,3 +369,4 @@ struct TileOps<
 }  // namespace kfa::backends
 
 #undef KFA_HOST_VECTOR_EXTENSION
+#undef KFA_HOST_AVX512
