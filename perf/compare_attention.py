@@ -193,12 +193,13 @@ def ort_command(a, impl, b, h, n, d, causal):
 
 
 def ort_matrix_bytes(impl, b, h, n, causal):
-    """The N x N float32 buffers ONNX Runtime holds at once (from its peak RSS): none on the
-    flash path; the unfused graph's scores and probabilities, and the causal mask built as a
-    constant and by Trilu."""
+    """The N x N float32 buffers ONNX Runtime holds at once, from its peak RSS (B = 1, H = 4,
+    N = 4096): none on the flash path; in the unfused graph two B x H x N x N ones, four when
+    causal (the masked copy of the scores among them), and then the N x N mask twice (the
+    constant and Trilu's output)."""
     if impl == "ort":
         return 0
-    return 2 * b * h * n * n * 4 + (2 * n * n * 4 if causal else 0)
+    return (4 if causal else 2) * b * h * n * n * 4 + (2 * n * n * 4 if causal else 0)
 
 
 def run_ort(a, env, pin, path):
@@ -428,14 +429,14 @@ class Results:
 def report(a, res, md_path, command, ort_why):
     ort_impls = [i for i in a.impls if i in ORT]
     peak = ", ".join(f"{t} {r / 1e9:.1f} GFLOP/s" for t, r in res.peak.items())
-    if res.ort_ctx:
+    if not ort_impls:
+        ort_line = "not asked (--impls)"
+    elif res.ort_ctx:
         c = res.ort_ctx
         ort_line = (f"onnxruntime-node {c['ort_version']} (Node.js {c['node_version']}), CPU "
                     f"execution provider, {c['threads']} thread; ops: {', '.join(c['ops'])}")
-    elif ort_impls:
-        ort_line = f"not measured ({ort_why or 'no figures'})"
     else:
-        ort_line = "not asked (--impls)"
+        ort_line = f"not measured ({ort_why or 'no float forward case asked'})"
     lines = [f"# kfa against the unfused baseline, PyTorch and ONNX Runtime, one core ({a.date})",
              ""]
     space = res.ctx.get("kokkos_execution_space", "?")
@@ -649,8 +650,10 @@ def main():
     if a.mem_n and not (a.reuse and os.path.exists(mem_path)):
         run_memory(a, env, pin, mem_path, peers)
 
+    # A reused ORT file is read even where onnxruntime-node is no longer installed.
     res = Results(bench_path, torch_path if with_torch else None,
-                  ort_path if with_ort and ort_cases else None, mem_path if a.mem_n else None)
+                  ort_path if (with_ort and ort_cases) or a.reuse else None,
+                  mem_path if a.mem_n else None)
     report(a, res, stem + ".md", command, ort_why)
     plotted = plot(a, res, stem + ".png", stem + "-memory.png")
     print(f"wrote {stem}.md" + (f", {stem}.png" if plotted else "")
