@@ -52,7 +52,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-import tables  # noqa: E402  (the Google Benchmark JSON loader shared with the older tables)
+import tables  # noqa: E402  (the Google Benchmark JSON loader the older tables use too)
 
 PASSES = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward + backward"}
 IMPLS = {"kfa": "kfa", "unfused": "unfused", "torch": "PyTorch", "ort": "ORT flash",
@@ -263,7 +263,7 @@ def peak_rss(cmd, env):
 
     Through GNU time where it is installed: its child is forked from a small process, whereas a
     child spawned from this script starts with the script's own peak resident size (about
-    15 MiB, shared with it until exec), which then floors the figure wait4 reports."""
+    15 MiB, the parent's pages until exec), which then floors the figure wait4 reports."""
     timer = gnu_time()
     if timer:
         cmd = [timer, "-f", "peak-rss-kib %M"] + cmd
