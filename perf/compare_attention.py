@@ -40,6 +40,7 @@ GPU (perf/compare_gpu.py, whose flags follow: --build DIR of a CUDA build, --dry
 """
 import argparse
 import datetime
+import itertools
 import json
 import os
 import re
@@ -195,8 +196,7 @@ def ort_command(a, impl, b, h, n, d, causal):
 def ort_matrix_bytes(impl, b, h, n, causal):
     """The N x N float32 buffers ONNX Runtime holds at once, from its peak RSS (B = 1, H = 4,
     N = 4096): none on the flash path; in the unfused graph two B x H x N x N ones, four when
-    causal (the masked copy of the scores among them), and then the N x N mask twice (the
-    constant and Trilu's output)."""
+    causal, and then the N x N mask twice (ConstantOfShape's and Trilu's outputs)."""
     if impl == "ort":
         return 0
     return (4 if causal else 2) * b * h * n * n * 4 + (2 * n * n * 4 if causal else 0)
@@ -207,37 +207,32 @@ def run_ort(a, env, pin, path):
     H = 4 like the other timings. A case whose output fails the script's check against its
     float64 reference (exit status 1) is recorded as failed; any other failure stops the run."""
     min_time = 0.5 if a.min_time is None else a.min_time  # Google Benchmark's default
+    cases = itertools.product([i for i in a.impls if i in ORT],
+                              [p for p in a.passes if p in ORT_PASSES],
+                              [t for t in a.types if t in ORT_TYPES], a.causal, a.d, a.n)
     results = []
-    for impl in (i for i in a.impls if i in ORT):
-        for pass_ in (p for p in a.passes if p in ORT_PASSES):
-            for t in (t for t in a.types if t in ORT_TYPES):
-                for c in a.causal:
-                    for d in a.d:
-                        for n in a.n:
-                            r = {"impl": impl, "pass": pass_, "type": t, "B": 1, "H": 4, "N": n,
-                                 "D": d, "causal": c}
-                            need = ort_matrix_bytes(impl, 1, 4, n, c)
-                            if need > a.budget_gib * 2**30:
-                                r["skipped"] = f"N x N buffers need {need / 2**30:.1f} GiB"
-                                results.append(r)
-                                continue
-                            cmd = pin + ort_command(a, impl, 1, 4, n, d, c) + [
-                                "--warmup", "1", "--repeat", "3", "--min-time", str(min_time)]
-                            print("+", " ".join(shlex.quote(x) for x in cmd), flush=True)
-                            run = subprocess.run(cmd, env=env, capture_output=True, text=True)
-                            sys.stderr.write(run.stderr)
-                            lines = run.stdout.strip().splitlines()
-                            if run.returncode not in (0, 1) or not lines:
-                                sys.exit(f"compare_attention: {cmd[len(pin)]} failed with status "
-                                         f"{run.returncode}")
-                            print(lines[-1], flush=True)
-                            r.update(json.loads(lines[-1]))
-                            r["flops_per_s"] = r["flops"] / r["mean_s"]
-                            if run.returncode == 1:
-                                r["failed"] = f"max abs error {r['max_abs_err']:.3g}"
-                                print(f"compare_attention: {IMPLS[impl]} N={n} D={d} causal={c}: "
-                                      f"output check failed ({r['failed']})", file=sys.stderr)
-                            results.append(r)
+    for impl, pass_, t, c, d, n in cases:
+        r = {"impl": impl, "pass": pass_, "type": t, "B": 1, "H": 4, "N": n, "D": d, "causal": c}
+        results.append(r)
+        need = ort_matrix_bytes(impl, 1, 4, n, c)
+        if need > a.budget_gib * 2**30:
+            r["skipped"] = f"N x N buffers need {need / 2**30:.1f} GiB"
+            continue
+        cmd = pin + ort_command(a, impl, 1, 4, n, d, c) + [
+            "--warmup", "1", "--repeat", "3", "--min-time", str(min_time)]
+        print("+", " ".join(shlex.quote(x) for x in cmd), flush=True)
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        sys.stderr.write(run.stderr)
+        lines = run.stdout.strip().splitlines()
+        if run.returncode not in (0, 1) or not lines:
+            sys.exit(f"compare_attention: {cmd[len(pin)]} failed with status {run.returncode}")
+        print(lines[-1], flush=True)
+        r.update(json.loads(lines[-1]))
+        r["flops_per_s"] = r["flops"] / r["mean_s"]  # the mean, as Google Benchmark reports
+        if run.returncode == 1:
+            r["failed"] = f"max abs error {r['max_abs_err']:.3g}"
+            print(f"compare_attention: {IMPLS[impl]} N={n} D={d} causal={c}: output check "
+                  f"failed ({r['failed']})", file=sys.stderr)
     with open(ort_package_json(a)) as f:
         version = json.load(f)["version"]
     node = subprocess.run([shutil.which("node"), "--version"], capture_output=True,
@@ -379,8 +374,10 @@ class Results:
         self.rows, self.sgemm, self.ctx = \
             tables.load(bench_path) if os.path.exists(bench_path) else ({}, None, {})
         self.peak = tables.fma_peaks(self.rows)  # FLOP/s by type
-        self.torch_ctx, self.torch = self._cases(torch_path, lambda r: ())
-        self.ort_ctx, self.ort = self._cases(ort_path, lambda r: (r["impl"],))
+        # The peers' cases by (impl, pass, type, N, D, causal).
+        self.torch_ctx, torch = self._cases(torch_path, lambda r: "torch")
+        self.ort_ctx, ort = self._cases(ort_path, lambda r: r["impl"])
+        self.peers = {**torch, **ort}
         self.mem, self.mem_method = [], None
         if mem_path and os.path.exists(mem_path):
             with open(mem_path) as f:
@@ -388,12 +385,12 @@ class Results:
             self.mem, self.mem_method = data["runs"], data.get("method")
 
     @staticmethod
-    def _cases(path, prefix):
+    def _cases(path, impl):
         if not path or not os.path.exists(path):
             return {}, {}
         with open(path) as f:
             data = json.load(f)
-        return data["context"], {prefix(r) + (r["pass"], r["type"], r["N"], r["D"], r["causal"]): r
+        return data["context"], {(impl(r), r["pass"], r["type"], r["N"], r["D"], r["causal"]): r
                                  for r in data["results"]}
 
     def bench(self, impl, pass_, t, n, d, c):
@@ -412,8 +409,7 @@ class Results:
             return (None, "skipped") if b.get("error_occurred") else (b["FLOP/s"] / 1e9, None)
         if impl in ORT and (pass_ not in ORT_PASSES or t not in ORT_TYPES):
             return None, "n/a"
-        r = (self.torch if impl == "torch" else self.ort).get(
-            (() if impl == "torch" else (impl,)) + (pass_, t, n, d, c))
+        r = self.peers.get((impl, pass_, t, n, d, c))
         if r is None:
             return None, None
         if "skipped" in r:
