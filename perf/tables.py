@@ -59,7 +59,8 @@ def ms(b):
 
 def header(path, rows, sgemm, ctx):
     space = ctx.get("kokkos_execution_space", "?")
-    rates = [f"FMA peak {r / 1e9:.1f} GFLOP/s {t}" for t, r in fma_peaks(rows).items()]
+    peaks = ", ".join(f"{t} {r / 1e9:.1f}" for t, r in fma_peaks(rows).items())
+    rates = [f"FMA peak {peaks} GFLOP/s"] if peaks else []
     if sgemm:
         rates.append(f"sgemm 2048^3 {sgemm / 1e9:.1f} GFLOP/s")
     print(f"\n`{path}`: {space}, Kokkos {ctx.get('kokkos_version', '?')}, "
