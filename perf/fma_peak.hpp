@@ -3,8 +3,10 @@
 // the same run as the attention cases. kfa's speed is judged by its GFLOP/s as a fraction of
 // this peak (docs/performance.md): the figure a kernel can approach, where a BLAS's sgemm is
 // only a peer and the vendor's nominal peak assumes a clock the core may not hold under load.
-// Measuring it beside the kernels means turbo, thermal state and a busy neighbour affect both
-// alike, so the ratio holds when the absolute figures move.
+// Measuring it beside the kernels means turbo, thermal state and the load on the other cores
+// affect both alike, so the ratio holds when the absolute figures move. Not so another process
+// on the same core, which takes its time from one case and not another: the run needs the
+// core to itself.
 //
 // The probe: 12 independent accumulators, each updated acc = acc * a + b by one FMA on the
 // widest vector the compiler targets, kept in registers, the compiler kept from folding the
