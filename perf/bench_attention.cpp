@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "common.hpp"
+#include "fma_peak.hpp"
 #include "unfused.hpp"
 
 namespace {
@@ -110,6 +111,7 @@ void register_type(const char* type) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kfa_bench::register_fma_peak();
   register_type<float>("float");
   register_type<double>("double");
   return kfa_bench::run_main(argc, argv);

@@ -6,6 +6,7 @@
 #include <kfa/kfa.hpp>
 
 #include "common.hpp"
+#include "fma_peak.hpp"
 
 namespace {
 
@@ -78,5 +79,6 @@ BENCHMARK(BM_dropout)
 }  // namespace
 
 int main(int argc, char** argv) {
+  kfa_bench::register_fma_peak();
   return kfa_bench::run_main(argc, argv);
 }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common.hpp"
+#include "fma_peak.hpp"
 
 namespace {
 
@@ -71,5 +72,6 @@ BENCHMARK(BM_decode)
 }  // namespace
 
 int main(int argc, char** argv) {
+  kfa_bench::register_fma_peak();
   return kfa_bench::run_main(argc, argv);
 }

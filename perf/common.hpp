@@ -1,7 +1,8 @@
 #pragma once
 // What the kfa benchmarks share: device-side input filling, a timed call between fences, the
-// sgemm ceiling the GFLOP/s are quoted against (docs/performance.md), and the main that records the
-// revision and the Kokkos configuration in the benchmark context.
+// sgemm rate the GFLOP/s are quoted beside (a peer; the ceiling is the FMA peak of
+// fma_peak.hpp, docs/performance.md), and the main that records the revision and the Kokkos
+// configuration in the benchmark context.
 #include <benchmark/benchmark.h>
 #include <Kokkos_Core.hpp>
 
@@ -95,8 +96,9 @@ inline benchmark::Counter flop_rate(double flops) {
 }
 
 #ifdef KFA_HAVE_KOKKOSKERNELS
-/// The machine's sgemm rate through Kokkos Kernels (a vendor BLAS where one is configured):
-/// the ceiling the attention GFLOP/s are quoted against, measured in the same run.
+/// The machine's sgemm rate through Kokkos Kernels (a vendor BLAS where one is configured),
+/// measured in the same run: what a BLAS reaches on this core, quoted beside the attention
+/// GFLOP/s; their ceiling is BM_fma_peak (fma_peak.hpp).
 inline void BM_sgemm(benchmark::State& state) {
   const int n = state.range(0);
   Kokkos::View<float**, Kokkos::LayoutRight, Exec::memory_space> a("a", n, n), b("b", n, n),

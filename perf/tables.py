@@ -7,9 +7,11 @@
 
 decode: the split-KV decode table (BM_decode); backward: dQ strategies and forward+backward
 (BM_backward, BM_forward_backward); dropout: each pass with p = 0.1 against p = 0 (BM_dropout).
-With --benchmark_repetitions the median of the repetitions is used. Each table quotes the times side by side from one run and
-the GFLOP/s as a fraction of the sgemm rate measured in the same run (docs/performance.md). --plot draws
-the same figures (needs matplotlib), one panel per JSON file.
+With --benchmark_repetitions the median of the repetitions is used. Each table quotes the times
+side by side from one run and the GFLOP/s as a fraction of the core's FMA peak (BM_fma_peak,
+perf/fma_peak.hpp) and of the sgemm rate, both measured in the same run (docs/performance.md);
+`-` where the run has no such case. --plot draws the same figures (needs matplotlib), one panel
+per JSON file.
 """
 import json
 import re
@@ -26,7 +28,7 @@ def load(path):
             continue
         # Repetitions share a name; their median aggregate comes last and wins.
         name = b["run_name"] if "run_name" in b else b["name"]
-        name = name.replace("/manual_time", "")
+        name = name.replace("/manual_time", "").replace("/real_time", "")
         if name.startswith("BM_sgemm"):
             sgemm = b["FLOP/s"]
             continue
@@ -38,21 +40,37 @@ def load(path):
     return rows, sgemm, ctx
 
 
+def fma_peaks(rows):
+    """The FMA peak of each type measured in the run, in FLOP/s: {"float": ..., "double": ...},
+    empty for runs made before BM_fma_peak existed."""
+    return {name[len("BM_fma_peak<"):-1]: b["FLOP/s"] for (name, _), b in rows.items()
+            if name.startswith("BM_fma_peak<") and not b.get("error_occurred")}
+
+
+def of(rate, ceiling):
+    """rate as a fraction of ceiling, or `-` without a ceiling."""
+    return f"{rate / ceiling:.2f}" if ceiling else "-"
+
+
 def ms(b):
     scale = {"ms": 1.0, "us": 1e-3, "ns": 1e-6, "s": 1e3}[b["time_unit"]]
     return b["real_time"] * scale
 
 
-def header(path, sgemm, ctx):
+def header(path, rows, sgemm, ctx):
     space = ctx.get("kokkos_execution_space", "?")
+    peaks = ", ".join(f"{t} {r / 1e9:.1f}" for t, r in fma_peaks(rows).items())
+    rates = [f"FMA peak {peaks} GFLOP/s"] if peaks else []
+    if sgemm:
+        rates.append(f"sgemm 2048^3 {sgemm / 1e9:.1f} GFLOP/s")
     print(f"\n`{path}`: {space}, Kokkos {ctx.get('kokkos_version', '?')}, "
-          f"revision {ctx.get('kfa_git_revision', '?')}, "
-          f"sgemm 2048^3 {sgemm / 1e9:.1f} GFLOP/s in the same run\n" if sgemm else "\n")
+          f"revision {ctx.get('kfa_git_revision', '?')}"
+          + (f"; in the same run: {', '.join(rates)}" if rates else "") + "\n")
 
 
 def decode(path):
     rows, sgemm, ctx = load(path)
-    header(path, sgemm, ctx)
+    header(path, rows, sgemm, ctx)
     print("| H | Nq | Nk | unsplit ms | auto ms | 8 splits ms | 32 splits ms | "
           "auto/unsplit | 8/unsplit | 32/unsplit | unsplit K+V GB/s |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -76,10 +94,11 @@ def decode(path):
 
 def backward(path):
     rows, sgemm, ctx = load(path)
-    header(path, sgemm, ctx)
+    header(path, rows, sgemm, ctx)
+    peak = fma_peaks(rows).get("float")  # the backward suite is float
     print("| N | D | causal | atomic dQ ms | deterministic ms | det/atomic | "
-          "atomic GFLOP/s | of sgemm | fwd+bwd ms (atomic) | fwd+bwd GFLOP/s |")
-    print("|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|")
+          "atomic GFLOP/s | of FMA peak | of sgemm | fwd+bwd ms (atomic) | fwd+bwd GFLOP/s |")
+    print("|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for causal in (0, 1):
         for d in (64, 128):
             for n in (1024, 2048, 4096, 8192):
@@ -92,17 +111,19 @@ def backward(path):
                 if not a or not det:
                     continue
                 g = a["FLOP/s"] / 1e9
-                frac = f"{a['FLOP/s'] / sgemm:.2f}" if sgemm else "-"
                 fbc = f"{ms(fb):.0f} | {fb['FLOP/s'] / 1e9:.1f}" if fb else "- | -"
                 print(f"| {n} | {d} | {'yes' if causal else 'no'} | {ms(a):.1f} | "
-                      f"{ms(det):.1f} | {ms(det) / ms(a):.2f} | {g:.1f} | {frac} | {fbc} |")
+                      f"{ms(det):.1f} | {ms(det) / ms(a):.2f} | {g:.1f} | "
+                      f"{of(a['FLOP/s'], peak)} | {of(a['FLOP/s'], sgemm)} | {fbc} |")
 
 
 def dropout(path):
     rows, sgemm, ctx = load(path)
-    header(path, sgemm, ctx)
-    print("| pass | N | D | p = 0 ms | p = 0.1 ms | ratio | p = 0 GFLOP/s | of sgemm |")
-    print("|:---|---:|---:|---:|---:|---:|---:|---:|")
+    header(path, rows, sgemm, ctx)
+    peak = fma_peaks(rows).get("float")  # the dropout cases are float
+    print("| pass | N | D | p = 0 ms | p = 0.1 ms | ratio | p = 0 GFLOP/s | of FMA peak | "
+          "of sgemm |")
+    print("|:---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for bwd in (0, 1):
         for d in (64, 128):
             for n in (2048, 4096):
@@ -112,10 +133,9 @@ def dropout(path):
                 off, on = get(0), get(10)
                 if not off or not on:
                     continue
-                frac = f"{off['FLOP/s'] / sgemm:.2f}" if sgemm else "-"
                 print(f"| {'backward' if bwd else 'forward'} | {n} | {d} | {ms(off):.0f} | "
                       f"{ms(on):.0f} | {ms(on) / ms(off):.2f} | {off['FLOP/s'] / 1e9:.1f} | "
-                      f"{frac} |")
+                      f"{of(off['FLOP/s'], peak)} | {of(off['FLOP/s'], sgemm)} |")
 
 
 def plot(kind, paths, out):
