@@ -165,10 +165,11 @@ TEST(Tiles, PortableRowsDouble) {
   check_rows<kfa::backends::PortableTileOps<double>, double>();
 }
 
-// col_max and col_exp_sum on a key-major score tile (rows of keys, columns of queries):
-// rows [j0, j1) of the first n columns, n across the 16-lane blocks and their tails. Masked
-// keys (-inf) give 0, a column whose shift is 0 and whose keys are all masked stays at sum 0,
-// and nothing outside rows [j0, j1) or columns [0, n) is touched.
+// col_softmax on a key-major score tile (rows of keys, columns of queries): rows [j0, j1) of
+// the first n columns, n across the 16-lane blocks and their tails, against the combiner's
+// rule computed here in double. Columns whose earlier partial is empty (m = -inf) or not,
+// masked keys (-inf) giving P = 0, a column that has seen nothing at all (alpha 0, l 0), and
+// nothing outside rows [j0, j1) or columns [0, n) touched.
 template <class Ops, class Acc>
 void check_cols(bool threads = false) {
   const int lds = 53, rows = 64;
@@ -184,47 +185,57 @@ void check_cols(bool threads = false) {
       if (e % 11 == 3) s[e] = -inf;  // masked keys
     }
     for (int j = 0; j < rows; ++j)
-      s[std::size_t(j) * lds + 4] = -inf;  // column 4 sees nothing
+      s[std::size_t(j) * lds + 4] = -inf;  // column 4 sees nothing in this tile
     const auto s0 = s;
-    std::vector<Acc> mx(lds, -inf), sum(lds, Acc(0.25)), shift(lds, Acc(0));
-    for (int c = 0; c < lds; ++c)
-      mx[c] = c % 3 == 0 ? Acc(2.5) : -inf;  // an earlier tile's maximum for some columns
-    const auto mx0 = mx;
+    std::vector<Acc> m(lds), l(lds), alpha(lds, Acc(-7));
+    for (int c = 0; c < lds; ++c) {
+      // An earlier partial above the tile's values, within them, or empty (column 4: empty).
+      m[c] = c % 3 == 0 ? Acc(9.5) : c % 3 == 1 && c != 4 ? Acc(1.25) : -inf;
+      l[c] = m[c] == -inf ? Acc(0) : Acc(0.5 + 0.01 * c);
+    }
+    const auto m0 = m, l0 = l, alpha0 = alpha;
     on_one_team(
         [&](const Member& team) {
-          Ops::col_max(team, s.data(), lds, cs.j0, cs.j1, cs.n, mx.data());
-          team.team_barrier();
-          Kokkos::single(Kokkos::PerTeam(team), [&]() {
-            for (int c = 0; c < lds; ++c)
-              shift[c] = mx[c] == -inf ? Acc(0) : mx[c];
-          });
-          team.team_barrier();
-          Ops::col_exp_sum(team, s.data(), lds, cs.j0, cs.j1, cs.n, shift.data(), sum.data());
+          Ops::col_softmax(team, s.data(), lds, cs.j0, cs.j1, cs.n, m.data(), l.data(),
+                           alpha.data());
         },
         threads);
     const double eps = std::numeric_limits<Acc>::epsilon();
     for (int c = 0; c < lds; ++c) {
-      double ref_max = mx0[c];
+      if (c >= cs.n) {
+        ASSERT_EQ(m[c], m0[c]);
+        ASSERT_EQ(l[c], l0[c]);
+        ASSERT_EQ(alpha[c], alpha0[c]);
+      }
+      double top = m0[c];
       for (int j = cs.j0; j < cs.j1 && c < cs.n; ++j)
-        ref_max = std::max(ref_max, double(s0[std::size_t(j) * lds + c]));
-      ASSERT_EQ(double(mx[c]), ref_max) << "c=" << c;
-      const double sh = double(shift[c]);
-      double ref_sum = 0.25;
+        top = std::max(top, double(s0[std::size_t(j) * lds + c]));
+      const double shift = top == -double(inf) ? 0.0 : top;
+      const double a = std::exp(double(m0[c]) - shift);  // 0 for an empty partial
+      double sum = 0;
       for (int j = 0; j < rows; ++j) {
         const std::size_t e = std::size_t(j) * lds + c;
         if (c >= cs.n || j < cs.j0 || j >= cs.j1) {
           ASSERT_EQ(s[e], s0[e]) << "outside the block is not touched: j=" << j << " c=" << c;
           continue;
         }
-        const double x = double(s0[e]) - sh;
-        const double ref = std::exp(x);
-        ref_sum += ref;
+        const double x = double(s0[e]) - shift;
+        const double p = std::exp(x);
+        sum += p;
         if (s0[e] == -inf)
-          ASSERT_EQ(s[e], Acc(0)) << "a masked key gives 0: j=" << j << " c=" << c;
+          ASSERT_EQ(s[e], Acc(0)) << "a masked key gives P = 0: j=" << j << " c=" << c;
         else
-          ASSERT_NEAR(s[e], ref, ref * (4 + std::abs(x)) * eps) << "j=" << j << " c=" << c;
+          ASSERT_NEAR(s[e], p, p * (4 + std::abs(x)) * eps) << "j=" << j << " c=" << c;
       }
-      ASSERT_NEAR(sum[c], ref_sum, ref_sum * 70 * eps) << "c=" << c;
+      if (c >= cs.n) continue;
+      ASSERT_EQ(double(m[c]), top) << "c=" << c;
+      if (m0[c] == -inf)
+        ASSERT_EQ(alpha[c], Acc(0)) << "c=" << c << ": an empty partial weighs 0";
+      else
+        ASSERT_NEAR(alpha[c], a, a * (4 + std::abs(double(m0[c]) - shift)) * eps) << "c=" << c;
+      const double l_ref = a * double(l0[c]) + sum;
+      ASSERT_NEAR(l[c], l_ref, l_ref * 80 * eps) << "c=" << c;
+      if (top == -double(inf)) ASSERT_EQ(l[c], Acc(0)) << "c=" << c << " has seen nothing";
     }
   }
 }

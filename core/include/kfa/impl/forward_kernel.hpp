@@ -95,13 +95,12 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
 
   /// Team scratch: Q_i, O~_i (Br x D), K_j^T (D x Bc), V_j (Bc x D), S_ij (Br x Bc), m, l (Br);
   /// rows ldd or ldc apart. Key-major (TileTraits::key_major_scores): Q_i^T (D x Br), K_j
-  /// (Bc x D) and S_ij^T (Bc x Br), rows of Br elements ldq apart, and two more arrays of Br
-  /// (the tile's column maxima, then the rescale factors).
+  /// (Bc x D) and S_ij^T (Bc x Br), rows of Br elements ldq apart, and one more array of Br
+  /// (the rows' rescale factors).
   std::size_t scratch_bytes() const {
     const std::size_t br = Br, bc = Bc, d = head_dim;
     if (key_major)
-      return base::scratch_bytes(
-          {d * ldq(), br * ldd, bc * ldd, bc * ldd, bc * ldq(), br, br, br, br});
+      return base::scratch_bytes({d * ldq(), br * ldd, bc * ldd, bc * ldd, bc * ldq(), br, br, br});
     return base::scratch_bytes({br * ldd, br * ldd, d * ldc, bc * ldd, br * ldc, br, br});
   }
   /// Row stride of the key-major tiles Br wide.
@@ -235,8 +234,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     acc_t* st = base::carve(scr, std::size_t(Bc) * ldq);
     m = base::carve(scr, std::size_t(Br));
     l = base::carve(scr, std::size_t(Br));
-    acc_t* top = base::carve(scr, std::size_t(Br));    // the tile's column maxima, then m'
-    acc_t* alpha = base::carve(scr, std::size_t(Br));  // e^(m - m')
+    acc_t* alpha = base::carve(scr, std::size_t(Br));  // e^(m - m') of the last tile
 
     // Q_i^T, once, pre-multiplied by the scale (the score transform's x = scale q.k).
     ops::for_each_element(team, nr, D, [&](int r, int d) {
@@ -295,22 +293,9 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
         });
         team.team_barrier();
       }
-      // The online-softmax step of every row (see update_row for the combiner's terms).
-      Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr),
-                           [&](int r) { top[r] = -backends::infinity<acc_t>(); });
-      team.team_barrier();
-      ops::col_max(team, st, ldq, cb, ce, nr, top);
-      team.team_barrier();
-      Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr), [&](int r) {
-        const Rescale<acc_t> merge = rescale(m[r], top[r]);
-        alpha[r] = merge.alpha;
-        m[r] = merge.m;
-        l[r] *= merge.alpha;
-        // A row that has seen nothing yet keeps m = -inf: shift by 0 so that its P = e^-inf = 0.
-        top[r] = merge.m == -backends::infinity<acc_t>() ? acc_t(0) : merge.m;
-      });
-      team.team_barrier();
-      ops::col_exp_sum(team, st, ldq, cb, ce, nr, top, l);
+      // The online-softmax step of every row at once: the combiner of kfa/combine.hpp down
+      // the columns (TileOps::col_softmax), P in S^T's place, alpha = e^(m - m') per row.
+      ops::col_softmax(team, st, ldq, cb, ce, nr, m, l, alpha);
       if (dropout.enabled) {
         team.team_barrier();
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
@@ -319,8 +304,12 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
                            [&](int c, acc_t z) { st[c * ldq + r] *= z; });
         });
       }
-      ops::for_each_element(team, nr, D, [&](int r, int d) {
-        if (alpha[r] != acc_t(1)) os[r * ldd + d] *= alpha[r];
+      team.team_barrier();
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
+        const acc_t a = alpha[r];
+        acc_t* orow = os + static_cast<std::ptrdiff_t>(r) * ldd;
+        if (a != acc_t(1))  // 1 for most rows once their maximum has settled
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D), [&](int d) { orow[d] *= a; });
       });
       team.team_barrier();
       ops::gemm(team, nr, D, ce - cb, st + static_cast<std::ptrdiff_t>(cb) * ldq, 1, ldq,

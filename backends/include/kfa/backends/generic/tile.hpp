@@ -110,34 +110,32 @@ struct PortableTileOps {
     return sum;
   }
 
-  /// Column maxima of a key-major score tile, by the whole team: for c < n,
-  /// mx[c] = max(mx[c], s[j * lds + c] for j in [j0, j1)).
+  /// The online-softmax step of a key-major score tile (TileTraits::key_major_scores), by the
+  /// whole team: rows [j0, j1) of s (keys, lds apart) and its first n columns (queries). For
+  /// each column c, the partial (m[c], l[c]) of the keys before takes in the tile's by the
+  /// combiner's rule (kfa/combine.hpp, rescale): m' = max(m[c], max_j s[j][c]),
+  /// alpha[c] = e^(m[c] - m'), s[j][c] = e^(s[j][c] - m'), l[c] = alpha[c] l[c] + sum_j s[j][c],
+  /// m[c] = m'. A column whose m' is -inf (no key seen yet; masked keys are -inf) gets
+  /// alpha = 0 and P = 0, so its l stays 0. The caller scales its O~ rows by alpha.
   template <class Member>
-  static KOKKOS_INLINE_FUNCTION void col_max(const Member& team, const Acc* s, int lds, int j0,
-                                             int j1, int n, Acc* mx) {
+  static KOKKOS_INLINE_FUNCTION void col_softmax(const Member& team, Acc* s, int lds, int j0,
+                                                 int j1, int n, Acc* m, Acc* l, Acc* alpha) {
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, n), [&](int c) {
-      Acc m = mx[c];
+      Acc top = m[c];
       for (int j = j0; j < j1; ++j) {
         const Acc x = s[static_cast<std::ptrdiff_t>(j) * lds + c];
-        m = x > m ? x : m;
+        top = x > top ? x : top;
       }
-      mx[c] = m;
-    });
-  }
-
-  /// The column form of row_exp_sum, by the whole team: for c < n and j in [j0, j1),
-  /// s[j * lds + c] = exp(s[j * lds + c] - shift[c]), and sum[c] += the column's sum of them.
-  template <class Member>
-  static KOKKOS_INLINE_FUNCTION void col_exp_sum(const Member& team, Acc* s, int lds, int j0,
-                                                 int j1, int n, const Acc* shift, Acc* sum) {
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, n), [&](int c) {
-      Acc total = 0;
+      const Acc shift = top == -infinity<Acc>() ? Acc(0) : top;
+      Acc sum = 0;
       for (int j = j0; j < j1; ++j) {
         Acc& x = s[static_cast<std::ptrdiff_t>(j) * lds + c];
-        x = backends::exp(x - shift[c]);
-        total += x;
+        x = backends::exp(x - shift);
+        sum += x;
       }
-      sum[c] += total;
+      alpha[c] = backends::exp(m[c] - shift);
+      l[c] = alpha[c] * l[c] + sum;
+      m[c] = top;
     });
   }
 };

@@ -322,45 +322,58 @@ struct TileOps<
     return sum;
   }
 
-  /// PortableTileOps::col_max: rows outer, the n columns inner and unit-stride, so that the
-  /// compiler vectorises across columns.
+  /// PortableTileOps::col_softmax with the vectorisable exp. On AVX-512, float columns 16 at a
+  /// time: maximum, shift and sum in registers, exp16. Elsewhere, and for the last n % 16
+  /// columns, loops the compiler vectorises across columns (rows outer, columns inner).
   template <class Member>
-  static KOKKOS_INLINE_FUNCTION void col_max(const Member& /*team*/, const Acc* s, int lds, int j0,
-                                             int j1, int n, Acc* mx) {
-    for (int j = j0; j < j1; ++j) {
-      const Acc* sj = s + static_cast<std::ptrdiff_t>(j) * lds;
-      for (int c = 0; c < n; ++c)
-        mx[c] = sj[c] > mx[c] ? sj[c] : mx[c];
-    }
-  }
-
-  /// PortableTileOps::col_exp_sum, in the loop order of col_max, with the vectorisable exp;
-  /// on AVX-512, float columns 16 at a time with exp16, shift and sum in registers.
-  template <class Member>
-  static KOKKOS_INLINE_FUNCTION void col_exp_sum(const Member& /*team*/, Acc* s, int lds, int j0,
-                                                 int j1, int n, const Acc* shift, Acc* sum) {
+  static KOKKOS_INLINE_FUNCTION void col_softmax(const Member& /*team*/, Acc* s, int lds, int j0,
+                                                 int j1, int n, Acc* m, Acc* l, Acc* alpha) {
     int c0 = 0;
 #ifdef KFA_HOST_AVX512
     if constexpr (std::is_same_v<Acc, float>) {
+      const __m512 minus_inf = _mm512_set1_ps(-infinity<float>());
       for (; c0 + 16 <= n; c0 += 16) {
-        const __m512 sh = _mm512_loadu_ps(shift + c0);
-        __m512 total = _mm512_setzero_ps();
+        const __m512 m_old = _mm512_loadu_ps(m + c0);
+        __m512 top = m_old;
+        for (int j = j0; j < j1; ++j)
+          top = _mm512_max_ps(_mm512_loadu_ps(s + static_cast<std::ptrdiff_t>(j) * lds + c0), top);
+        const __m512 shift = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(top, minus_inf, _CMP_EQ_OQ),
+                                                  top, _mm512_setzero_ps());
+        __m512 sum = _mm512_setzero_ps();
         for (int j = j0; j < j1; ++j) {
           float* x = s + static_cast<std::ptrdiff_t>(j) * lds + c0;
-          const __m512 p = host::exp16(_mm512_sub_ps(_mm512_loadu_ps(x), sh));
+          const __m512 p = host::exp16(_mm512_sub_ps(_mm512_loadu_ps(x), shift));
           _mm512_storeu_ps(x, p);
-          total = _mm512_add_ps(total, p);
+          sum = _mm512_add_ps(sum, p);
         }
-        _mm512_storeu_ps(sum + c0, _mm512_add_ps(_mm512_loadu_ps(sum + c0), total));
+        const __m512 a = host::exp16(_mm512_sub_ps(m_old, shift));
+        _mm512_storeu_ps(alpha + c0, a);
+        _mm512_storeu_ps(l + c0, _mm512_fmadd_ps(a, _mm512_loadu_ps(l + c0), sum));
+        _mm512_storeu_ps(m + c0, top);
       }
     }
 #endif
+    if (c0 >= n) return;
+    // alpha holds the maxima until it holds the factors; the shift is 0 where m' is -inf.
+    for (int c = c0; c < n; ++c)
+      alpha[c] = m[c];
+    for (int j = j0; j < j1; ++j) {
+      const Acc* sj = s + static_cast<std::ptrdiff_t>(j) * lds;
+      for (int c = c0; c < n; ++c)
+        alpha[c] = sj[c] > alpha[c] ? sj[c] : alpha[c];
+    }
+    for (int c = c0; c < n; ++c) {
+      const Acc top = alpha[c], shift = top == -infinity<Acc>() ? Acc(0) : top;
+      alpha[c] = host::exp(m[c] - shift);
+      l[c] *= alpha[c];
+      m[c] = top;
+    }
     for (int j = j0; j < j1; ++j) {
       Acc* sj = s + static_cast<std::ptrdiff_t>(j) * lds;
       for (int c = c0; c < n; ++c) {
-        const Acc p = host::exp(sj[c] - shift[c]);
+        const Acc p = host::exp(sj[c] - (m[c] == -infinity<Acc>() ? Acc(0) : m[c]));
         sj[c] = p;
-        sum[c] += p;
+        l[c] += p;
       }
     }
   }
