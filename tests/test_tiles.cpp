@@ -222,20 +222,24 @@ void check_cols(bool threads = false) {
         const double x = double(s0[e]) - shift;
         const double p = std::exp(x);
         sum += p;
-        if (s0[e] == -inf)
+        if (s0[e] == -inf) {
           ASSERT_EQ(s[e], Acc(0)) << "a masked key gives P = 0: j=" << j << " c=" << c;
-        else
+        } else {
           ASSERT_NEAR(s[e], p, p * (4 + std::abs(x)) * eps) << "j=" << j << " c=" << c;
+        }
       }
       if (c >= cs.n) continue;
       ASSERT_EQ(double(m[c]), top) << "c=" << c;
-      if (m0[c] == -inf)
+      if (m0[c] == -inf) {
         ASSERT_EQ(alpha[c], Acc(0)) << "c=" << c << ": an empty partial weighs 0";
-      else
+      } else {
         ASSERT_NEAR(alpha[c], a, a * (4 + std::abs(double(m0[c]) - shift)) * eps) << "c=" << c;
+      }
       const double l_ref = a * double(l0[c]) + sum;
       ASSERT_NEAR(l[c], l_ref, l_ref * 80 * eps) << "c=" << c;
-      if (top == -double(inf)) ASSERT_EQ(l[c], Acc(0)) << "c=" << c << " has seen nothing";
+      if (top == -double(inf)) {
+        ASSERT_EQ(l[c], Acc(0)) << "c=" << c << " has seen nothing";
+      }
     }
   }
 }

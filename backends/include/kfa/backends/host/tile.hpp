@@ -142,6 +142,17 @@ KOKKOS_INLINE_FUNCTION Acc exp(Acc x) {
 }
 
 #ifdef KFA_HOST_AVX512
+/// vmaxps and vminps (NaN or equal operands: the second). Through the masked forms with a full
+/// mask: GCC 12's _mm512_max_ps and _mm512_min_ps pass _mm512_undefined_ps(), which it then
+/// reports as maybe uninitialised wherever they are inlined.
+inline __m512 max16(__m512 a, __m512 b) {
+  return _mm512_mask_max_ps(b, static_cast<__mmask16>(0xFFFF), a, b);
+}
+/// See max16.
+inline __m512 min16(__m512 a, __m512 b) {
+  return _mm512_mask_min_ps(b, static_cast<__mmask16>(0xFFFF), a, b);
+}
+
 /// exp_float on 16 lanes with AVX-512's own steps: the same reduction and polynomial (about 1
 /// ulp), with 2^n applied by vscalefps instead of built in the exponent bits, and the clamps
 /// and the zero below -87 as one max, one min and a zero-masked scalef: about 14 instructions
@@ -150,7 +161,7 @@ KOKKOS_INLINE_FUNCTION Acc exp(Acc x) {
 inline __m512 exp16(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-87.0f), hi = _mm512_set1_ps(88.0f);
   // vmaxps/vminps return their second operand when either is NaN: x goes second.
-  const __m512 xc = _mm512_min_ps(hi, _mm512_max_ps(lo, x));
+  const __m512 xc = min16(hi, max16(lo, x));
   const __m512 shifter = _mm512_set1_ps(12582912.0f);  // round to nearest as in exp_float
   const __m512 n =
       _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), shifter), shifter);
@@ -336,7 +347,7 @@ struct TileOps<
         const __m512 m_old = _mm512_loadu_ps(m + c0);
         __m512 top = m_old;
         for (int j = j0; j < j1; ++j)
-          top = _mm512_max_ps(_mm512_loadu_ps(s + static_cast<std::ptrdiff_t>(j) * lds + c0), top);
+          top = host::max16(_mm512_loadu_ps(s + static_cast<std::ptrdiff_t>(j) * lds + c0), top);
         const __m512 shift = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(top, minus_inf, _CMP_EQ_OQ),
                                                   top, _mm512_setzero_ps());
         __m512 sum = _mm512_setzero_ps();
