@@ -187,9 +187,17 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
                                               acc_t* qs, acc_t* dos, acc_t* lse_s,
                                               acc_t* delta_s) const {
     const int D = head_dim;
-    ops::for_each_element(team, nr, D, [&](int r, int d) {
-      qs[r * ldd + d] = score.scaled(static_cast<acc_t>(t.q(b, h, q0 + r, d)));
-      dos[r * ldd + d] = static_cast<acc_t>(t.dout(b, h, q0 + r, d));
+    // Row copies through pointers (head_dim has unit stride, validate.hpp), Q and dO in
+    // separate loops: with both stores in one loop the host compiler did not vectorise it.
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
+      const auto* qr = &t.q(b, h, q0 + r, 0);
+      const auto* dor = &t.dout(b, h, q0 + r, 0);
+      acc_t* qd = qs + static_cast<std::ptrdiff_t>(r) * ldd;
+      acc_t* dod = dos + static_cast<std::ptrdiff_t>(r) * ldd;
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
+                           [&](int d) { qd[d] = score.scaled(static_cast<acc_t>(qr[d])); });
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
+                           [&](int d) { dod[d] = static_cast<acc_t>(dor[d]); });
     });
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr), [&](int r) {
       lse_s[r] = static_cast<acc_t>(t.lse(b, h, q0 + r));
