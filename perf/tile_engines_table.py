@@ -67,7 +67,7 @@ def main(argv):
                 if engine not in engines:
                     engines.append(engine)
         for t, g in p.items():
-            peaks.setdefault(t, []).append(g)
+            peaks.setdefault(t, []).append(f"{g:.1f}" + (f" ({suffix[1:]} run)" if suffix else ""))
     base = [e for e in ENGINE_ORDER if e in engines]
     engines = base + [e for e in engines if e not in base]
 
@@ -77,8 +77,8 @@ def main(argv):
         keys = sorted((k for k in rows if k[:2] == (dtype, placement)),
                       key=lambda k: (order.get(k[2], 9), k[3], k[4]))
         used = [e for e in engines if any(e in rows[k] for k in keys)]
-        print(f"\n**{dtype}, {placement} placement**; FMA peak " +
-              ", ".join(f"{g:.1f}" for g in peaks.get(dtype, [])) + " GFLOP/s\n")
+        print(f"\n**{dtype}, {placement} placement**; FMA peak GFLOP/s " +
+              ", ".join(peaks.get(dtype, [])) + "\n")
         print("| product | D | Br | " + " | ".join(used) + " | best other / kfa |")
         print("|---|---:|---:|" + "---:|" * len(used) + "---|")
         for key in keys:
