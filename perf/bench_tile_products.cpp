@@ -1,0 +1,475 @@
+// Which engine should do the host tile products: kfa's own register-blocked micro-kernel
+// (backends/host/tile.hpp) against libxsmm's JIT kernels, oneDNN (dnnl_sgemm and a matmul
+// primitive) and OpenBLAS, on the two products of a key tile in the transposed-score layout:
+//
+//   scores (a): S^T (Bc x Br) = K_j (Bc x D, row-major, ld D) * Q^T (D x Br, row-major, ld Br)
+//   output (b): O (Br x D) += P (Br x Bc) * V_j (Bc x D, row-major, ld D), P stored as
+//               P^T (Bc x Br, row-major, ld Br), i.e. A column-major; beta = 1.
+//
+// Operands are small and cache-resident and one attention call makes thousands of these
+// products, so each benchmark times one product per iteration, call overhead included. Every
+// engine's result is checked once against a double-precision loop before it is timed. The FMA
+// peak probe (12 independent chains of vector FMAs) in the same binary gives the ceiling the
+// GFLOP/s are quoted against (docs/performance.md; perf/tile_engines_table.py makes the table).
+//
+// Engines absent at configure time are not compiled in; the context line "absent_engines"
+// names them. Run single-threaded and pinned:
+//   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 taskset -c 0 ./bench_tile_products
+#include <benchmark/benchmark.h>
+#include <Kokkos_Core.hpp>
+
+#include <kfa/backends/host/tile.hpp>
+
+#ifdef KFA_BENCH_HAVE_OPENBLAS
+#include <cblas.h>
+extern "C" {
+void openblas_set_num_threads(int);
+char* openblas_get_corename(void);
+char* openblas_get_config(void);
+}
+#endif
+#ifdef KFA_BENCH_HAVE_LIBXSMM
+#include <libxsmm.h>
+#endif
+#ifdef KFA_BENCH_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <new>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+#ifndef KFA_GIT_REVISION
+#define KFA_GIT_REVISION "unknown"
+#endif
+
+namespace {
+
+/// A FLOP/s counter for `flops` per iteration.
+benchmark::Counter flop_rate(double flops) {
+  return benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate,
+                            benchmark::Counter::kIs1000);
+}
+
+/// Where the operands lie relative to each other. The rate of a small product that streams
+/// A, B and C through L1 depends on it (L1 sets and 4 KiB aliasing): in a first run kfa's D = 128
+/// rate moved by 10% with the heap layout alone. So the operands are placed, the same way for
+/// every engine:
+///  - page: A, B and C each start on a 4 KiB boundary, as tiles whose sizes are multiples of
+///    4 KiB (all those here) do when they lie one after another in a scratch pad;
+///  - staggered: A, B and C start 0, 1344 and 2752 bytes past a 4 KiB boundary (21 and 43
+///    cache lines), spreading their first rows over the L1 sets.
+enum class Placement { page, staggered };
+
+/// n elements of T inside an arena (no ownership).
+template <class T>
+struct Span {
+  T* p = nullptr;
+  std::size_t n = 0;
+  T* data() const { return p; }
+  T& operator[](std::size_t i) const { return p[i]; }
+};
+
+/// One 4 KiB aligned allocation holding operands of the given sizes, each at the next 4 KiB
+/// boundary plus its offset in bytes (a multiple of 64).
+template <class T>
+class Arena {
+ public:
+  Arena(const std::vector<std::size_t>& counts, const std::vector<std::size_t>& offsets)
+      : counts_(counts) {
+    std::size_t bytes = 0;
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      const std::size_t start = (bytes + 4095) / 4096 * 4096 + offsets.at(i);
+      starts_.push_back(start);
+      bytes = start + counts[i] * sizeof(T);
+    }
+    mem_.reset(static_cast<char*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)));
+    if (!mem_) throw std::bad_alloc();
+  }
+  Span<T> operator[](std::size_t i) const {
+    return {reinterpret_cast<T*>(mem_.get() + starts_[i]), counts_[i]};
+  }
+
+ private:
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, Free> mem_;
+  std::vector<std::size_t> counts_, starts_;
+};
+
+/// Uniform values in [-1, 1) from a hash of the index (as perf/common.hpp's fill_hash).
+template <class T>
+void fill_hash(const Span<T>& buf, unsigned salt) {
+  for (std::size_t e = 0; e < buf.n; ++e) {
+    std::uint64_t x = (e + 1) * 0x9E3779B97F4A7C15ULL ^ salt;
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ULL;
+    x ^= x >> 29;
+    buf[e] = static_cast<T>(double(x >> 11) * 0x1.0p-52 - 1.0);
+  }
+}
+
+enum class Product { scores, output };
+
+/// One product C (+)= A B in row-major terms: A is m x k, row-major with leading dimension
+/// lda, or column-major (a_col_major) with leading dimension lda; B is k x n row-major (ldb),
+/// C is m x n row-major (ldc); accumulate means beta = 1. C0 (C's initial values) lies after
+/// them.
+template <class T>
+struct Problem {
+  int m, n, k, lda, ldb, ldc;
+  bool a_col_major, accumulate;
+  Arena<T> arena;
+  Span<T> a, b, c, c0;
+
+  Problem(Product product, Placement placement, int br, int bc, int d)
+      : m(product == Product::scores ? bc : br),
+        n(product == Product::scores ? br : d),
+        k(product == Product::scores ? d : bc),
+        lda(product == Product::scores ? d : br),
+        ldb(product == Product::scores ? br : d),
+        ldc(product == Product::scores ? br : d),
+        a_col_major(product == Product::output),
+        accumulate(product == Product::output),
+        arena({std::size_t(m) * k, std::size_t(k) * n, std::size_t(m) * n, std::size_t(m) * n},
+              placement == Placement::page ? std::vector<std::size_t>{0, 0, 0, 0}
+                                           : std::vector<std::size_t>{0, 1344, 2752, 0}),
+        a(arena[0]),
+        b(arena[1]),
+        c(arena[2]),
+        c0(arena[3]) {
+    fill_hash(a, 1);
+    fill_hash(b, 2);
+    fill_hash(c0, 3);
+    reset();
+  }
+  /// A(i, p) = a[i * a_rs + p * a_cs].
+  int a_rs() const { return a_col_major ? 1 : lda; }
+  int a_cs() const { return a_col_major ? lda : 1; }
+  T a_at(int i, int p) const {
+    return a[static_cast<std::size_t>(i) * a_rs() + static_cast<std::size_t>(p) * a_cs()];
+  }
+  /// C back to its initial values (those the accumulating product adds to).
+  void reset() const {
+    for (std::size_t e = 0; e < c.n; ++e)
+      c[e] = c0[e];
+  }
+  double flops() const { return 2.0 * m * n * k; }
+
+  /// Empty when C matches the double-precision product within the worst-case rounding bound
+  /// of a (k + 1)-term sum in T, whatever the order of the terms and with or without FMA:
+  /// |c - ref| <= (k + 2) eps (|c0| + sum_p |A(i,p) B(p,j)|); otherwise the first bad entry.
+  std::string check() const {
+    const double eps = std::numeric_limits<T>::epsilon();
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) {
+        double ref = accumulate ? double(c0[std::size_t(i) * ldc + j]) : 0.0;
+        double mag = std::abs(ref);
+        for (int p = 0; p < k; ++p) {
+          const double t = double(a_at(i, p)) * double(b[std::size_t(p) * ldb + j]);
+          ref += t;
+          mag += std::abs(t);
+        }
+        const double got = c[std::size_t(i) * ldc + j];
+        if (!(std::abs(got - ref) <= (k + 2) * eps * mag)) {
+          std::ostringstream msg;
+          msg << "C(" << i << "," << j << ") = " << got << ", double reference " << ref
+              << " (bound " << (k + 2) * eps * mag << ")";
+          return msg.str();
+        }
+      }
+    return {};
+  }
+};
+
+/// Checks one call of `call` against the reference, then times one call per iteration.
+template <class T, class Call>
+void run_checked(benchmark::State& state, const Problem<T>& pr, const Call& call) {
+  pr.reset();
+  call();
+  if (const std::string err = pr.check(); !err.empty()) {
+    state.SkipWithError(err.c_str());
+    return;
+  }
+  pr.reset();
+  benchmark::DoNotOptimize(pr.a.data());
+  benchmark::DoNotOptimize(pr.b.data());
+  benchmark::DoNotOptimize(pr.c.data());
+  for (auto _ : state) {
+    call();
+    benchmark::ClobberMemory();
+  }
+  state.counters["FLOP/s"] = flop_rate(pr.flops());
+}
+
+// ---- engines --------------------------------------------------------------------------------
+
+/// kfa's host TileOps<DefaultHostExecutionSpace, T>::gemm (the team argument is unused on the
+/// host) compiled as a function of its own: the header's code with nothing around it.
+template <class T>
+[[gnu::noinline]] void kfa_gemm_standalone(int m, int n, int k, const T* a, int a_rs, int a_cs,
+                                           const T* b, int ldb, T* c, int ldc, bool accumulate) {
+  using Ops = kfa::backends::TileOps<Kokkos::DefaultHostExecutionSpace, T>;
+  static_assert(std::is_same_v<typename Ops::Acc, T>);
+  Ops::gemm(0, m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+}
+
+/// kfa: TileOps::gemm either as its own function (kfa) or inlined into the timed loop
+/// (kfa_inline), as kfa's kernels inline it. The two differ where the compiler, with more live
+/// values around the inlined copy, keeps the micro-kernel's row offsets on the stack instead
+/// of in registers: the generated code, not the placement of the data, decides.
+template <class T, bool inlined>
+void BM_kfa(benchmark::State& state, Product product, Placement placement, int br, int bc, int d) {
+  using Ops = kfa::backends::TileOps<Kokkos::DefaultHostExecutionSpace, T>;
+  const Problem<T> pr(product, placement, br, bc, d);
+  const int a_rs = pr.a_rs(), a_cs = pr.a_cs();
+  if constexpr (inlined) {
+    const int member = 0;
+    run_checked(state, pr, [&] {
+      Ops::gemm(member, pr.m, pr.n, pr.k, pr.a.data(), a_rs, a_cs, pr.b.data(), pr.ldb, pr.c.data(),
+                pr.ldc, pr.accumulate);
+    });
+  } else {
+    run_checked(state, pr, [&] {
+      kfa_gemm_standalone(pr.m, pr.n, pr.k, pr.a.data(), a_rs, a_cs, pr.b.data(), pr.ldb,
+                          pr.c.data(), pr.ldc, pr.accumulate);
+    });
+  }
+  state.SetLabel("MR=" + std::to_string(kfa::backends::host::micro_mr) +
+                 " NR=" + std::to_string(kfa::backends::host::micro_nr<T>));
+}
+
+#ifdef KFA_BENCH_HAVE_OPENBLAS
+/// OpenBLAS cblas_?gemm, row-major, A transposed when it is stored column-major.
+template <class T>
+void BM_openblas(benchmark::State& state, Product product, Placement placement, int br, int bc,
+                 int d) {
+  const Problem<T> pr(product, placement, br, bc, d);
+  const CBLAS_TRANSPOSE ta = pr.a_col_major ? CblasTrans : CblasNoTrans;
+  const T beta = pr.accumulate ? T(1) : T(0);
+  run_checked(state, pr, [&] {
+    if constexpr (std::is_same_v<T, float>)
+      cblas_sgemm(CblasRowMajor, ta, CblasNoTrans, pr.m, pr.n, pr.k, 1.0f, pr.a.data(), pr.lda,
+                  pr.b.data(), pr.ldb, beta, pr.c.data(), pr.ldc);
+    else
+      cblas_dgemm(CblasRowMajor, ta, CblasNoTrans, pr.m, pr.n, pr.k, 1.0, pr.a.data(), pr.lda,
+                  pr.b.data(), pr.ldb, beta, pr.c.data(), pr.ldc);
+  });
+}
+#endif
+
+#ifdef KFA_BENCH_HAVE_LIBXSMM
+/// libxsmm's JIT kernel, dispatched once outside the timed loop. libxsmm is column-major: the
+/// row-major C = A B is the column-major C^T = B^T A^T, so B goes first (no transpose: row-major
+/// B is column-major B^T) and A second, transposed when A is stored column-major.
+template <class T>
+void BM_libxsmm(benchmark::State& state, Product product, Placement placement, int br, int bc,
+                int d) {
+  const Problem<T> pr(product, placement, br, bc, d);
+  const libxsmm_blasint m = pr.n, n = pr.m, k = pr.k, lda = pr.ldb, ldb = pr.lda, ldc = pr.ldc;
+  const T alpha = 1, beta = pr.accumulate ? T(1) : T(0);
+  const int flags = pr.a_col_major ? LIBXSMM_GEMM_FLAG_TRANS_B : LIBXSMM_GEMM_FLAG_NONE;
+  const int prefetch = LIBXSMM_PREFETCH_NONE;
+  using Kernel =
+      std::conditional_t<std::is_same_v<T, float>, libxsmm_smmfunction, libxsmm_dmmfunction>;
+  Kernel kernel;
+  if constexpr (std::is_same_v<T, float>)
+    kernel = libxsmm_smmdispatch(m, n, k, &lda, &ldb, &ldc, &alpha, &beta, &flags, &prefetch);
+  else
+    kernel = libxsmm_dmmdispatch(m, n, k, &lda, &ldb, &ldc, &alpha, &beta, &flags, &prefetch);
+  if (kernel == nullptr) {
+    state.SkipWithError("libxsmm dispatch returned no kernel for this shape and flags");
+    return;
+  }
+  run_checked(state, pr, [&] { kernel(pr.b.data(), pr.a.data(), pr.c.data()); });
+  state.SetLabel(libxsmm_get_target_arch());
+}
+#endif
+
+#ifdef KFA_BENCH_HAVE_DNNL
+/// dnnl_sgemm: oneDNN's row-major BLAS-like entry point (float only in oneDNN 2.6).
+void BM_dnnl_sgemm(benchmark::State& state, Product product, Placement placement, int br, int bc,
+                   int d) {
+  const Problem<float> pr(product, placement, br, bc, d);
+  const char ta = pr.a_col_major ? 'T' : 'N';
+  const float beta = pr.accumulate ? 1.0f : 0.0f;
+  run_checked(state, pr, [&] {
+    dnnl_sgemm(ta, 'N', pr.m, pr.n, pr.k, 1.0f, pr.a.data(), pr.lda, pr.b.data(), pr.ldb, beta,
+               pr.c.data(), pr.ldc);
+  });
+}
+
+/// A dnnl::matmul primitive created once for the shape and strides (A's strides describe its
+/// storage, beta = 1 as a sum post-op); each iteration is one execute on a CPU stream and its
+/// wait, with the argument map built once. oneDNN 2.6 has no f64 data type, so float only.
+void BM_dnnl_matmul(benchmark::State& state, Product product, Placement placement, int br, int bc,
+                    int d) {
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  const Problem<float> pr(product, placement, br, bc, d);
+  try {
+    dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    dnnl::stream strm(eng);
+    const dnnl::memory::desc a_md(dims{pr.m, pr.k}, dt::f32, dims{pr.a_rs(), pr.a_cs()});
+    const dnnl::memory::desc b_md(dims{pr.k, pr.n}, dt::f32, dims{pr.ldb, 1});
+    const dnnl::memory::desc c_md(dims{pr.m, pr.n}, dt::f32, dims{pr.ldc, 1});
+    dnnl::primitive_attr attr;
+    if (pr.accumulate) {
+      dnnl::post_ops ops;
+      ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+    }
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, eng);
+    const dnnl::matmul prim(pd);
+    const std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, dnnl::memory(a_md, eng, pr.a.data())},
+        {DNNL_ARG_WEIGHTS, dnnl::memory(b_md, eng, pr.b.data())},
+        {DNNL_ARG_DST, dnnl::memory(c_md, eng, pr.c.data())}};
+    run_checked(state, pr, [&] {
+      prim.execute(strm, args);
+      strm.wait();
+    });
+    state.SetLabel(pd.impl_info_str());
+  } catch (const dnnl::error& e) {
+    state.SkipWithError(e.what());
+  }
+}
+#endif
+
+// ---- FMA peak probe -------------------------------------------------------------------------
+
+/// The core's vector FMA peak for T: 12 independent chains of FMAs on the widest vector (enough
+/// to cover the FMA latency times the FMA pipes of current cores), 2 FLOPs per lane per FMA.
+template <class T>
+void BM_fma_peak(benchmark::State& state) {
+#if defined(__GNUC__) && defined(__AVX512F__)
+  using vec [[gnu::vector_size(64)]] = T;
+  constexpr int chains = 12, lanes = 64 / sizeof(T);
+  constexpr long steps = 1 << 12;
+  T mul_s = T(0.999), add_s = T(1e-3);  // converges to 1, no overflow or subnormals
+  benchmark::DoNotOptimize(mul_s);      // opaque: nothing folds
+  benchmark::DoNotOptimize(add_s);
+  const vec mul = vec{} + mul_s, add = vec{} + add_s;
+  vec acc[chains];
+  for (int c = 0; c < chains; ++c)
+    acc[c] = vec{} + T(c);
+  for (auto _ : state) {
+    for (long s = 0; s < steps; ++s)
+      for (int c = 0; c < chains; ++c)
+        acc[c] = acc[c] * mul + add;  // contracted to one FMA (C++ default -ffp-contract=fast)
+    for (int c = 0; c < chains; ++c)
+      asm volatile("" : "+v"(acc[c]));  // live and in a register, no spill per step
+  }
+  T sum = 0;
+  for (int c = 0; c < chains; ++c)
+    for (int l = 0; l < lanes; ++l)
+      sum += acc[c][l];
+  benchmark::DoNotOptimize(sum);
+  state.counters["FLOP/s"] = flop_rate(2.0 * chains * lanes * steps);
+#else
+  state.SkipWithError("the FMA probe needs GCC/Clang with AVX-512 (build with KFA_NATIVE)");
+#endif
+}
+
+// ---- registration and main ------------------------------------------------------------------
+
+const char* name_of(Product p) {
+  return p == Product::scores ? "scores" : "output";
+}
+
+template <class T>
+const char* type_name() {
+  return std::is_same_v<T, float> ? "float" : "double";
+}
+
+using BenchFn = void (*)(benchmark::State&, Product, Placement, int, int, int);
+
+template <class T>
+void register_all() {
+  benchmark::RegisterBenchmark((std::string("fma_peak/") + type_name<T>()).c_str(), BM_fma_peak<T>);
+  std::vector<std::pair<const char*, BenchFn>> engines{{"kfa", BM_kfa<T, false>},
+                                                       {"kfa_inline", BM_kfa<T, true>}};
+#ifdef KFA_BENCH_HAVE_LIBXSMM
+  engines.emplace_back("libxsmm", BM_libxsmm<T>);
+#endif
+#ifdef KFA_BENCH_HAVE_DNNL
+  if constexpr (std::is_same_v<T, float>) {
+    engines.emplace_back("dnnl_sgemm", BM_dnnl_sgemm);
+    engines.emplace_back("dnnl_matmul", BM_dnnl_matmul);
+  }
+#endif
+#ifdef KFA_BENCH_HAVE_OPENBLAS
+  engines.emplace_back("openblas", BM_openblas<T>);
+#endif
+  const int bc = 64;
+  for (Placement placement : {Placement::page, Placement::staggered})
+    for (Product product : {Product::scores, Product::output})
+      for (int d : {64, 128})
+        for (int br : {64, 96, 128})
+          for (const auto& [engine, fn] : engines) {
+            std::ostringstream name;
+            name << name_of(product) << '/' << type_name<T>() << "/Br:" << br << "/Bc:" << bc
+                 << "/D:" << d << '/' << (placement == Placement::page ? "page" : "staggered")
+                 << '/' << engine;
+            benchmark::RegisterBenchmark(name.str().c_str(), fn, product, placement, br, bc, d);
+          }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Kokkos::initialize(argc, argv);
+  {
+    std::string absent;
+#ifdef KFA_BENCH_HAVE_OPENBLAS
+    openblas_set_num_threads(1);
+    benchmark::AddCustomContext(
+        "openblas", std::string(openblas_get_config()) + " core " + openblas_get_corename());
+#else
+    absent += "openblas ";
+#endif
+#ifdef KFA_BENCH_HAVE_LIBXSMM
+    libxsmm_init();
+    benchmark::AddCustomContext(
+        "libxsmm", std::string(LIBXSMM_VERSION) + " target " + libxsmm_get_target_arch());
+#else
+    absent += "libxsmm ";
+#endif
+#ifdef KFA_BENCH_HAVE_DNNL
+    {
+      const dnnl_version_t* v = dnnl_version();
+      std::ostringstream s;
+      const char* omp = std::getenv("OMP_NUM_THREADS");
+      s << v->major << '.' << v->minor << '.' << v->patch << " (" << v->hash << ") cpu_runtime "
+        << v->cpu_runtime << (v->cpu_runtime == DNNL_RUNTIME_OMP ? " (OpenMP)" : "")
+        << ", OMP_NUM_THREADS=" << (omp ? omp : "unset");
+      benchmark::AddCustomContext("onednn", s.str());
+    }
+#else
+    absent += "onednn ";
+#endif
+    benchmark::AddCustomContext("absent_engines", absent.empty() ? "none" : absent);
+    benchmark::AddCustomContext("kfa_git_revision", KFA_GIT_REVISION);
+    benchmark::AddCustomContext("kokkos_version", std::to_string(KOKKOS_VERSION));
+    benchmark::AddCustomContext("kokkos_host_space", Kokkos::DefaultHostExecutionSpace::name());
+    register_all<float>();
+    register_all<double>();
+    benchmark::Initialize(&argc, argv);
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+#ifdef KFA_BENCH_HAVE_LIBXSMM
+    libxsmm_finalize();
+#endif
+  }
+  Kokkos::finalize();
+  return 0;
+}
