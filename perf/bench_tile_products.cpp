@@ -244,8 +244,10 @@ void BM_kfa(benchmark::State& state, Product product, Placement placement, int b
                           pr.c.data(), pr.ldc, pr.accumulate);
     });
   }
-  state.SetLabel("MR=" + std::to_string(kfa::backends::host::micro_mr) +
-                 " NR=" + std::to_string(kfa::backends::host::micro_nr<T>));
+  // The micro-kernel of the widest column block (host/tile.hpp): MR rows by NR columns.
+  constexpr int regs = kfa::backends::host::wide_blocks ? 4 : 2;
+  state.SetLabel("MR=" + std::to_string(kfa::backends::host::micro_rows(regs)) +
+                 " NR=" + std::to_string(regs * kfa::backends::host::lanes<T>));
 }
 
 #ifdef KFA_BENCH_HAVE_OPENBLAS
