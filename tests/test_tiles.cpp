@@ -256,6 +256,121 @@ TEST(Tiles, PortableColumnsDouble) {
   check_cols<kfa::backends::PortableTileOps<double>, double>(true);
 }
 
+// The bfloat16 pair products and packings (bf16x2.hpp) of the key-major bf16 forward, host
+// (VDPBF16PS where the CPU has it) and portable, against double on the bfloat16 values: every
+// micro-kernel block and edge, A read by rows and transposed, with and without accumulate.
+std::uint16_t random_bf16(std::mt19937& gen) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  return kfa::backends::bf16_round(u(gen));
+}
+
+template <class Ops>
+void check_gemm_bf16x2(const Shape& sh, bool transposed_a, bool accumulate, bool threads) {
+  using namespace kfa::backends;
+  const int m = sh.m, n = sh.n, k2 = sh.k;
+  SCOPED_TRACE(::testing::Message() << m << " x " << n << " x 2*" << k2
+                                    << (transposed_a ? " A^T" : "") << (accumulate ? " +=" : ""));
+  std::mt19937 gen(unsigned(m * 131 + n * 7 + k2));
+  // A as m x k2 words (row stride k2 + 3) or as its transpose k2 x m (row stride m + 5).
+  const int a_ld = transposed_a ? m + 5 : k2 + 3;
+  const int a_rs = transposed_a ? 1 : a_ld, a_cs = transposed_a ? a_ld : 1;
+  const int ldb = n + 2, ldc = n + 1;
+  std::vector<std::uint32_t> a(std::size_t(transposed_a ? k2 : m) * a_ld + 1);
+  std::vector<std::uint32_t> b(std::size_t(k2) * ldb + 1);
+  for (auto& w : a)
+    w = bf16x2_pack(random_bf16(gen), random_bf16(gen));
+  for (auto& w : b)
+    w = bf16x2_pack(random_bf16(gen), random_bf16(gen));
+  auto c = random_values<float>(std::size_t(m) * ldc + 1, 3);
+  const auto c0 = c;
+  const float scale = 0.37f;
+  on_one_team(
+      [&](const Member& team) {
+        Ops::gemm_bf16x2(team, m, n, k2, a.data(), a_rs, a_cs, b.data(), ldb, c.data(), ldc, scale,
+                         accumulate);
+      },
+      threads);
+  const double eps = std::numeric_limits<float>::epsilon();
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < ldc; ++j) {
+      const std::size_t e = std::size_t(i) * ldc + j;
+      if (j >= n) {
+        ASSERT_EQ(c[e], c0[e]) << "outside C is not touched";
+        continue;
+      }
+      double sum = 0, mag = 0;
+      for (int p = 0; p < k2; ++p) {
+        const std::uint32_t wa = a[std::size_t(i) * a_rs + std::size_t(p) * a_cs];
+        const std::uint32_t wb = b[std::size_t(p) * ldb + j];
+        for (int h = 0; h < 2; ++h) {
+          const double x = double(bf16_widen(std::uint16_t(wa >> (16 * h)))) *
+                           double(bf16_widen(std::uint16_t(wb >> (16 * h))));
+          sum += x;
+          mag += std::abs(x);
+        }
+      }
+      const double want = (accumulate ? double(c0[e]) : 0.0) + double(scale) * sum;
+      ASSERT_NEAR(c[e], want, (2 * k2 + 4) * eps * (scale * mag + std::abs(double(c0[e]))))
+          << "i=" << i << " j=" << j;
+    }
+}
+
+template <class Ops>
+void check_bf16x2_packing(bool threads) {
+  using namespace kfa::backends;
+  for (const auto& shape : {std::pair{64, 64}, {7, 37}, {1, 16}, {2, 5}, {33, 96}, {0, 8}}) {
+    const int rows = shape.first, n = shape.second, lds = n + 3, ldo = n + 1;
+    SCOPED_TRACE(::testing::Message() << rows << " rows x " << n);
+    std::mt19937 gen(unsigned(rows * 17 + n));
+    std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+    std::vector<float> s(std::size_t(rows) * lds + 1);
+    std::vector<std::uint16_t> v(s.size());
+    for (std::size_t e = 0; e < s.size(); ++e) {
+      s[e] = u(gen);
+      v[e] = random_bf16(gen);
+    }
+    const std::size_t words = std::size_t((rows + 1) / 2) * ldo + 1;
+    std::vector<std::uint32_t> packed(words, 0xdeadbeefu), interleaved(words, 0xdeadbeefu);
+    on_one_team(
+        [&](const Member& team) {
+          Ops::pack_bf16x2_rows(team, s.data(), lds, rows, n, packed.data(), ldo);
+          Ops::interleave_bf16x2_rows(team, v.data(), lds, rows, n, interleaved.data(), ldo);
+        },
+        threads);
+    for (int r = 0; r < (rows + 1) / 2; ++r)
+      for (int c = 0; c < ldo; ++c) {
+        const std::size_t w = std::size_t(r) * ldo + c;
+        if (c >= n) {
+          ASSERT_EQ(packed[w], 0xdeadbeefu) << "outside the rows is not touched";
+          ASSERT_EQ(interleaved[w], 0xdeadbeefu) << "outside the rows is not touched";
+          continue;
+        }
+        const std::size_t e0 = std::size_t(2 * r) * lds + c, e1 = e0 + lds;
+        const bool pair = 2 * r + 1 < rows;
+        ASSERT_EQ(packed[w], bf16x2_pack(bf16_round(s[e0]), pair ? bf16_round(s[e1]) : 0))
+            << "r=" << r << " c=" << c;
+        ASSERT_EQ(interleaved[w], bf16x2_pack(v[e0], pair ? v[e1] : 0)) << "r=" << r << " c=" << c;
+      }
+  }
+}
+
+TEST(Tiles, HostBf16x2) {
+  const Shape shapes[] = {{64, 64, 32}, {64, 64, 64}, {6, 64, 1}, {13, 37, 5}, {7, 48, 9},
+                          {1, 1, 1},    {63, 65, 17}, {0, 8, 8},  {8, 0, 8},   {8, 8, 0}};
+  for (const Shape& sh : shapes)
+    for (bool transposed : {false, true})
+      for (bool accumulate : {false, true})
+        check_gemm_bf16x2<HostOps>(sh, transposed, accumulate, false);
+  check_bf16x2_packing<HostOps>(false);
+}
+TEST(Tiles, PortableBf16x2) {
+  using Ops = kfa::backends::PortableTileOps<float>;
+  for (const Shape& sh : {Shape{13, 37, 5}, Shape{64, 64, 32}, Shape{1, 1, 1}})
+    for (bool transposed : {false, true})
+      check_gemm_bf16x2<Ops>(sh, transposed, true, true);
+  check_bf16x2_packing<Ops>(true);
+}
+
 // for_each_element visits every (r, c) of the tile exactly once, in both versions.
 template <class Ops>
 void check_for_each_element(bool threads) {

@@ -40,6 +40,13 @@ template <>
 struct is_narrow_float<Kokkos::Experimental::bhalf_t> : std::true_type {};
 #endif
 
+/// Value types that store a bfloat16 (the upper 16 bits of a float) as their only member, so
+/// that a backend may read their bits directly as the pair words of its bfloat16 products
+/// (bf16x2.hpp). Implies is_narrow_float. Specialise it with is_narrow_float for another such
+/// type.
+template <class T>
+struct is_bfloat16 : std::false_type {};
+
 /// Whether kfa takes T as the value type of its tensors: float, double or a narrow float.
 template <class T>
 inline constexpr bool is_value_type_v =

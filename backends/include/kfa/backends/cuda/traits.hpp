@@ -52,6 +52,7 @@ struct TileTraits<Kokkos::Cuda, T, void> {
   static constexpr int pad = 4;
   /// Query-major scores: warps own query rows (TileTraits::key_major_scores).
   static constexpr bool key_major_scores = false;
+  static constexpr bool bf16x2_products = false;  ///< key-major only
   /// Teams the GPU runs at once: per SM, as many as its shared memory holds at about 40 KiB
   /// each (4 on an A100, 5 on an H100), at most 16 (2048 threads of 128).
   static int concurrent_teams(const Kokkos::Cuda& space) {

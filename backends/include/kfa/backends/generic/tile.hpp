@@ -6,9 +6,11 @@
 /// Names follow the FlashAttention-2 paper: Br query rows and Bc keys per tile; a team owns one
 /// query tile Q_i and walks the key/value tiles K_j, V_j staged in team scratch.
 
+#include <kfa/backends/bf16x2.hpp>
 #include <kfa/backends/portability.hpp>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace kfa::backends {
 
@@ -37,6 +39,10 @@ struct TileTraits {
   /// where they lie, and the softmax runs down the columns, vectorised across queries (the
   /// layout of one-thread host teams, which would otherwise transpose every K_j).
   static constexpr bool key_major_scores = false;
+  /// Key-major forward with bfloat16 inputs (is_bfloat16): whether the products take the
+  /// inputs as they are, in pairs (TileOps::gemm_bf16x2, P rounded to bfloat16 once, as
+  /// FlashAttention-2 rounds P to 16 bits), instead of widening them into float tiles.
+  static constexpr bool bf16x2_products = false;
   /// Teams the space runs at once, for the split-KV heuristic. The portable guess: teams of
   /// about 256 threads, so a GPU reporting 2048 resident threads per SM holds 8 teams per SM.
   static int concurrent_teams(const ExecSpace& space) {
@@ -136,6 +142,63 @@ struct PortableTileOps {
       alpha[c] = backends::exp(m[c] - shift);
       l[c] = alpha[c] * l[c] + sum;
       m[c] = top;
+    });
+  }
+
+  /// Pair products (bf16x2.hpp), by the whole team: C = scale (A B), or C += scale (A B) with
+  /// `accumulate`, for float C (m x n, row stride ldc) and bfloat16 A (m x 2 k2) and B
+  /// (2 k2 x n) as pair words: word (i, p) of A at word index i * a_rs + p * a_cs of a, row p
+  /// of B the n words at word index p * ldb of b. Acc must be float.
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void gemm_bf16x2(const Member& team, int m, int n, int k2,
+                                                 const void* a, int a_rs, int a_cs, const void* b,
+                                                 int ldb, float* c, int ldc, float scale,
+                                                 bool accumulate) {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, m), [&](int i) {
+      float* ci = c + static_cast<std::ptrdiff_t>(i) * ldc;
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](int j) {
+        float sum = 0;
+        for (int p = 0; p < k2; ++p)
+          sum += bf16x2_dot(bf16x2_load(a, static_cast<std::ptrdiff_t>(i) * a_rs +
+                                               static_cast<std::ptrdiff_t>(p) * a_cs),
+                            bf16x2_load(b, static_cast<std::ptrdiff_t>(p) * ldb + j));
+        ci[j] = accumulate ? ci[j] + scale * sum : scale * sum;
+      });
+    });
+  }
+
+  /// Rows of a float tile rounded to bfloat16 and interleaved two by two into pair words, by
+  /// the whole team: word (r, c) of out (row stride ldo words) packs s[2r][c] (low) and
+  /// s[2r + 1][c] (high) of s (row stride lds), for 2r < rows and c < n. When rows is odd the
+  /// high halves of the last word row are 0.
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void pack_bf16x2_rows(const Member& team, const float* s, int lds,
+                                                      int rows, int n, void* out, int ldo) {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, (rows + 1) / 2), [&](int r) {
+      const float* s0 = s + static_cast<std::ptrdiff_t>(2 * r) * lds;
+      const bool pair = 2 * r + 1 < rows;
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](int c) {
+        const std::uint16_t hi = pair ? bf16_round(s0[lds + c]) : std::uint16_t(0);
+        bf16x2_store(out, static_cast<std::ptrdiff_t>(r) * ldo + c,
+                     bf16x2_pack(bf16_round(s0[c]), hi));
+      });
+    });
+  }
+
+  /// pack_bf16x2_rows for rows of bfloat16 values (element row stride ldv of v, any storage),
+  /// which need no rounding: word (r, c) of out packs v[2r][c] and v[2r + 1][c].
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void interleave_bf16x2_rows(const Member& team, const void* v,
+                                                            std::ptrdiff_t ldv, int rows, int n,
+                                                            void* out, int ldo) {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, (rows + 1) / 2), [&](int r) {
+      const std::ptrdiff_t row0 = 2 * r * ldv;
+      const bool pair = 2 * r + 1 < rows;
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](int c) {
+        const std::uint16_t hi = pair ? bf16_load(v, row0 + ldv + c) : std::uint16_t(0);
+        bf16x2_store(out, static_cast<std::ptrdiff_t>(r) * ldo + c,
+                     bf16x2_pack(bf16_load(v, row0 + c), hi));
+      });
     });
   }
 };

@@ -184,6 +184,41 @@ inline __m512 exp16(__m512 x) {
 }
 #endif
 
+#ifdef KFA_HOST_AVX512_BF16
+/// One MR x 16 V block of the pair products (TileOps::gemm_bf16x2) on VDPBF16PS: each step
+/// broadcasts a pair word of A per row and loads V vectors of pair words of B; each
+/// instruction does 16 x 2 products with float accumulation. Offsets are in 4-byte words.
+template <int MR, int V>
+inline void bf16x2_kernel(int k2, const unsigned char* a, int a_rs, int a_cs,
+                          const unsigned char* b, int ldb, float* c, int ldc, float scale,
+                          bool accumulate) {
+  __m512 acc[MR][V];
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < V; ++v)
+      acc[i][v] = _mm512_setzero_ps();
+  for (int p = 0; p < k2; ++p) {
+    __m512bh bv[V];
+    for (int v = 0; v < V; ++v)
+      bv[v] = (__m512bh)_mm512_loadu_si512(b + 4 * (static_cast<std::ptrdiff_t>(p) * ldb + 16 * v));
+    for (int i = 0; i < MR; ++i) {
+      const std::uint32_t w = bf16x2_load(
+          a, static_cast<std::ptrdiff_t>(i) * a_rs + static_cast<std::ptrdiff_t>(p) * a_cs);
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(w));
+      for (int v = 0; v < V; ++v)
+        acc[i][v] = _mm512_dpbf16_ps(acc[i][v], av, bv[v]);
+    }
+  }
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < V; ++v) {
+      float* ci = c + static_cast<std::ptrdiff_t>(i) * ldc + 16 * v;
+      __m512 out = _mm512_mul_ps(sc, acc[i][v]);
+      if (accumulate) out = _mm512_add_ps(out, _mm512_loadu_ps(ci));
+      _mm512_storeu_ps(ci, out);
+    }
+}
+#endif
+
 /// An m x n block of C (+)= A B by plain loops: the edges the micro-kernel blocks leave, and
 /// whole blocks where the vector extension is not available.
 template <class Acc>
@@ -245,28 +280,40 @@ KOKKOS_INLINE_FUNCTION void micro_kernel(int k, const Acc* a, int a_rs, int a_cs
 #endif
 }
 
-/// The last r < R rows of a column block: the micro-kernel of exactly r rows.
-template <int R, int NR, class Acc>
-KOKKOS_INLINE_FUNCTION void rest_rows(int r, int k, const Acc* a, int a_rs, int a_cs, const Acc* b,
-                                      int ldb, Acc* c, int ldc, bool accumulate) {
-  if constexpr (R > 0) {
-    if (r == R)
-      micro_kernel<R, NR>(k, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
-    else
-      rest_rows<R - 1, NR>(r, k, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+/// f(rows, i0) for the row blocks of a column block m rows tall: blocks of MR rows, then one
+/// of the m % MR rows left; `rows` is a std::integral_constant, so that f can instantiate the
+/// micro-kernel of exactly that many rows.
+template <int MR, class F>
+KOKKOS_INLINE_FUNCTION void for_row_blocks(int m, const F& f) {
+  int i0 = 0;
+  for (; i0 + MR <= m; i0 += MR)
+    f(std::integral_constant<int, MR>{}, i0);
+  if constexpr (MR > 1) {
+    const int r = m - i0;
+    if (r == MR - 1)
+      f(std::integral_constant<int, MR - 1>{}, i0);
+    else if (r > 0)
+      for_row_blocks<MR - 1>(r, [&](auto rows, int i) { f(rows, i0 + i); });
   }
 }
 
-/// Rows [0, m) of a column block NR wide: micro-kernels of MR rows, then one for the rest.
-template <int MR, int NR, class Acc>
-KOKKOS_INLINE_FUNCTION void row_blocks(int m, int k, const Acc* a, int a_rs, int a_cs, const Acc* b,
-                                       int ldb, Acc* c, int ldc, bool accumulate) {
-  int i0 = 0;
-  for (; i0 + MR <= m; i0 += MR)
-    micro_kernel<MR, NR>(k, a + static_cast<std::ptrdiff_t>(i0) * a_rs, a_rs, a_cs, b, ldb,
-                         c + static_cast<std::ptrdiff_t>(i0) * ldc, ldc, accumulate);
-  rest_rows<MR - 1, NR>(m - i0, k, a + static_cast<std::ptrdiff_t>(i0) * a_rs, a_rs, a_cs, b, ldb,
-                        c + static_cast<std::ptrdiff_t>(i0) * ldc, ldc, accumulate);
+/// f(regs, j0) for the column blocks of a tile n columns wide: blocks of four vector registers
+/// of Acc (AVX-512 only, see wide_blocks), then two, then one; `regs` is a
+/// std::integral_constant. Returns the first column no block covers.
+template <class Acc, class F>
+KOKKOS_INLINE_FUNCTION int for_column_blocks(int n, const F& f) {
+  constexpr int L = lanes<Acc>;
+  int j0 = 0;
+  if constexpr (wide_blocks)
+    for (; j0 + 4 * L <= n; j0 += 4 * L)
+      f(std::integral_constant<int, 4>{}, j0);
+  for (; j0 + 2 * L <= n; j0 += 2 * L)
+    f(std::integral_constant<int, 2>{}, j0);
+  if (j0 + L <= n) {
+    f(std::integral_constant<int, 1>{}, j0);
+    j0 += L;
+  }
+  return j0;
 }
 
 }  // namespace kfa::backends::host
@@ -301,22 +348,107 @@ struct TileOps<
   static KOKKOS_INLINE_FUNCTION void gemm(const Member& /*team*/, int m, int n, int k, const Acc* a,
                                           int a_rs, int a_cs, const Acc* b, int ldb, Acc* c,
                                           int ldc, bool accumulate) {
-    constexpr int L = host::lanes<Acc>;
-    int j0 = 0;
-    if constexpr (host::wide_blocks)
-      for (; j0 + 4 * L <= n; j0 += 4 * L)
-        host::row_blocks<host::micro_rows(4), 4 * L>(m, k, a, a_rs, a_cs, b + j0, ldb, c + j0, ldc,
-                                                     accumulate);
-    for (; j0 + 2 * L <= n; j0 += 2 * L)
-      host::row_blocks<host::micro_rows(2), 2 * L>(m, k, a, a_rs, a_cs, b + j0, ldb, c + j0, ldc,
-                                                   accumulate);
-    if (j0 + L <= n) {
-      host::row_blocks<host::micro_rows(1), L>(m, k, a, a_rs, a_cs, b + j0, ldb, c + j0, ldc,
-                                               accumulate);
-      j0 += L;
+    const int j_end = host::for_column_blocks<Acc>(n, [&](auto regs, int j0) {
+      constexpr int NR = decltype(regs)::value * host::lanes<Acc>;
+      host::for_row_blocks<host::micro_rows(decltype(regs)::value)>(m, [&](auto rows, int i0) {
+        host::micro_kernel<decltype(rows)::value, NR>(
+            k, a + static_cast<std::ptrdiff_t>(i0) * a_rs, a_rs, a_cs, b + j0, ldb,
+            c + static_cast<std::ptrdiff_t>(i0) * ldc + j0, ldc, accumulate);
+      });
+    });
+    if (j_end < n)
+      host::edge_kernel(m, n - j_end, k, a, a_rs, a_cs, b + j_end, ldb, c + j_end, ldc, accumulate);
+  }
+
+  /// PortableTileOps::gemm_bf16x2, on VDPBF16PS where the CPU has it (the blocking of gemm);
+  /// the last n % 16 columns, and CPUs without it, take the portable loops.
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void gemm_bf16x2(const Member& team, int m, int n, int k2,
+                                                 const void* a, int a_rs, int a_cs, const void* b,
+                                                 int ldb, float* c, int ldc, float scale,
+                                                 bool accumulate) {
+    int j_end = 0;
+#ifdef KFA_HOST_AVX512_BF16
+    const auto* ab = static_cast<const unsigned char*>(a);
+    const auto* bb = static_cast<const unsigned char*>(b);
+    j_end = host::for_column_blocks<float>(n, [&](auto regs, int j0) {
+      constexpr int V = decltype(regs)::value;
+      host::for_row_blocks<host::micro_rows(V)>(m, [&](auto rows, int i0) {
+        host::bf16x2_kernel<decltype(rows)::value, V>(
+            k2, ab + 4 * static_cast<std::ptrdiff_t>(i0) * a_rs, a_rs, a_cs, bb + 4 * j0, ldb,
+            c + static_cast<std::ptrdiff_t>(i0) * ldc + j0, ldc, scale, accumulate);
+      });
+    });
+#endif
+    if (j_end < n)
+      PortableTileOps<float>::gemm_bf16x2(team, m, n - j_end, k2, a, a_rs, a_cs,
+                                          static_cast<const unsigned char*>(b) + 4 * j_end, ldb,
+                                          c + j_end, ldc, scale, accumulate);
+  }
+
+  /// PortableTileOps::pack_bf16x2_rows: on AVX-512 BF16, 16 columns of two rows at a time,
+  /// rounded by VCVTNE2PS2BF16 (ties to even, as bf16_round; denormals flush to 0) and
+  /// interleaved by one word permute.
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void pack_bf16x2_rows(const Member& team, const float* s, int lds,
+                                                      int rows, int n, void* out, int ldo) {
+    int c_end = 0;
+#ifdef KFA_HOST_AVX512_BF16
+    c_end = n - n % 16;
+    // Words 0..15 of the conversion are row 2r's, 16..31 row 2r+1's: lane 2c takes c, 2c+1
+    // takes 16 + c.
+    const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    auto* o = static_cast<unsigned char*>(out);
+    for (int r = 0; 2 * r < rows; ++r) {
+      const float* s0 = s + static_cast<std::ptrdiff_t>(2 * r) * lds;
+      const bool pair = 2 * r + 1 < rows;
+      for (int c = 0; c < c_end; c += 16) {
+        const __m512 hi = pair ? _mm512_loadu_ps(s0 + lds + c) : _mm512_setzero_ps();
+        const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(hi, _mm512_loadu_ps(s0 + c));
+        _mm512_storeu_si512(o + 4 * (static_cast<std::ptrdiff_t>(r) * ldo + c),
+                            _mm512_permutexvar_epi16(zip, w));
+      }
     }
-    if (j0 < n)
-      host::edge_kernel(m, n - j0, k, a, a_rs, a_cs, b + j0, ldb, c + j0, ldc, accumulate);
+#endif
+    if (c_end < n)
+      PortableTileOps<float>::pack_bf16x2_rows(team, s + c_end, lds, rows, n - c_end,
+                                               static_cast<unsigned char*>(out) + 4 * c_end, ldo);
+  }
+
+  /// PortableTileOps::interleave_bf16x2_rows: on AVX-512 BF16 (with BW), 32 columns of two
+  /// rows at a time by two two-source word permutes.
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void interleave_bf16x2_rows(const Member& team, const void* v,
+                                                            std::ptrdiff_t ldv, int rows, int n,
+                                                            void* out, int ldo) {
+    int c_end = 0;
+#ifdef KFA_HOST_AVX512_BF16
+    c_end = n - n % 32;
+    // Words of row 2r are 0..31 of the pair of sources, row 2r+1's are 32..63.
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40,
+                                        8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi =
+        _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54,
+                         22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+    const auto* in = static_cast<const unsigned char*>(v);
+    auto* o = static_cast<unsigned char*>(out);
+    for (int r = 0; 2 * r < rows; ++r) {
+      const unsigned char* v0 = in + 2 * (2 * r * ldv);
+      const bool pair = 2 * r + 1 < rows;
+      for (int c = 0; c < c_end; c += 32) {
+        const __m512i x0 = _mm512_loadu_si512(v0 + 2 * c);
+        const __m512i x1 = pair ? _mm512_loadu_si512(v0 + 2 * (ldv + c)) : _mm512_setzero_si512();
+        unsigned char* w = o + 4 * (static_cast<std::ptrdiff_t>(r) * ldo + c);
+        _mm512_storeu_si512(w, _mm512_permutex2var_epi16(x0, lo, x1));
+        _mm512_storeu_si512(w + 64, _mm512_permutex2var_epi16(x0, hi, x1));
+      }
+    }
+#endif
+    if (c_end < n)
+      PortableTileOps<float>::interleave_bf16x2_rows(
+          team, static_cast<const unsigned char*>(v) + 2 * c_end, ldv, rows, n - c_end,
+          static_cast<unsigned char*>(out) + 4 * c_end, ldo);
   }
 
   /// max of x[c0, c1), for c0 < c1, with one vector of partial maxima.

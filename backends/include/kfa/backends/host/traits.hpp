@@ -8,6 +8,14 @@
 
 #include <kfa/backends/generic/tile.hpp>
 
+// Defined where the host tile code may use AVX-512 BF16 (VDPBF16PS, VCVTNE2PS2BF16) with the
+// AVX-512 BW word permutes: GCC or Clang compiling for the host with those extensions (build
+// with -march=native, the KFA_NATIVE option, on such a CPU).
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__GNUC__) && \
+    !defined(__CUDACC__) && !defined(__HIPCC__) && !defined(__SYCL_DEVICE_ONLY__)
+#define KFA_HOST_AVX512_BF16 1
+#endif
+
 namespace kfa::backends {
 
 /// Host tile traits: one thread per team, Br = 64, Bc = 64 (32 above head_dim 128).
@@ -25,8 +33,17 @@ struct TileTraits<
   static constexpr int pad = 0;            ///< rows packed: no banks to spread
   /// S^T = K_j Q_i^T: no transpose of K_j per tile, softmax vectorised across queries.
   static constexpr bool key_major_scores = true;
+  /// bfloat16 inputs multiplied in pairs on VDPBF16PS where the CPU has it; elsewhere they are
+  /// widened to float tiles once and take the float products.
+#ifdef KFA_HOST_AVX512_BF16
+  static constexpr bool bf16x2_products = true;
+#else
+  static constexpr bool bf16x2_products = false;
+#endif
   /// Teams running at once: one per host thread.
-  static int concurrent_teams(const ExecSpace& space) { return space.concurrency(); }
+  static int concurrent_teams(const ExecSpace& space) {
+    return space.concurrency();
+  }
 };
 
 }  // namespace kfa::backends
