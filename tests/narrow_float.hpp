@@ -79,3 +79,6 @@ const char* type_name() {
 
 template <>
 struct kfa::backends::is_narrow_float<kfa_test::bf16> : std::true_type {};
+// Its one member is the bfloat16's bits: the host's pair products may take it as it is.
+template <>
+struct kfa::backends::is_bfloat16<kfa_test::bf16> : std::true_type {};

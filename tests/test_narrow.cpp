@@ -129,4 +129,31 @@ TYPED_TEST(NarrowTest, FullyMaskedRows) {
   check_backward_case<T>(s, p);
 }
 
+// bfloat16 inputs on the host's pair products (TileTraits::bf16x2_products, VDPBF16PS) against
+// kfa's float forward on the same values: they differ only by P rounded to bfloat16 (relative
+// 2^-9 per element) and the output's rounding (2^-9), so with scores spread wide enough
+// (amplitude 3: scores of a few units) an error in the scale, a stride or a packing shows well
+// above the bound. Runs wherever the suite runs; without the pair products it compares the
+// widened path with float, which must then agree as closely.
+TEST(NarrowPairs, Bf16MatchesFloatOnTheSameValues) {
+  for (int d : {64, 128, 40})
+    for (bool causal : {false, true}) {
+      const Shape s{1, 2, 1, 150, 203, d};
+      SCOPED_TRACE(::testing::Message() << s << (causal ? " causal" : ""));
+      Problem pb(s, 99, 3.0);
+      pb.rounded<bf16>();
+      kfa::Params p;
+      p.causal = causal;
+      const auto narrow = run_forward<bf16>(pb, p);
+      const auto wide = run_forward<float>(pb, p);
+      double vmax = 0;
+      for (std::size_t e = 0; e < pb.v.span(); ++e)
+        vmax = std::max(vmax, std::abs(pb.v.data()[e]));
+      double worst = 0;
+      for (std::size_t e = 0; e < wide.o.span(); ++e)
+        worst = std::max(worst, std::abs(narrow.o.data()[e] - wide.o.data()[e]));
+      EXPECT_LE(worst, 3 * std::ldexp(vmax, -9));
+    }
+}
+
 }  // namespace

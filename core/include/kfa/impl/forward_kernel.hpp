@@ -61,6 +61,15 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       std::is_same_v<typename K::non_const_value_type, acc_t> &&
       std::is_same_v<typename V::non_const_value_type, acc_t>;
   bool kv_in_place = false;
+  // Key-major with bfloat16 inputs where the backend multiplies them in pairs
+  // (TileTraits::bf16x2_products): taken when head_dim and the K and V row strides are even,
+  // so that every row is a row of pair words (backends/bf16x2.hpp).
+  static constexpr bool pairs_type =
+      traits::bf16x2_products && std::is_same_v<acc_t, float> &&
+      backends::is_bfloat16<value_type>::value &&
+      backends::is_bfloat16<typename K::non_const_value_type>::value &&
+      backends::is_bfloat16<typename V::non_const_value_type>::value;
+  bool pairs = false;
   int splits = 1;  // chunks of key tiles per query tile (1: no split-KV)
   SplitPartials<acc_t, typename ExecSpace::memory_space> part;  // allocated when splits > 1
 
@@ -82,6 +91,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     dropout = make_dropout<acc_t>(p, at);
     scratch_level = base::scratch_level(scratch_bytes());
     kv_in_place = kv_in_place_type && k.stride(2) <= 2147483647 && v.stride(2) <= 2147483647;
+    pairs = pairs_type && head_dim % 2 == 0 && k.stride(2) % 2 == 0 && v.stride(2) % 2 == 0 &&
+            k.stride(2) / 2 <= 2147483647;
     const int key_tiles = (seqlen_k + Bc - 1) / Bc;
     const long long teams = static_cast<long long>(q.extent(0)) * heads_q * q_tiles;
     splits = p.num_splits > 0 ? p.num_splits
@@ -96,9 +107,12 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   /// Team scratch: Q_i, O~_i (Br x D), K_j^T (D x Bc), V_j (Bc x D), S_ij (Br x Bc), m, l (Br);
   /// rows ldd or ldc apart. Key-major (TileTraits::key_major_scores): Q_i^T (D x Br), K_j
   /// (Bc x D) and S_ij^T (Bc x Br), rows of Br elements ldq apart, and one more array of Br
-  /// (the rows' rescale factors).
+  /// (the rows' rescale factors); with bfloat16 pair products, Q_i^T holds pair words.
   std::size_t scratch_bytes() const {
     const std::size_t br = Br, bc = Bc, d = head_dim;
+    if (key_major && pairs_type)  // and the pair words of P and V_j, (Bc + 1) / 2 rows each
+      return base::scratch_bytes({d * ldq(), br * ldd, bc * ldd, bc * ldd, bc * ldq(), br, br, br,
+                                  (bc + 1) / 2 * ldq(), (bc + 1) / 2 * ldd});
     if (key_major)
       return base::scratch_bytes({d * ldq(), br * ldd, bc * ldd, bc * ldd, bc * ldq(), br, br, br});
     return base::scratch_bytes({br * ldd, br * ldd, d * ldc, bc * ldd, br * ldc, br, br});
@@ -235,11 +249,33 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     m = base::carve(scr, std::size_t(Br));
     l = base::carve(scr, std::size_t(Br));
     acc_t* alpha = base::carve(scr, std::size_t(Br));  // e^(m - m') of the last tile
+    // bfloat16 pair products (pairs): Q_i^T as pair words in qt, unscaled (the scale goes on
+    // the product, so that Q is rounded to bfloat16 only once, by the caller); K_j read where
+    // it lies; P and V_j interleaved into pair words, pp and vp, per tile.
+    void* pp = nullptr;
+    void* vp = nullptr;
+    if constexpr (pairs_type) {
+      pp = base::carve(scr, std::size_t(Bc + 1) / 2 * ldq);
+      vp = base::carve(scr, std::size_t(Bc + 1) / 2 * ldd);
+    }
+    const bool pair_mode = pairs_type && pairs;  // the branches below compile only for pairs_type
 
-    // Q_i^T, once, pre-multiplied by the scale (the score transform's x = scale q.k).
-    ops::for_each_element(team, nr, D, [&](int r, int d) {
-      qt[d * ldq + r] = score.scaled(static_cast<acc_t>(q(b, h, q0 + r, d)));
-    });
+    // Q_i^T, once: as pair words, or in acc_t pre-multiplied by the scale (the score
+    // transform's x = scale q.k).
+    if (pair_mode) {
+      if constexpr (pairs_type)
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
+          const auto* qr = &q(b, h, q0 + r, 0);
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D / 2), [&](int p) {
+            backends::bf16x2_store(qt, static_cast<std::ptrdiff_t>(p) * ldq + r,
+                                   backends::bf16x2_load(qr, p));
+          });
+        });
+    } else {
+      ops::for_each_element(team, nr, D, [&](int r, int d) {
+        qt[d * ldq + r] = score.scaled(static_cast<acc_t>(q(b, h, q0 + r, d)));
+      });
+    }
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr), [&](int r) {
       m[r] = -backends::infinity<acc_t>();
       l[r] = acc_t(0);
@@ -261,7 +297,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
           ldk = static_cast<int>(k.stride(2));
           ldv = static_cast<int>(v.stride(2));
         }
-      if (kj == ks) {
+      if (kj == ks && !pair_mode) {
         team.team_barrier();  // the previous tile is no longer read
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nc), [&](int c) {
           const auto* kr = &k(b, hk, k0 + c, 0);
@@ -278,8 +314,15 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       // Keys of this tile that any of its rows sees: rows [cb, ce) of S^T.
       int cb, ce;  // never empty: the loop visits only tiles the query tile sees
       mask.tile_columns(q0, nr, k0, nc, cb, ce);
-      ops::gemm(team, ce - cb, nr, D, kj + static_cast<std::ptrdiff_t>(cb) * ldk, ldk, 1, qt, ldq,
-                st + static_cast<std::ptrdiff_t>(cb) * ldq, ldq, false);
+      if (pair_mode) {
+        if constexpr (pairs_type)
+          ops::gemm_bf16x2(team, ce - cb, nr, D / 2, &k(b, hk, k0 + cb, 0),
+                           static_cast<int>(k.stride(2) / 2), 1, qt, ldq,
+                           st + static_cast<std::ptrdiff_t>(cb) * ldq, ldq, score.scale, false);
+      } else {
+        ops::gemm(team, ce - cb, nr, D, kj + static_cast<std::ptrdiff_t>(cb) * ldk, ldk, 1, qt, ldq,
+                  st + static_cast<std::ptrdiff_t>(cb) * ldq, ldq, false);
+      }
       team.team_barrier();
       // x -> S (impl/score.hpp), and -inf where a row does not see a key of [cb, ce): only in
       // tiles the mask's edge crosses (the ends of the visible intervals grow with the row).
@@ -311,9 +354,21 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
         if (a != acc_t(1))  // 1 for most rows once their maximum has settled
           Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D), [&](int d) { orow[d] *= a; });
       });
-      team.team_barrier();
-      ops::gemm(team, nr, D, ce - cb, st + static_cast<std::ptrdiff_t>(cb) * ldq, 1, ldq,
-                vj + static_cast<std::ptrdiff_t>(cb) * ldv, ldv, os, ldd, true);
+      if (pair_mode) {  // P rounded to bfloat16 once, as FlashAttention-2 rounds it to 16 bits
+        if constexpr (pairs_type) {
+          ops::pack_bf16x2_rows(team, st + static_cast<std::ptrdiff_t>(cb) * ldq, ldq, ce - cb, nr,
+                                pp, ldq);
+          ops::interleave_bf16x2_rows(team, &v(b, hk, k0 + cb, 0), v.stride(2), ce - cb, D, vp,
+                                      ldd);
+          team.team_barrier();
+          ops::gemm_bf16x2(team, nr, D, (ce - cb + 1) / 2, pp, 1, ldq, vp, ldd, os, ldd, 1.0f,
+                           true);
+        }
+      } else {
+        team.team_barrier();
+        ops::gemm(team, nr, D, ce - cb, st + static_cast<std::ptrdiff_t>(cb) * ldq, 1, ldq,
+                  vj + static_cast<std::ptrdiff_t>(cb) * ldv, ldv, os, ldd, true);
+      }
     }
   }
 
