@@ -3,10 +3,9 @@
 // in the same precision" is the unfused 16-bit attention (products in float, S, P, O, dP, dS and
 // the gradients rounded to the type; kfa::reference::compute_t).
 //
-// Runs with the test bfloat16 of narrow_float.hpp on every build, and with Kokkos' half_t and
-// bhalf_t where the Kokkos build makes them 16-bit types (GPU backends), on the default
-// execution space. Inputs are rounded to the type first, so kernel and reference see the same
-// values.
+// Runs with kfa::bf16 and kfa::half on every build, and with Kokkos' half_t and bhalf_t where
+// the Kokkos build makes them 16-bit types (GPU backends), on the suite's execution space. Inputs
+// are rounded to the type first, so kernel and reference see the same values.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -40,16 +39,15 @@ struct ToTypes<List<Ts...>> {
 template <class L, class T>
 using append_if_narrow = typename Append<L, T, kfa::backends::is_narrow_float<T>::value>::type;
 
-// bf16 always; Kokkos' types when they are narrow (otherwise they are float, tested elsewhere).
-// No bhalf_t before Kokkos 3.6: float stands in, and float is never narrow.
+// kfa::bf16 and kfa::half always; Kokkos' types when they are narrow (otherwise they are float,
+// tested elsewhere). No bhalf_t before Kokkos 3.6: float stands in, and float is never narrow.
 #if defined(KOKKOS_BHALF_T_IS_FLOAT)
 using KokkosBhalf = Kokkos::Experimental::bhalf_t;
 #else
 using KokkosBhalf = float;
 #endif
-using Narrow =
-    typename ToTypes<append_if_narrow<append_if_narrow<List<bf16>, Kokkos::Experimental::half_t>,
-                                      KokkosBhalf>>::type;
+using Narrow = typename ToTypes<append_if_narrow<
+    append_if_narrow<List<bf16, half>, Kokkos::Experimental::half_t>, KokkosBhalf>>::type;
 
 template <class T>
 class NarrowTest : public ::testing::Test {};

@@ -2,6 +2,7 @@
 /// \file backward.hpp
 /// kfa::backward: gradients of exact attention by recomputation (FlashAttention-2).
 
+#include <kfa/float16.hpp>
 #include <kfa/impl/backward_kernel.hpp>
 #include <kfa/impl/validate.hpp>
 #include <kfa/params.hpp>

@@ -2,6 +2,7 @@
 /// \file forward.hpp
 /// kfa::forward: exact attention O = softmax(scale * Q K^T + mask) V and its log-sum-exp.
 
+#include <kfa/float16.hpp>
 #include <kfa/impl/forward_kernel.hpp>
 #include <kfa/impl/validate.hpp>
 #include <kfa/params.hpp>
@@ -20,8 +21,9 @@ namespace kfa {
 /// \param lse   output (batch, heads_q, seqlen_q): natural log of the softmax denominator of the
 ///              scaled, masked scores; -inf (with o = 0) for a query that sees no key.
 /// \param params scale, masks, softcap (see kfa::Params).
-/// q, k, v share one value type: float, double, or a narrow float type (Kokkos' half_t and
-/// bhalf_t where the Kokkos build makes them 16-bit types; see backends::is_narrow_float);
+/// q, k, v share one value type: float, double, or a narrow float type: kfa::bf16 or kfa::half
+/// (<kfa/float16.hpp>, 16-bit on every build), Kokkos' half_t and bhalf_t where the Kokkos
+/// build makes them 16-bit types, or another type opted in through backends::is_narrow_float;
 /// o has the same type; lse is float or wider.
 /// Accumulation is in double for double inputs and in float otherwise; a narrow type's inputs
 /// are converted to float on load and o is rounded once, on store.

@@ -6,6 +6,7 @@
 #include <kfa/combine.hpp>
 #include <kfa/config.hpp>
 #include <kfa/dropout.hpp>
+#include <kfa/float16.hpp>
 #include <kfa/flops.hpp>
 #include <kfa/forward.hpp>
 #include <kfa/params.hpp>

@@ -19,7 +19,8 @@
 
 namespace kfa::backends {
 
-/// The bfloat16 nearest to x (ties to even); a NaN stays a quiet NaN.
+/// The bfloat16 nearest to x (ties to even); a NaN keeps its sign and upper payload and is
+/// made quiet. kfa::bf16 (float16.hpp) converts with it.
 KOKKOS_INLINE_FUNCTION std::uint16_t bf16_round(float x) {
   std::uint32_t u;
   std::memcpy(&u, &x, sizeof u);

@@ -91,8 +91,8 @@ constexpr void static_check_pass(Inputs<Q, In...>, Outputs<Out...>) {
   static_assert((std::is_same_v<T, typename Out::value_type> && ...),
                 "kfa: the outputs (o; dq, dk, dv) must be non-const and of the value type of q");
   static_assert(backends::is_value_type_v<T>,
-                "kfa: value type must be float, double, or Kokkos half_t / bhalf_t where they "
-                "are 16-bit types (backends::is_narrow_float)");
+                "kfa: value type must be float, double, kfa::bf16, kfa::half, or Kokkos half_t / "
+                "bhalf_t where those are 16-bit types (backends::is_narrow_float)");
   static_assert(is_view_of_rank<Lse, 3>::value,
                 "kfa: lse must be a rank-3 View (batch, heads_q, seqlen_q)");
   using L = typename Lse::non_const_value_type;
