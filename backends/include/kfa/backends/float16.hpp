@@ -47,6 +47,59 @@ KOKKOS_INLINE_FUNCTION float float_of(std::uint32_t u) {
   return x;
 }
 
+/// binary16 bits of x by integer arithmetic alone: round to nearest even, subnormals below
+/// 2^-14, infinity from 65520 (halfway between the largest half, 65504, and 2^16) up; a NaN
+/// keeps its sign and the upper 10 bits of its payload and is made quiet.
+KOKKOS_INLINE_FUNCTION std::uint16_t half_bits_portable(float x) {
+  const std::uint32_t u = bits_of(x);
+  const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  const std::uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: inf
+  if (a >= 0x38800000u) {  // >= 2^-14: a normal half
+    // Rebias the exponent (127 -> 15), then round the 23-bit mantissa to 10 bits; a carry out
+    // of the mantissa steps the exponent, as it should.
+    std::uint32_t m = a - 0x38000000u;
+    m += 0xfffu + ((m >> 13) & 1u);
+    return static_cast<std::uint16_t>(sign | (m >> 13));
+  }
+  if (a <= 0x33000000u) return sign;  // <= 2^-25: zero (2^-25 itself is the tie, to even 0)
+  // A subnormal half k 2^-24: k = mantissa (with its leading 1) >> shift, rounded to even.
+  // k may round up to 1024, the smallest normal, which is its encoding too.
+  const std::uint32_t mant = (a & 0x7fffffu) | 0x800000u;
+  const int shift = 126 - static_cast<int>(a >> 23);  // 14..24
+  const std::uint32_t half_ulp = 1u << (shift - 1), rest = mant & ((1u << shift) - 1u);
+  std::uint32_t k = mant >> shift;
+  if (rest > half_ulp || (rest == half_ulp && (k & 1u))) ++k;
+  return static_cast<std::uint16_t>(sign | k);
+}
+
+/// The float value of binary16 bits h by integer arithmetic alone; exact, a NaN made quiet.
+KOKKOS_INLINE_FUNCTION float half_to_float_portable(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0x1fu) return float_of(sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u));
+  if (e != 0) return float_of(sign | ((e + 112u) << 23) | (m << 13));
+  // Zero or subnormal, m 2^-24: exact in float.
+  return float_of(sign | bits_of(static_cast<float>(m) * 5.9604644775390625e-8f));
+}
+
+KOKKOS_INLINE_FUNCTION std::uint16_t half_bits(float x) {
+#if defined(KFA_FLOAT16_F16C)
+  return static_cast<std::uint16_t>(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
+#else
+  return half_bits_portable(x);
+#endif
+}
+
+KOKKOS_INLINE_FUNCTION float half_to_float(std::uint16_t h) {
+#if defined(KFA_FLOAT16_F16C)
+  return _cvtsh_ss(h);
+#else
+  return half_to_float_portable(h);
+#endif
+}
+
 }  // namespace float16_impl
 
 /// bfloat16: the upper 16 bits of a float (sign, 8 exponent bits, 7 mantissa bits), as
