@@ -1,9 +1,9 @@
 // kfa against the unfused baseline (perf/unfused.hpp: Kokkos Kernels gemm, softmax, gemm) in
 // one run, so every figure has its partner measured beside it (docs/performance.md): forward,
-// backward and forward + backward; float and double; causal and not; B = 1, H = 4, N = 512 ...
-// 16384, D = 64 and 128. Names pair up as BM_kfa_<pass><T>/N:n/D:d/causal:c and
-// BM_unfused_<pass><T>/N:n/D:d/causal:c, registered side by side so each pair also runs back
-// to back. FLOPs in flash-attn's convention for both (visible pairs only; backward 2.5 x and
+// backward and forward + backward; float, double and bf16 (kfa only); causal and not; B = 1,
+// H = 4, N = 512 ... 16384, D = 64 and 128. Names pair up as
+// BM_kfa_<pass><T>/N:n/D:d/causal:c and BM_unfused_<pass><T>/N:n/D:d/causal:c, registered
+// side by side so each pair also runs back to back. FLOPs in flash-attn's convention for both (visible pairs only; backward 2.5 x and
 // forward + backward 3.5 x the forward), so GFLOP/s ratios are speed ratios.
 //
 // The backward cases time the backward alone after one untimed forward: kfa recomputes P from
@@ -61,6 +61,11 @@ void BM_attention(benchmark::State& state, Impl impl, Pass pass, int N, int D, b
   kfa::Params p;
   p.causal = causal;
   const bool backward = pass != Pass::forward;
+  constexpr bool narrow = kfa::backends::is_narrow_float<T>::value;
+  if (narrow && impl == Impl::unfused) {
+    state.SkipWithError("skipped: the unfused baseline (Kokkos Kernels gemm) has no 16-bit types");
+    return;
+  }
   if (impl == Impl::unfused) {
     const double need =
         kfa_bench::unfused::Attention<T>::matrix_bytes(kBatch, kHeads, N, N, backward);
@@ -77,7 +82,7 @@ void BM_attention(benchmark::State& state, Impl impl, Pass pass, int N, int D, b
     time_pass(
         state, pass, [&] { kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p); },
         [&] { kfa::backward(Exec(), t.q, t.k, t.v, t.o, t.lse, t.dout, t.dq, t.dk, t.dv, p); });
-  } else {
+  } else if constexpr (!narrow) {
     kfa_bench::unfused::Attention<T, Exec> a(kBatch, kHeads, N, N, D, causal);
     time_pass(
         state, pass, [&] { a.forward(t.q, t.k, t.v, t.o, t.lse); },
@@ -114,5 +119,6 @@ int main(int argc, char** argv) {
   kfa_bench::register_fma_peak();
   register_type<float>("float");
   register_type<double>("double");
+  register_type<kfa::bf16>("bf16");  // kfa only: the pair products where the host has them
   return kfa_bench::run_main(argc, argv);
 }

@@ -35,6 +35,10 @@ void shapes(benchmark::internal::Benchmark* b) {
 
 BENCHMARK_TEMPLATE(BM_forward, float)->Apply(shapes);
 BENCHMARK_TEMPLATE(BM_forward, double)->Apply(shapes);
+// 16-bit storage on the host: bf16 on the pair products where the CPU has AVX-512 BF16, half
+// widened to float tiles.
+BENCHMARK_TEMPLATE(BM_forward, kfa::bf16)->Apply(shapes);
+BENCHMARK_TEMPLATE(BM_forward, kfa::half)->Apply(shapes);
 
 // Decoding: a few queries against a long key/value cache (B = 1, H = 32, D = 128), unsplit,
 // with the automatic split count (num_splits = 0) and with forced counts. The cache reaches

@@ -58,7 +58,7 @@ import tables  # noqa: E402  (the Google Benchmark JSON loader the older tables 
 PASSES = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward + backward"}
 IMPLS = {"kfa": "kfa", "unfused": "unfused", "torch": "PyTorch", "ort": "ORT flash",
          "ort-unfused": "ORT unfused"}
-SIZE = {"float": 4, "double": 8}
+SIZE = {"float": 4, "double": 8, "bf16": 2}
 # The ONNX Runtime impls: perf/ort_attention.mjs --variant of each. Forward and float32 only.
 ORT = {"ort": "flash", "ort-unfused": "unfused"}
 ORT_PASSES, ORT_TYPES = ("fwd",), ("float",)
