@@ -3,8 +3,9 @@
 // backward and forward + backward; float, double and bf16 (kfa only); causal and not; B = 1,
 // H = 4, N = 512 ... 16384, D = 64 and 128. Names pair up as
 // BM_kfa_<pass><T>/N:n/D:d/causal:c and BM_unfused_<pass><T>/N:n/D:d/causal:c, registered
-// side by side so each pair also runs back to back. FLOPs in flash-attn's convention for both (visible pairs only; backward 2.5 x and
-// forward + backward 3.5 x the forward), so GFLOP/s ratios are speed ratios.
+// side by side so each pair also runs back to back. FLOPs in flash-attn's convention for both
+// (visible pairs only; backward 2.5 x and forward + backward 3.5 x the forward), so GFLOP/s ratios
+// are speed ratios.
 //
 // The backward cases time the backward alone after one untimed forward: kfa recomputes P from
 // the LSE, the baseline reads the P its forward kept.
