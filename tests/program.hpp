@@ -12,6 +12,7 @@
 
 #include "h5io.hpp"
 #include "problem.hpp"
+#include "views.hpp"
 
 namespace kfa_test {
 
@@ -56,9 +57,8 @@ inline kfa_apps::Dataset from_tensor(const Tensor4& t, kfa_apps::DType dtype) {
   for (int r = 0; r < 4; ++r)
     d.dims.push_back(t.extent(r));
   d.data.assign(t.data(), t.data() + t.span());
-  if (dtype == kfa_apps::DType::f32)
-    for (auto& x : d.data)
-      x = double(float(x));
+  for (auto& x : d.data)
+    x = kfa_apps::rounded(dtype, x);
   return d;
 }
 

@@ -78,8 +78,20 @@ Keep4 cli_mask(const Shape& s, const kfa::Params& params) {
   return keep;
 }
 
+// The type the programs write a pass's LSE in for tensors of type t: float32 for 16-bit ones.
+DType lse_type(DType t) {
+  return kfa_apps::is_16bit(t) ? DType::f32 : t;
+}
+
+// Whether every value of d is a value of its type (16-bit outputs are written exactly).
+bool holds_its_type(const Dataset& d) {
+  for (double x : d.data)
+    if (!(kfa_apps::rounded(d.dtype, x) == x)) return false;
+  return true;
+}
+
 void round_trip(DType dtype, const std::string& flags, const kfa::Params& params) {
-  SCOPED_TRACE(flags + (dtype == DType::f32 ? " float32" : " float64"));
+  SCOPED_TRACE(flags + " " + kfa_apps::name(dtype));
   const Shape shape{2, 4, 2, 37, 91, 40};
   Problem pb(shape, 2024);
   const Dataset q = from_tensor(pb.q, dtype), k = from_tensor(pb.k, dtype),
@@ -91,18 +103,19 @@ void round_trip(DType dtype, const std::string& flags, const kfa::Params& params
   kfa_apps::H5File f(out.string());
   const Dataset o = f.read("/o", 4), lse = f.read("/lse", 3);
   EXPECT_EQ(o.dtype, dtype);
-  EXPECT_EQ(lse.dtype, dtype);
+  EXPECT_EQ(lse.dtype, lse_type(dtype));
   EXPECT_EQ(o.dims, q.dims);
+  EXPECT_TRUE(holds_its_type(o));
   Tensor3 lse_t("lse", lse.dims[0], lse.dims[1], lse.dims[2]);
   std::copy(lse.data.begin(), lse.data.end(), lse_t.data());
   const Tensor4 qt = to_tensor(q), kt = to_tensor(k), vt = to_tensor(v);
   // With dropout the reference is fed the mask file of kfa dropout-mask: the check passes only
   // if that file holds the mask the forward applied.
   const Keep4 keep = cli_mask(shape, params);
-  const auto c =
-      dtype == DType::f32
-          ? kfa::reference::check_forward<float>(qt, kt, vt, params, to_tensor(o), lse_t, keep)
-          : kfa::reference::check_forward<double>(qt, kt, vt, params, to_tensor(o), lse_t, keep);
+  const auto c = kfa_apps::with_value_type(dtype, [&](auto t) {
+    return kfa::reference::check_forward<decltype(t)>(qt, kt, vt, params, to_tensor(o), lse_t,
+                                                      keep);
+  });
   EXPECT_TRUE(c.ok()) << "O err " << c.o.err << " (bound " << c.o.bound << "), LSE err "
                       << c.lse.err << " (bound " << c.lse.bound << ")";
 }
@@ -184,7 +197,7 @@ TEST(Cli, CheckWithNonFiniteErrorFails) {
 // gradients pass the tolerance rule against the reference; --deterministic gives the same
 // within rounding; --random --check passes.
 void backward_round_trip(DType dtype, const std::string& flags, const kfa::Params& params) {
-  SCOPED_TRACE(flags + (dtype == DType::f32 ? " float32" : " float64"));
+  SCOPED_TRACE(flags + " " + kfa_apps::name(dtype));
   const Shape shape{1, 4, 2, 45, 70, 32};
   Problem pb(shape, 2025);
   const Dataset q = from_tensor(pb.q, dtype), k = from_tensor(pb.k, dtype),
@@ -198,8 +211,9 @@ void backward_round_trip(DType dtype, const std::string& flags, const kfa::Param
   std::mt19937_64 gen(9);
   const Dataset dout = from_tensor(random_tensor("do", 1, 4, 45, 32, gen), dtype);
   Dataset dlse = lse;
+  EXPECT_EQ(dlse.dtype, lse_type(dtype));
   for (auto& x : dlse.data)
-    x = dtype == DType::f32 ? double(float(0.25 * std::sin(x))) : 0.25 * std::sin(x);
+    x = kfa_apps::rounded(dlse.dtype, 0.25 * std::sin(x));
   kfa_apps::write_atomic(bin.string(), {{"/q", &q},
                                         {"/k", &k},
                                         {"/v", &v},
@@ -214,18 +228,18 @@ void backward_round_trip(DType dtype, const std::string& flags, const kfa::Param
   kfa_apps::H5File fb(out.string());
   const Dataset dq = fb.read("/dq", 4), dk = fb.read("/dk", 4), dv = fb.read("/dv", 4);
   EXPECT_EQ(dq.dtype, dtype);
+  EXPECT_EQ(dv.dtype, dtype);
   EXPECT_EQ(dq.dims, q.dims);
+  EXPECT_TRUE(holds_its_type(dq) && holds_its_type(dk) && holds_its_type(dv));
   EXPECT_EQ(dk.dims, k.dims);
   Tensor3 dlse_t("dlse", 1, 4, 45);
   std::copy(dlse.data.begin(), dlse.data.end(), dlse_t.data());
   const Tensor4 qt = to_tensor(q), kt = to_tensor(k), vt = to_tensor(v), dot = to_tensor(dout);
   const Keep4 keep = cli_mask(shape, params);
-  const auto c =
-      dtype == DType::f32
-          ? kfa::reference::check_backward<float>(qt, kt, vt, params, dot, dlse_t, to_tensor(dq),
-                                                  to_tensor(dk), to_tensor(dv), keep)
-          : kfa::reference::check_backward<double>(qt, kt, vt, params, dot, dlse_t, to_tensor(dq),
-                                                   to_tensor(dk), to_tensor(dv), keep);
+  const auto c = kfa_apps::with_value_type(dtype, [&](auto t) {
+    return kfa::reference::check_backward<decltype(t)>(
+        qt, kt, vt, params, dot, dlse_t, to_tensor(dq), to_tensor(dk), to_tensor(dv), keep);
+  });
   EXPECT_TRUE(c.ok()) << "dQ err " << c.dq.err << " (bound " << c.dq.bound << "), dK err "
                       << c.dk.err << " (bound " << c.dk.bound << "), dV err " << c.dv.err
                       << " (bound " << c.dv.bound << ")";
@@ -262,6 +276,84 @@ TEST(Cli, BackwardRoundTripThroughHdf5) {
     for (const char* key :
          {"\"dropout\":0.2,", "\"seed\":3,", "\"offset\":9,", "\"check\":\"pass\""})
       EXPECT_NE(line.find(key), std::string::npos) << key << " missing in " << line;
+  }
+}
+
+// --dtype bf16 and half: kfa::bf16 and kfa::half tensors on every build, through files
+// (bfloat16 and float16 datasets, LSE in float32) and --random, each passing the check.
+TEST(Cli, SixteenBitTensors) {
+  for (DType t : {DType::bf16, DType::f16}) {
+    round_trip(t, "", kfa::Params{});
+    kfa::Params p;
+    p.causal = true;
+    p.window_left = 20;
+    p.softcap = 4;
+    round_trip(t, "--causal --window 20,-1 --softcap 4", p);
+    backward_round_trip(t, "--causal --window 20,-1 --softcap 4", p);
+  }
+  for (const char* dtype : {"bf16", "half"})
+    for (const char* cmd : {"forward", "backward"}) {
+      const CliRun r = run_cli(std::string(cmd) + " --random 2,4,97,64 --heads-kv 2 --causal " +
+                               "--dtype " + dtype + " --json --check");
+      ASSERT_EQ(r.status, 0) << cmd << " " << dtype << ": " << r.err;
+      const std::string last = r.out.substr(r.out.rfind('{'));
+      const std::string name = std::string(dtype) == "bf16" ? "bfloat16" : "float16";
+      for (const std::string& key :
+           {"\"dtype\":\"" + name + "\"", std::string("\"check\":\"pass\"")})
+        EXPECT_NE(last.find(key), std::string::npos) << key << " missing in " << last;
+      EXPECT_NE(r.out.find(" " + name + " "), std::string::npos) << r.out;  // the description
+    }
+  // The other spellings of --dtype name the same types.
+  const CliRun r = run_cli("forward --random 1,1,16,16 --dtype bfloat16 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("\"dtype\":\"bfloat16\""), std::string::npos) << r.out;
+  const CliRun h = run_cli("forward --random 1,1,16,16 --dtype float16 --json");
+  ASSERT_EQ(h.status, 0) << h.err;
+  EXPECT_NE(h.out.find("\"dtype\":\"float16\""), std::string::npos) << h.out;
+}
+
+// Every encoding of each 16-bit format, written and read back through HDF5's own conversions
+// (from and to double): each value comes back as it was, zeros with their sign, infinities and
+// NaN included; the file's type has the format's fields.
+TEST(Cli, SixteenBitDatasetsHoldEveryValue) {
+  for (DType t : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(kfa_apps::name(t));
+    Dataset d;
+    d.dtype = t;
+    d.dims = {1, 1, 256, 256};
+    for (std::uint32_t b = 0; b < 0x10000u; ++b)
+      d.data.push_back(t == DType::bf16
+                           ? static_cast<double>(kfa::bf16::from_bits(std::uint16_t(b)))
+                           : static_cast<double>(kfa::half::from_bits(std::uint16_t(b))));
+    const fs::path p = work_dir() / "every16.h5";
+    kfa_apps::write_atomic(p.string(), {{"/x", &d}});
+    const Dataset back = kfa_apps::H5File(p.string()).read("/x", 4);
+    EXPECT_EQ(back.dtype, t);
+    ASSERT_EQ(back.data.size(), d.data.size());
+    for (std::size_t e = 0; e < d.data.size(); ++e) {
+      if (std::isnan(d.data[e])) {
+        EXPECT_TRUE(std::isnan(back.data[e])) << std::hex << e;
+        continue;
+      }
+      ASSERT_EQ(back.data[e], d.data[e]) << std::hex << "encoding 0x" << e;
+      ASSERT_EQ(std::signbit(back.data[e]), std::signbit(d.data[e])) << std::hex << e;
+    }
+    // The stored type, as other HDF5 readers see it.
+    const hid_t f = H5Fopen(p.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    const hid_t ds = H5Dopen2(f, "/x", H5P_DEFAULT);
+    const hid_t type = H5Dget_type(ds);
+    size_t spos, epos, esize, mpos, msize;
+    EXPECT_EQ(H5Tget_class(type), H5T_FLOAT);
+    EXPECT_EQ(H5Tget_size(type), 2u);
+    EXPECT_GE(H5Tget_fields(type, &spos, &epos, &esize, &mpos, &msize), 0);
+    EXPECT_EQ(spos, 15u);
+    EXPECT_EQ(mpos, 0u);
+    EXPECT_EQ(esize, t == DType::bf16 ? 8u : 5u);
+    EXPECT_EQ(msize, t == DType::bf16 ? 7u : 10u);
+    EXPECT_EQ(H5Tget_ebias(type), t == DType::bf16 ? 127u : 15u);
+    H5Tclose(type);
+    H5Dclose(ds);
+    H5Fclose(f);
   }
 }
 
@@ -343,7 +435,35 @@ TEST(Cli, BadFiles) {
       H5Sclose(s);
     }
     H5Fclose(f);
-    expect_bad("forward --in " + p.string(), "expected float32 or float64");
+    expect_bad("forward --in " + p.string(),
+               "non-floating-point type; expected float32, float64, bfloat16 or float16");
+  }
+  {  // a 16-bit float type of neither format (6 exponent bits, 9 mantissa bits)
+    const fs::path p = work_dir() / "f16odd.h5";
+    const hid_t f = H5Fcreate(p.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    const hid_t t = H5Tcopy(H5T_IEEE_F32LE);
+    H5Tset_fields(t, 15, 9, 6, 0, 9);
+    H5Tset_size(t, 2);
+    H5Tset_ebias(t, 31);
+    const hsize_t dims[4] = {1, 1, 2, 2};
+    const double data[4] = {1, 2, 3, 4};
+    for (const char* name : {"/q", "/k", "/v"}) {
+      const hid_t sp = H5Screate_simple(4, dims, nullptr);
+      const hid_t d = H5Dcreate2(f, name, t, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+      H5Dwrite(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
+      H5Dclose(d);
+      H5Sclose(sp);
+    }
+    H5Tclose(t);
+    H5Fclose(f);
+    expect_bad("forward --in " + p.string(),
+               "has a 16-bit float type that is neither IEEE binary16 nor bfloat16");
+  }
+  {
+    const Dataset qh = from_tensor(pb.q, DType::f16), kb = from_tensor(pb.k, DType::bf16),
+                  vh = from_tensor(pb.v, DType::f16);
+    expect_bad("forward --in " + write_inputs("mixed16.h5", qh, kb, vh).string(),
+               "/k is bfloat16 but /q is float16");
   }
   {
     Dataset kb = k, vb = v;
@@ -423,6 +543,8 @@ TEST(Cli, BadFlags) {
   expect_bad(in + " --repeat x1", "--repeat expects an integer, got 'x1'");
   expect_bad(in + " --align middle", "--align expects bottom-right or top-left");
   expect_bad(in + " --frobnicate", "unknown option '--frobnicate'");
+  expect_bad("forward --random 1,2,64,16 --dtype int8",
+             "--dtype expects float, double, bf16 or half, got 'int8'");
   expect_bad("forward --random 1,2,0,64", "--random seqlen must be >= 1, got 0");
   expect_bad("forward --random 1,2,-5,64", "--random seqlen must be >= 1, got -5");
   expect_bad("forward --random 1,2,64", "--random expects B,H,N,D");

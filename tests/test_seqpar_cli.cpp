@@ -196,6 +196,11 @@ TEST(SeqParCli, BadInputEndsEveryRankWithOneLine) {
   const Dataset v = from_tensor(pb.v, DType::f32);
   const fs::path good = work_dir() / "sp_good.h5";
   kfa_apps::write_atomic(good.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}});
+  // 16-bit tensors are kfa's only: kfa::mpi takes float and double.
+  const Dataset qh = from_tensor(pb.q, DType::f16), kh = from_tensor(pb.k, DType::f16),
+                vh = from_tensor(pb.v, DType::f16);
+  const fs::path half = work_dir() / "sp_half.h5";
+  kfa_apps::write_atomic(half.string(), {{"/q", &qh}, {"/k", &kh}, {"/v", &vh}});
   struct Case {
     std::string args, want;
   };
@@ -211,6 +216,10 @@ TEST(SeqParCli, BadInputEndsEveryRankWithOneLine) {
       {"forward --random 1,2,64,16 --check --dropout 1", "--dropout must be in [0, 1)"},
       {"forward --in " + bad.string() + " --out " + out.string() + " --check",
        "--check applies to --random only"},
+      {"forward --random 1,2,64,16 --dtype bf16",
+       "--dtype bfloat16 is kfa's only: kfa-seqpar takes float and double"},
+      {"forward --in " + half.string() + " --out " + out.string(),
+       "is float16: kfa-seqpar takes float32 and float64"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);

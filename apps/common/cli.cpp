@@ -57,7 +57,9 @@ double parse_double(const std::string& flag, const std::string& text) {
 DType parse_dtype(const std::string& flag, const std::string& text) {
   if (text == "float" || text == "float32") return DType::f32;
   if (text == "double" || text == "float64") return DType::f64;
-  throw InputError(flag + " expects float or double, got '" + text + "'");
+  if (text == "bf16" || text == "bfloat16") return DType::bf16;
+  if (text == "half" || text == "float16") return DType::f16;
+  throw InputError(flag + " expects float, double, bf16 or half, got '" + text + "'");
 }
 
 std::vector<std::string> split(const std::string& s) {

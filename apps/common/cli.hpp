@@ -24,7 +24,8 @@ std::uint64_t parse_uint64(const std::string& flag, const std::string& text);
 /// A finite number for `flag`; throws InputError naming the flag otherwise.
 double parse_double(const std::string& flag, const std::string& text);
 
-/// float (float32) or double (float64) for `flag`; throws InputError naming the flag otherwise.
+/// float (or float32), double (float64), bf16 (bfloat16) or half (float16) for `flag`; throws
+/// InputError naming the flag otherwise.
 DType parse_dtype(const std::string& flag, const std::string& text);
 
 /// The value of E named `text` (kfa::EnumNames) for `flag`; throws InputError listing the

@@ -48,22 +48,49 @@ bool H5File::has(const std::string& dataset) const {
 
 namespace {
 
+// The fields of a 16-bit float type (h5io.hpp): sign, exponent and mantissa positions and
+// sizes, exponent bias.
+struct Fields {
+  size_t spos, epos, esize, mpos, msize, ebias;
+};
+Fields fields_of(DType t) {
+  return t == DType::f16 ? Fields{15, 10, 5, 0, 10, 15} : Fields{15, 7, 8, 0, 7, 127};
+}
+
+// Whether the 2-byte float type `type` has the fields of t (bfloat16 or float16).
+bool same_fields(hid_t type, DType t) {
+  Fields got{};
+  if (H5Tget_fields(type, &got.spos, &got.epos, &got.esize, &got.mpos, &got.msize) < 0)
+    return false;
+  got.ebias = H5Tget_ebias(type);
+  const Fields want = fields_of(t);
+  return got.spos == want.spos && got.epos == want.epos && got.esize == want.esize &&
+         got.mpos == want.mpos && got.msize == want.msize && got.ebias == want.ebias;
+}
+
 // Type and global dims of a float dataset of the given rank (its data is left unread).
 Dataset read_header(hid_t ds, const std::string& where, int rank) {
   Handle type{H5Dget_type(ds), H5Tclose};
   Handle space{H5Dget_space(ds), H5Sclose};
   if (type.id < 0 || space.id < 0) throw InputError("cannot read the header of " + where);
   Dataset out;
+  const char* expected = "; expected float32, float64, bfloat16 or float16";
   if (H5Tget_class(type.id) != H5T_FLOAT)
-    throw InputError(where + " has a non-floating-point type; expected float32 or float64");
+    throw InputError(where + " has a non-floating-point type" + expected);
   const size_t bytes = H5Tget_size(type.id);
   if (bytes == 4)
     out.dtype = DType::f32;
   else if (bytes == 8)
     out.dtype = DType::f64;
+  else if (bytes == 2 && same_fields(type.id, DType::f16))
+    out.dtype = DType::f16;
+  else if (bytes == 2 && same_fields(type.id, DType::bf16))
+    out.dtype = DType::bf16;
+  else if (bytes == 2)
+    throw InputError(where + " has a 16-bit float type that is neither IEEE binary16 nor " +
+                     "bfloat16 (h5io.hpp gives their fields)" + expected);
   else
-    throw InputError(where + " has a " + std::to_string(8 * bytes) +
-                     "-bit float type; expected float32 or float64");
+    throw InputError(where + " has a " + std::to_string(8 * bytes) + "-bit float type" + expected);
   const int got = H5Sget_simple_extent_ndims(space.id);
   if (got != rank)
     throw InputError(where + " has rank " + std::to_string(got) + ", expected " +
@@ -73,8 +100,22 @@ Dataset read_header(hid_t ds, const std::string& where, int rank) {
   return out;
 }
 
-hid_t file_type(DType t) {
-  return t == DType::u8 ? H5T_STD_U8LE : t == DType::f32 ? H5T_IEEE_F32LE : H5T_IEEE_F64LE;
+// The type a dataset of t is stored in, as a handle of its own (closed with it); id -1 when
+// HDF5 refuses it, which fails the dataset's creation and so the write.
+Handle file_type(DType t) {
+  if (!is_16bit(t))
+    return Handle{H5Tcopy(t == DType::u8    ? H5T_STD_U8LE
+                          : t == DType::f32 ? H5T_IEEE_F32LE
+                                            : H5T_IEEE_F64LE),
+                  H5Tclose};
+  // float32's type with the fields of the 16-bit format, then cut to two bytes (the order in
+  // which HDF5 accepts them: fields inside the size at every step).
+  Handle type{H5Tcopy(H5T_IEEE_F32LE), H5Tclose};
+  const Fields f = fields_of(t);
+  if (H5Tset_fields(type.id, f.spos, f.epos, f.esize, f.mpos, f.msize) < 0 ||
+      H5Tset_size(type.id, 2) < 0 || H5Tset_ebias(type.id, f.ebias) < 0)
+    return Handle{-1, H5Tclose};
+  return Handle{std::exchange(type.id, -1), H5Tclose};
 }
 
 }  // namespace
@@ -104,13 +145,13 @@ void write_atomic(const std::string& path,
     for (const auto& [name, d] : datasets) {
       Handle space{H5Screate_simple(int(d->dims.size()), d->dims.data(), nullptr), H5Sclose};
       const bool u8 = d->dtype == DType::u8;
-      const hid_t ftype = file_type(d->dtype);
+      const Handle ftype = file_type(d->dtype);
       const hid_t mtype = u8 ? H5T_NATIVE_UINT8 : H5T_NATIVE_DOUBLE;
       const void* buf = u8 ? static_cast<const void*>(d->bytes.data()) : d->data.data();
       const bool empty = u8 ? d->bytes.empty() : d->data.empty();
-      Handle ds{
-          H5Dcreate2(file.id, name.c_str(), ftype, space.id, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-          H5Dclose};
+      Handle ds{H5Dcreate2(file.id, name.c_str(), ftype.id, space.id, H5P_DEFAULT, H5P_DEFAULT,
+                           H5P_DEFAULT),
+                H5Dclose};
       if (ds.id < 0 || (!empty && H5Dwrite(ds.id, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0)) {
         ok = false;
         break;
@@ -254,8 +295,9 @@ void write_rows_atomic(const std::string& path, const std::vector<RowSlab>& slab
       Handle fspace{H5Screate_simple(int(s.global_dims.size()), s.global_dims.data(), nullptr),
                     H5Sclose};
       // Created by every rank alike (collective), then each writes its rows.
-      Handle ds{H5Dcreate2(file.id, s.name.c_str(), file_type(s.local->dtype), fspace.id,
-                           H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+      const Handle ftype = file_type(s.local->dtype);
+      Handle ds{H5Dcreate2(file.id, s.name.c_str(), ftype.id, fspace.id, H5P_DEFAULT, H5P_DEFAULT,
+                           H5P_DEFAULT),
                 H5Dclose};
       if (!all_ok(ds.id >= 0, comm)) {  // then no rank enters the collective write
         ok = 0;

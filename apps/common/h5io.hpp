@@ -1,9 +1,19 @@
 #pragma once
-// HDF5 I/O for the kfa programs: tensors of float32 or float64, read into double (exact for
-// both) and written back in their own type; masks of uint8 (written only). Whole datasets for
-// kfa; with a parallel HDF5, slabs of rows for kfa-seqpar, each rank reading and writing only
-// its own rows through MPI-IO. Files are written under a temporary name and renamed, so an
-// output file exists only when everything was written.
+// HDF5 I/O for the kfa programs: tensors of float32, float64, bfloat16 or float16, read into
+// double (exact for all four) and written back in their own type; masks of uint8 (written
+// only). Whole datasets for kfa; with a parallel HDF5, slabs of rows for kfa-seqpar, each rank
+// reading and writing only its own rows through MPI-IO. Files are written under a temporary
+// name and renamed, so an output file exists only when everything was written.
+//
+// HDF5 has no predefined 16-bit float types; the 16-bit tensors are HDF5 float types built
+// from IEEE F32LE with the fields of each format, and read back by those fields:
+//   float16  (IEEE binary16) 2 bytes, little-endian: sign bit 15, exponent bits 10-14 (bias
+//            15), mantissa bits 0-9, as h5py writes numpy.float16;
+//   bfloat16 2 bytes, little-endian: sign bit 15, exponent bits 7-14 (bias 127), mantissa bits
+//            0-6, the upper half of a float32.
+// HDF5 converts both to and from float and double itself (H5Dread into H5T_NATIVE_FLOAT).
+// Values written as 16-bit must already be values of that type (the programs write kfa::bf16
+// and kfa::half tensors), so that HDF5's conversion from double is exact.
 
 #include <hdf5.h>
 #ifdef H5_HAVE_PARALLEL
@@ -23,15 +33,31 @@ struct InputError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class DType { f32, f64, u8 };
+enum class DType { f32, f64, u8, bf16, f16 };
 inline const char* name(DType t) {
-  return t == DType::f32 ? "float32" : t == DType::f64 ? "float64" : "uint8";
+  switch (t) {
+    case DType::f32:
+      return "float32";
+    case DType::f64:
+      return "float64";
+    case DType::bf16:
+      return "bfloat16";
+    case DType::f16:
+      return "float16";
+    case DType::u8:
+      break;
+  }
+  return "uint8";
+}
+/// Whether t is one of the 16-bit float types (kfa::bf16, kfa::half in the programs).
+inline bool is_16bit(DType t) {
+  return t == DType::bf16 || t == DType::f16;
 }
 
 struct Dataset {
   std::vector<hsize_t> dims;
   DType dtype = DType::f32;
-  std::vector<double> data;         // row-major, for f32 and f64
+  std::vector<double> data;         // row-major, for the float types
   std::vector<std::uint8_t> bytes;  // row-major, for u8 (a mask need not take 8 bytes a flag)
   std::size_t size() const {
     std::size_t n = 1;
@@ -50,7 +76,8 @@ class H5File {
   H5File& operator=(const H5File&) = delete;
 
   bool has(const std::string& dataset) const;
-  /// Reads a float32 or float64 dataset of the given rank; throws InputError otherwise.
+  /// Reads a float32, float64, bfloat16 or float16 dataset of the given rank; throws
+  /// InputError otherwise.
   Dataset read(const std::string& dataset, int rank) const;
 
  private:
@@ -78,7 +105,7 @@ class ParallelH5File {
   ParallelH5File& operator=(const ParallelH5File&) = delete;
 
   bool has(const std::string& dataset) const;
-  /// Global dims and type of a float32 or float64 dataset of the given rank (no data).
+  /// Global dims and type of a float dataset of the given rank (no data), as H5File::read.
   Dataset header(const std::string& dataset, int rank) const;
   /// This rank's rows of the dataset, in the order given: dims are (B, H, rows[, D]).
   Dataset read_rows(const std::string& dataset, int rank, const std::vector<RowRange>& rows) const;

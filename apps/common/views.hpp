@@ -1,13 +1,40 @@
 #pragma once
-// Datasets (row-major doubles) to and from Kokkos Views, for the kfa programs.
+// Datasets (row-major doubles) to and from Kokkos Views, for the kfa programs, and the C++
+// value type of each dataset type.
+
+#include <kfa/float16.hpp>
 
 #include <Kokkos_Core.hpp>
 
+#include <stdexcept>
 #include <string>
 
 #include "h5io.hpp"
 
 namespace kfa_apps {
+
+/// f(T{}) for the value type T of tensors of type t: float, double, kfa::bf16 or kfa::half.
+template <class F>
+decltype(auto) with_value_type(DType t, F&& f) {
+  switch (t) {
+    case DType::f32:
+      return f(float{});
+    case DType::f64:
+      return f(double{});
+    case DType::bf16:
+      return f(kfa::bf16{});
+    case DType::f16:
+      return f(kfa::half{});
+    case DType::u8:
+      break;
+  }
+  throw std::logic_error("with_value_type: uint8 is not a tensor type");
+}
+
+/// x rounded to the value type of tensors of type t (x itself for float64).
+inline double rounded(DType t, double x) {
+  return with_value_type(t, [x](auto v) { return static_cast<double>(decltype(v)(x)); });
+}
 
 /// A new View of the dataset's shape (rank 4 for tensors, rank 3 for LSE and its gradient)
 /// holding its values converted to the View's type.
@@ -34,7 +61,9 @@ Dataset view_to_dataset(const View& v, DType t) {
   d.dtype = t;
   for (unsigned r = 0; r < View::rank; ++r)
     d.dims.push_back(v.extent(r));
-  d.data.assign(h.data(), h.data() + h.span());
+  d.data.resize(h.span());
+  for (std::size_t e = 0; e < d.data.size(); ++e)
+    d.data[e] = static_cast<double>(h.data()[e]);
   return d;
 }
 

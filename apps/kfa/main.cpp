@@ -4,8 +4,8 @@
 //   kfa backward --in IN.h5 --out OUT.h5 [pass flags]
 //                reads /q /k /v /o /lse /do (and /dlse when present), writes /dq /dk /dv
 //   kfa forward|backward --random B,H,N,D [--heads-kv H] [--seqlen-k N]
-//               [--dtype float|double] [--data-seed S] [--repeat R] [--json] [--check]
-//               [pass flags]
+//               [--dtype float|double|bf16|half] [--data-seed S] [--repeat R] [--json]
+//               [--check] [pass flags]
 //   pass flags: one a field of kfa::Params (kfa::for_each_field: --causal, --align, --window-left,
 //               --window-right, --scale, --softcap, --dropout, --seed, --offset, --splits
 //               (forward), --deterministic (backward)) and --window LEFT,RIGHT for both windows
@@ -54,7 +54,7 @@ using Exec = Kokkos::DefaultExecutionSpace;
 
 const char* kUsage =
     "usage: kfa forward|backward (--in IN.h5 --out OUT.h5 | --random B,H,N,D [--heads-kv H]\n"
-    "                   [--seqlen-k N] [--dtype float|double] [--data-seed S])\n"
+    "                   [--seqlen-k N] [--dtype float|double|bf16|half] [--data-seed S])\n"
     "                   [--repeat R] [--json] [--check] [pass flags]\n"
     "       kfa dropout-mask --shape B,H,NQ,NK --dropout P --seed N [--offset N] --out MASK.h5\n"
     "                   [--json]\n"
@@ -64,6 +64,9 @@ const char* kUsage =
     "            give it the --dropout, --seed and --offset of the forward\n"
     "  dropout-mask: writes /keep (uint8, 1 = kept), the mask forward and backward apply\n"
     "  --data-seed S: seeds the inputs of --random (--seed is dropout's)\n"
+    "  --dtype: the tensors' type; bf16 and half are kfa::bf16 and kfa::half (16-bit on every\n"
+    "           build), lse float32. Files give their own type (float32, float64, bfloat16,\n"
+    "           float16)\n"
     "  --version: kfa's version and options, the Kokkos it was compiled with\n"
     "pass flags:\n";
 
@@ -168,7 +171,7 @@ Dataset random_tensor(std::vector<hsize_t> dims, DType t, std::mt19937_64& gen) 
   d.data.resize(d.size());
   std::uniform_real_distribution<double> dist(-1, 1);
   for (auto& x : d.data)
-    x = t == DType::f32 ? double(float(dist(gen))) : dist(gen);
+    x = kfa_apps::rounded(t, dist(gen));
   return d;
 }
 
@@ -186,7 +189,7 @@ void require_memory(double bytes, const char* what) {
 
 // Refuses a random problem that cannot fit in this machine's memory before allocating anything.
 void check_memory(DType dtype, double q_elems, double kv_elems, double head_dim, bool backward) {
-  const double elem = dtype == DType::f32 ? 4 : 8;
+  const double elem = kfa_apps::is_16bit(dtype) ? 2 : dtype == DType::f32 ? 4 : 8;
   // q, o, k, v in the kernel's type plus the double copies the program keeps, and the LSE;
   // the backward adds dout, dq, dk, dv.
   const double tensors = backward ? 4 * q_elems + 4 * kv_elems : 2 * q_elems + 2 * kv_elems;
@@ -195,6 +198,16 @@ void check_memory(DType dtype, double q_elems, double kv_elems, double head_dim,
 
 template <class T>
 using DeviceTensor = Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space>;
+
+// The LSE of a pass on tensors of value type T: float or wider (kfa::backends::accum_t), and
+// its type in a file.
+template <class T>
+using Lse = kfa::backends::accum_t<T>;
+template <class T>
+using DeviceLse = Kokkos::View<Lse<T>***, Kokkos::LayoutRight, Exec::memory_space>;
+DType lse_dtype(DType t) {
+  return t == DType::f64 ? DType::f64 : DType::f32;
+}
 
 template <class T>
 DeviceTensor<T> to_device(const Dataset& d, const char* label) {
@@ -317,9 +330,8 @@ int run_forward(const Options& o, Problem& p) {
   const Dims& d = in.d;
   DeviceTensor<T> out(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::o")),
                       q.extent(0), q.extent(1), q.extent(2), q.extent(3));
-  Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> lse(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::lse")), q.extent(0),
-      q.extent(1), q.extent(2));
+  DeviceLse<T> lse(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::lse")),
+                   q.extent(0), q.extent(1), q.extent(2));
 
   const Timing tm = time_pass(o.repeat, [&] { kfa::forward(Exec(), q, k, v, out, lse, o.params); });
 
@@ -327,7 +339,7 @@ int run_forward(const Options& o, Problem& p) {
   Dataset o_ds, lse_ds;
   if (o.check || !o.out.empty()) {
     o_ds = kfa_apps::view_to_dataset(out, o.dtype);
-    lse_ds = kfa_apps::view_to_dataset(lse, o.dtype);
+    lse_ds = kfa_apps::view_to_dataset(lse, lse_dtype(o.dtype));
   }
 
   std::optional<Verdict> verdict;
@@ -348,16 +360,16 @@ int run_backward(const Options& o, Problem& p) {
   const Dims& d = in.d;
   auto dout = upload<T>(p.dout, "kfa::do", o.check);
   DeviceTensor<T> out, dq, dk, dv;
-  Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space> lse, dlse;
+  DeviceLse<T> lse, dlse;
   if (p.o.dims.empty()) {  // --random: the forward it needs, once and untimed
     out = DeviceTensor<T>(std::string("kfa::o"), d.batch, d.heads_q, d.seqlen_q, d.head_dim);
     lse = decltype(lse)(std::string("kfa::lse"), d.batch, d.heads_q, d.seqlen_q);
     kfa::forward(Exec(), q, k, v, out, lse, o.params);
   } else {
     out = to_device<T>(p.o, "kfa::o");
-    lse = to_device3<T>(p.lse, "kfa::lse");
+    lse = to_device3<Lse<T>>(p.lse, "kfa::lse");
   }
-  if (!p.dlse.dims.empty()) dlse = to_device3<T>(p.dlse, "kfa::dlse");
+  if (!p.dlse.dims.empty()) dlse = to_device3<Lse<T>>(p.dlse, "kfa::dlse");
   dq = DeviceTensor<T>(std::string("kfa::dq"), d.batch, d.heads_q, d.seqlen_q, d.head_dim);
   dk = DeviceTensor<T>(std::string("kfa::dk"), d.batch, d.heads_kv, d.seqlen_k, d.head_dim);
   dv = DeviceTensor<T>(std::string("kfa::dv"), d.batch, d.heads_kv, d.seqlen_k, d.head_dim);
@@ -456,9 +468,10 @@ int main_pass(Options o) {
     }
     o.dtype = p.q.dtype;
   }
-  if (o.command == "backward")
-    return o.dtype == DType::f32 ? run_backward<float>(o, p) : run_backward<double>(o, p);
-  return o.dtype == DType::f32 ? run_forward<float>(o, p) : run_forward<double>(o, p);
+  return kfa_apps::with_value_type(o.dtype, [&](auto v) {
+    using T = decltype(v);
+    return o.command == "backward" ? run_backward<T>(o, p) : run_forward<T>(o, p);
+  });
 }
 
 void fail(const std::string& msg) {

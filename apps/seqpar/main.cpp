@@ -89,6 +89,10 @@ Options parse(int argc, char** argv) {
   kfa_apps::parse_command_line(argc, argv, "kfa-seqpar", {"forward", "backward"}, own, o);
   if (o.action != kfa_apps::Action::run) return o;
   kfa_apps::check_sources(o);
+  if (kfa_apps::is_16bit(o.dtype))
+    throw InputError(std::string("--dtype ") + kfa_apps::name(o.dtype) +
+                     " is kfa's only: kfa-seqpar takes float and double (kfa::mpi has no 16-bit "
+                     "path)");
   if (!o.in.empty() && o.check)
     throw InputError("--check applies to --random only (it needs the whole problem on each rank)");
   return o;
@@ -193,6 +197,9 @@ Problem load(const Options& o) {
   // dataset whose shape disagrees must fail on every rank before any collective read.
   const bool bwd = o.command == "backward";
   const Dataset qh = in.header("/q", 4), kh = in.header("/k", 4), vh = in.header("/v", 4);
+  if (kfa_apps::is_16bit(qh.dtype))
+    throw InputError("dataset /q in '" + o.in + "' is " + kfa_apps::name(qh.dtype) +
+                     ": kfa-seqpar takes float32 and float64 (kfa::mpi has no 16-bit path)");
   p.B = qh.dims[0];
   p.Hq = qh.dims[1];
   p.Nq = qh.dims[2];
