@@ -22,6 +22,7 @@
 
 #include <kfa/backends/cuda/mma.hpp>
 #include <kfa/backends/cuda/traits.hpp>
+#include <kfa/backends/float16.hpp>
 #include <kfa/backends/generic/tile.hpp>
 #include <kfa/config.hpp>
 
@@ -52,6 +53,15 @@ struct mma_tag<Kokkos::Experimental::bhalf_t> {
   using type = bf16_tag;  ///< bfloat16 operands
 };
 #endif
+// kfa's own 16-bit storage types (float16.hpp) hold the same encodings as Kokkos' on CUDA.
+template <>
+struct mma_tag<bf16> {
+  using type = bf16_tag;  ///< bfloat16 operands
+};
+template <>
+struct mma_tag<half> {
+  using type = f16_tag;  ///< binary16 operands
+};
 #if defined(KFA_CUDA_TF32)
 template <>
 struct mma_tag<float> {
