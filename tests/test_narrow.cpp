@@ -47,7 +47,7 @@ using KokkosBhalf = Kokkos::Experimental::bhalf_t;
 using KokkosBhalf = float;
 #endif
 using Narrow = typename ToTypes<append_if_narrow<
-    append_if_narrow<List<bf16, half>, Kokkos::Experimental::half_t>, KokkosBhalf>>::type;
+    append_if_narrow<List<kfa::bf16, kfa::half>, Kokkos::Experimental::half_t>, KokkosBhalf>>::type;
 
 template <class T>
 class NarrowTest : public ::testing::Test {};

@@ -56,7 +56,7 @@ inline constexpr int lanes = vector_bytes / static_cast<int>(sizeof(Acc));
 /// (AVX2, SSE): 4 x 2, then 4 x 1 (no four-register block).
 inline constexpr bool wide_blocks = vector_bytes == 64;
 /// Rows of the micro-kernel of a column block `regs` vector registers wide (see wide_blocks).
-constexpr int micro_rows(int regs) {
+KOKKOS_INLINE_FUNCTION constexpr int micro_rows(int regs) {
   return wide_blocks ? (regs == 4 ? 6 : 8) : 4;
 }
 
