@@ -427,12 +427,10 @@ void backward_delta(const ExecSpace& space, const Delta& delta, const DO& dout, 
 /// Serial atomics are plain adds).
 template <class ExecSpace>
 bool atomic_dq_pays(const Params& params) {
-  constexpr bool host_threads =
-      Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible
+  bool host_threads = Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
 #ifdef KOKKOS_ENABLE_SERIAL
-      && !std::is_same_v<ExecSpace, Kokkos::Serial>
+  if (std::is_same_v<ExecSpace, Kokkos::Serial>) host_threads = false;
 #endif
-      ;
   return !params.deterministic && !host_threads;
 }
 
