@@ -33,6 +33,7 @@
 
 namespace kfa::backends {
 
+/// \cond kfa_internal
 namespace float16_impl {
 
 KOKKOS_INLINE_FUNCTION std::uint32_t bits_of(float x) {
@@ -101,16 +102,21 @@ KOKKOS_INLINE_FUNCTION float half_to_float(std::uint16_t h) {
 }
 
 }  // namespace float16_impl
+/// \endcond
 
 /// bfloat16: the upper 16 bits of a float (sign, 8 exponent bits, 7 mantissa bits), as
 /// Kokkos' bhalf_t, CUDA's __nv_bfloat16 and the AVX-512 BF16 instructions hold it.
 struct bf16 {
   std::uint16_t bits = 0;  ///< the encoding
 
-  bf16() = default;
+  bf16() = default;  ///< zero
+  /// The bfloat16 nearest to x (ties to even; NaN stays NaN, made quiet).
   KOKKOS_INLINE_FUNCTION explicit bf16(float x) : bits(bf16_round(x)) {}
+  /// Through float: rounded twice.
   KOKKOS_INLINE_FUNCTION explicit bf16(double x) : bits(bf16_round(static_cast<float>(x))) {}
+  /// The value, exactly.
   KOKKOS_INLINE_FUNCTION explicit operator float() const { return bf16_widen(bits); }
+  /// The value, exactly.
   KOKKOS_INLINE_FUNCTION explicit operator double() const {
     return static_cast<double>(bf16_widen(bits));
   }
@@ -127,13 +133,18 @@ struct bf16 {
 struct half {
   std::uint16_t bits = 0;  ///< the encoding
 
-  half() = default;
+  half() = default;  ///< zero
+  /// The binary16 nearest to x (ties to even; subnormals kept, overflow to infinity, NaN made
+  /// quiet).
   KOKKOS_INLINE_FUNCTION explicit half(float x) : bits(float16_impl::half_bits(x)) {}
+  /// Through float: rounded twice.
   KOKKOS_INLINE_FUNCTION explicit half(double x)
       : bits(float16_impl::half_bits(static_cast<float>(x))) {}
+  /// The value, exactly (a NaN comes back quiet).
   KOKKOS_INLINE_FUNCTION explicit operator float() const {
     return float16_impl::half_to_float(bits);
   }
+  /// The value, exactly (a NaN comes back quiet).
   KOKKOS_INLINE_FUNCTION explicit operator double() const {
     return static_cast<double>(float16_impl::half_to_float(bits));
   }

@@ -372,16 +372,48 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views> {
   }
 };
 
+/// dst(b, h, d, j) = src(b, h, j, d), converted to dst's type: the last two extents swapped.
+template <class ExecSpace, class Src, class Dst>
+void transpose_rows(const ExecSpace& space, const Src& src, const Dst& dst) {
+  using value = typename Dst::non_const_value_type;
+  Kokkos::parallel_for(
+      "kfa::backward::transpose",
+      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>>(
+          space, {0, 0, 0, 0},
+          {static_cast<std::int64_t>(src.extent(0)), static_cast<std::int64_t>(src.extent(1)),
+           static_cast<std::int64_t>(src.extent(2)), static_cast<std::int64_t>(src.extent(3))}),
+      KOKKOS_LAMBDA(std::int64_t b, std::int64_t h, std::int64_t j, std::int64_t d) {
+        dst(b, h, d, j) = static_cast<value>(src(b, h, j, d));
+      });
+}
+
 /// dQ without atomics: one team per (batch, query head, query tile) owns dQ_i and recomputes
-/// P and dS for every key tile it sees.
+/// P and dS for every key tile it sees. K^T and V^T come from copies of K and V transposed
+/// once per call (kt_all, vt_all: (batch, kv head, head_dim, seqlen_k) in acc_t, as much memory
+/// as K and V): every team stages every key tile, and transposing each in the team cost more
+/// than the products of the tile on a one-thread host team.
 template <class ExecSpace, class T, class Views>
 struct QueryKernel : BackwardCommon<ExecSpace, T, Views> {
   using base = BackwardCommon<ExecSpace, T, Views>;
   using typename base::acc_t;
   using typename base::member_t;
   using typename base::ops;
+  using transposed_view =
+      Kokkos::View<acc_t****, Kokkos::LayoutRight, typename ExecSpace::memory_space>;
 
-  explicit QueryKernel(const base& common) : base(common) {}
+  transposed_view kt_all, vt_all;
+
+  QueryKernel(const ExecSpace& space, const base& common) : base(common) {
+    const auto b = this->t.k.extent(0), hk = this->t.k.extent(1);
+    const auto n = this->t.k.extent(2), d = this->t.k.extent(3);
+    auto alloc = [](const char* label) {
+      return Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing);
+    };
+    kt_all = transposed_view(alloc("kfa::backward::k_transposed"), b, hk, d, n);
+    vt_all = transposed_view(alloc("kfa::backward::v_transposed"), b, hk, d, n);
+    transpose_rows(space, this->t.k, kt_all);
+    transpose_rows(space, this->t.v, vt_all);
+  }
 
   KOKKOS_FUNCTION void operator()(const member_t& team) const {
     const int D = this->head_dim, ldd = this->ldd, ldt = this->ldt;
@@ -397,7 +429,7 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views> {
       const int nc = this->tile_rows(k0, this->seqlen_k);
       if (!this->tiles_meet(q0, nr, k0, nc)) continue;
       team.team_barrier();  // the previous key tile is no longer read
-      this->load_key_tile(team, b, hk, k0, nc, sc.ks, sc.kt, sc.vt);
+      load_key_tile(team, b, hk, k0, nc, sc);
       team.team_barrier();
       this->tile_p_ds(team, b, h, q0, nr, k0, nc, sc);
       ops::gemm(team, nr, D, nc, sc.ds, ldt, 1, sc.ks, ldd, sc.dqs, ldd, true);  // dQ_i += dS K_j
@@ -405,6 +437,27 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views> {
     team.team_barrier();
     ops::for_each_element(team, nr, D, [&](int r, int d) {
       this->store(this->t.dq(b, h, q0 + r, d), this->score.scaled(sc.dqs[r * ldd + d]));
+    });
+  }
+
+  /// K_j, K_j^T and V_j^T of key tile k0 (nc keys) as base::load_key_tile stages them, every
+  /// one by row copies: K_j from k, the transposes from kt_all and vt_all.
+  KOKKOS_INLINE_FUNCTION void load_key_tile(const member_t& team, int b, int hk, int k0, int nc,
+                                            const typename base::Tiles& sc) const {
+    const int D = this->head_dim, ldd = this->ldd, ldt = this->ldt;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nc), [&](int c) {
+      const auto* kr = &this->t.k(b, hk, k0 + c, 0);
+      acc_t* kd = sc.ks + static_cast<std::ptrdiff_t>(c) * ldd;
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
+                           [&](int d) { kd[d] = static_cast<acc_t>(kr[d]); });
+    });
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, D), [&](int d) {
+      const acc_t* kr = &kt_all(b, hk, d, k0);
+      const acc_t* vr = &vt_all(b, hk, d, k0);
+      acc_t* kd = sc.kt + static_cast<std::ptrdiff_t>(d) * ldt;
+      acc_t* vd = sc.vt + static_cast<std::ptrdiff_t>(d) * ldt;
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, nc), [&](int c) { kd[c] = kr[c]; });
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, nc), [&](int c) { vd[c] = vr[c]; });
     });
   }
 };
@@ -441,7 +494,8 @@ void launch_backward(const ExecSpace& space, const BackwardCommon<ExecSpace, T, 
   common.launch(space, "kfa::backward::dkdv",
                 KeyValueKernel<ExecSpace, T, Views>(common, atomic_dq), true);
   if (!atomic_dq)
-    common.launch(space, "kfa::backward::dq", QueryKernel<ExecSpace, T, Views>(common), false);
+    common.launch(space, "kfa::backward::dq", QueryKernel<ExecSpace, T, Views>(space, common),
+                  false);
 }
 
 /// kfa::backward with an optional dlse (nullptr: none): static checks, validation, launches.

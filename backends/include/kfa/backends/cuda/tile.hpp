@@ -53,11 +53,12 @@ struct mma_tag<Kokkos::Experimental::bhalf_t> {
   using type = bf16_tag;  ///< bfloat16 operands
 };
 #endif
-// kfa's own 16-bit storage types (float16.hpp) hold the same encodings as Kokkos' on CUDA.
+/// kfa::bf16 (float16.hpp): the encoding of Kokkos' bhalf_t on CUDA, the same operands.
 template <>
 struct mma_tag<bf16> {
   using type = bf16_tag;  ///< bfloat16 operands
 };
+/// kfa::half (float16.hpp): the encoding of Kokkos' half_t on CUDA, the same operands.
 template <>
 struct mma_tag<half> {
   using type = f16_tag;  ///< binary16 operands
