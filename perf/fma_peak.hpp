@@ -35,7 +35,7 @@ inline constexpr std::size_t kFmaVectorBytes = 16;
 /// A GCC/Clang vector of T filling kFmaVectorBytes.
 template <class T>
 struct FmaVector {
-  typedef T type __attribute__((vector_size(kFmaVectorBytes)));
+  using type [[gnu::vector_size(kFmaVectorBytes)]] = T;
 };
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__FMA__)

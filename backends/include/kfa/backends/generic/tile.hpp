@@ -192,7 +192,7 @@ struct PortableTileOps {
                                                             std::ptrdiff_t ldv, int rows, int n,
                                                             void* out, int ldo) {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, (rows + 1) / 2), [&](int r) {
-      const std::ptrdiff_t row0 = 2 * r * ldv;
+      const std::ptrdiff_t row0 = static_cast<std::ptrdiff_t>(2 * r) * ldv;
       const bool pair = 2 * r + 1 < rows;
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](int c) {
         const std::uint16_t hi = pair ? bf16_load(v, row0 + ldv + c) : std::uint16_t(0);

@@ -199,7 +199,8 @@ inline void bf16x2_kernel(int k2, const unsigned char* a, int a_rs, int a_cs,
   for (int p = 0; p < k2; ++p) {
     __m512bh bv[V];
     for (int v = 0; v < V; ++v)
-      bv[v] = (__m512bh)_mm512_loadu_si512(b + 4 * (static_cast<std::ptrdiff_t>(p) * ldb + 16 * v));
+      bv[v] = (__m512bh)_mm512_loadu_si512(
+          b + 4 * (static_cast<std::ptrdiff_t>(p) * ldb + static_cast<std::ptrdiff_t>(16) * v));
     for (int i = 0; i < MR; ++i) {
       const std::uint32_t w = bf16x2_load(
           a, static_cast<std::ptrdiff_t>(i) * a_rs + static_cast<std::ptrdiff_t>(p) * a_cs);
@@ -211,7 +212,7 @@ inline void bf16x2_kernel(int k2, const unsigned char* a, int a_rs, int a_cs,
   const __m512 sc = _mm512_set1_ps(scale);
   for (int i = 0; i < MR; ++i)
     for (int v = 0; v < V; ++v) {
-      float* ci = c + static_cast<std::ptrdiff_t>(i) * ldc + 16 * v;
+      float* ci = c + static_cast<std::ptrdiff_t>(i) * ldc + static_cast<std::ptrdiff_t>(16) * v;
       __m512 out = _mm512_mul_ps(sc, acc[i][v]);
       if (accumulate) out = _mm512_add_ps(out, _mm512_loadu_ps(ci));
       _mm512_storeu_ps(ci, out);
@@ -375,15 +376,17 @@ struct TileOps<
       constexpr int V = decltype(regs)::value;
       host::for_row_blocks<host::micro_rows(V)>(m, [&](auto rows, int i0) {
         host::bf16x2_kernel<decltype(rows)::value, V>(
-            k2, ab + 4 * static_cast<std::ptrdiff_t>(i0) * a_rs, a_rs, a_cs, bb + 4 * j0, ldb,
+            k2, ab + 4 * static_cast<std::ptrdiff_t>(i0) * a_rs, a_rs, a_cs,
+            bb + static_cast<std::ptrdiff_t>(4) * j0, ldb,
             c + static_cast<std::ptrdiff_t>(i0) * ldc + j0, ldc, scale, accumulate);
       });
     });
 #endif
     if (j_end < n)
-      PortableTileOps<float>::gemm_bf16x2(team, m, n - j_end, k2, a, a_rs, a_cs,
-                                          static_cast<const unsigned char*>(b) + 4 * j_end, ldb,
-                                          c + j_end, ldc, scale, accumulate);
+      PortableTileOps<float>::gemm_bf16x2(
+          team, m, n - j_end, k2, a, a_rs, a_cs,
+          static_cast<const unsigned char*>(b) + static_cast<std::ptrdiff_t>(4) * j_end, ldb,
+          c + j_end, ldc, scale, accumulate);
   }
 
   /// PortableTileOps::pack_bf16x2_rows: on AVX-512 BF16, 16 columns of two rows at a time,
@@ -412,8 +415,9 @@ struct TileOps<
     }
 #endif
     if (c_end < n)
-      PortableTileOps<float>::pack_bf16x2_rows(team, s + c_end, lds, rows, n - c_end,
-                                               static_cast<unsigned char*>(out) + 4 * c_end, ldo);
+      PortableTileOps<float>::pack_bf16x2_rows(
+          team, s + c_end, lds, rows, n - c_end,
+          static_cast<unsigned char*>(out) + static_cast<std::ptrdiff_t>(4) * c_end, ldo);
   }
 
   /// PortableTileOps::interleave_bf16x2_rows: on AVX-512 BF16 (with BW), 32 columns of two
@@ -434,10 +438,10 @@ struct TileOps<
     const auto* in = static_cast<const unsigned char*>(v);
     auto* o = static_cast<unsigned char*>(out);
     for (int r = 0; 2 * r < rows; ++r) {
-      const unsigned char* v0 = in + 2 * (2 * r * ldv);
+      const unsigned char* v0 = in + 2 * (static_cast<std::ptrdiff_t>(2 * r) * ldv);
       const bool pair = 2 * r + 1 < rows;
       for (int c = 0; c < c_end; c += 32) {
-        const __m512i x0 = _mm512_loadu_si512(v0 + 2 * c);
+        const __m512i x0 = _mm512_loadu_si512(v0 + static_cast<std::ptrdiff_t>(2) * c);
         const __m512i x1 = pair ? _mm512_loadu_si512(v0 + 2 * (ldv + c)) : _mm512_setzero_si512();
         unsigned char* w = o + 4 * (static_cast<std::ptrdiff_t>(r) * ldo + c);
         _mm512_storeu_si512(w, _mm512_permutex2var_epi16(x0, lo, x1));
@@ -447,8 +451,9 @@ struct TileOps<
 #endif
     if (c_end < n)
       PortableTileOps<float>::interleave_bf16x2_rows(
-          team, static_cast<const unsigned char*>(v) + 2 * c_end, ldv, rows, n - c_end,
-          static_cast<unsigned char*>(out) + 4 * c_end, ldo);
+          team, static_cast<const unsigned char*>(v) + static_cast<std::ptrdiff_t>(2) * c_end, ldv,
+          rows, n - c_end,
+          static_cast<unsigned char*>(out) + static_cast<std::ptrdiff_t>(4) * c_end, ldo);
   }
 
   /// max of x[c0, c1), for c0 < c1, with one vector of partial maxima.
