@@ -187,18 +187,12 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
                                               acc_t* qs, acc_t* dos, acc_t* lse_s,
                                               acc_t* delta_s) const {
     const int D = head_dim;
-    // Row copies through pointers (head_dim has unit stride, validate.hpp), Q and dO in
-    // separate loops: with both stores in one loop the host compiler did not vectorise it.
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
-      const auto* qr = &t.q(b, h, q0 + r, 0);
-      const auto* dor = &t.dout(b, h, q0 + r, 0);
-      acc_t* qd = qs + static_cast<std::ptrdiff_t>(r) * ldd;
-      acc_t* dod = dos + static_cast<std::ptrdiff_t>(r) * ldd;
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
-                           [&](int d) { qd[d] = score.scaled(static_cast<acc_t>(qr[d])); });
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
-                           [&](int d) { dod[d] = static_cast<acc_t>(dor[d]); });
-    });
+    base::stage_rows(
+        team, nr, D, [&](int r) { return &t.q(b, h, q0 + r, 0); }, qs, ldd,
+        [&](auto x) { return score.scaled(static_cast<acc_t>(x)); });
+    base::stage_rows(
+        team, nr, D, [&](int r) { return &t.dout(b, h, q0 + r, 0); }, dos, ldd,
+        [](auto x) { return static_cast<acc_t>(x); });
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr), [&](int r) {
       lse_s[r] = static_cast<acc_t>(t.lse(b, h, q0 + r));
       delta_s[r] = delta(b, h, q0 + r);
@@ -445,20 +439,14 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views> {
   KOKKOS_INLINE_FUNCTION void load_key_tile(const member_t& team, int b, int hk, int k0, int nc,
                                             const typename base::Tiles& sc) const {
     const int D = this->head_dim, ldd = this->ldd, ldt = this->ldt;
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nc), [&](int c) {
-      const auto* kr = &this->t.k(b, hk, k0 + c, 0);
-      acc_t* kd = sc.ks + static_cast<std::ptrdiff_t>(c) * ldd;
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
-                           [&](int d) { kd[d] = static_cast<acc_t>(kr[d]); });
-    });
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, D), [&](int d) {
-      const acc_t* kr = &kt_all(b, hk, d, k0);
-      const acc_t* vr = &vt_all(b, hk, d, k0);
-      acc_t* kd = sc.kt + static_cast<std::ptrdiff_t>(d) * ldt;
-      acc_t* vd = sc.vt + static_cast<std::ptrdiff_t>(d) * ldt;
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, nc), [&](int c) { kd[c] = kr[c]; });
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, nc), [&](int c) { vd[c] = vr[c]; });
-    });
+    const auto same = [](acc_t x) { return x; };
+    this->stage_rows(
+        team, nc, D, [&](int c) { return &this->t.k(b, hk, k0 + c, 0); }, sc.ks, ldd,
+        [](auto x) { return static_cast<acc_t>(x); });
+    this->stage_rows(
+        team, D, nc, [&](int d) { return &kt_all(b, hk, d, k0); }, sc.kt, ldt, same);
+    this->stage_rows(
+        team, D, nc, [&](int d) { return &vt_all(b, hk, d, k0); }, sc.vt, ldt, same);
   }
 };
 

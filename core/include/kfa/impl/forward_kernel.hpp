@@ -285,8 +285,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       const int nc = seqlen_k - k0 < Bc ? seqlen_k - k0 : Bc;
       // K_j and V_j where they lie when the views hold acc_t (head_dim has unit stride,
       // validate.hpp): the products read rows ldk, ldv apart. Otherwise row copies into
-      // scratch, converted; K and V in separate loops (with both stores in one the compiler
-      // did not vectorise, and the copy cost a third of the time at head_dim 64).
+      // scratch, converted (stage_rows).
       const acc_t* kj = ks;
       const acc_t* vj = vs;
       int ldk = ldd, ldv = ldd;
@@ -299,16 +298,11 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
         }
       if (kj == ks && !pair_mode) {
         team.team_barrier();  // the previous tile is no longer read
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nc), [&](int c) {
-          const auto* kr = &k(b, hk, k0 + c, 0);
-          const auto* vr = &v(b, hk, k0 + c, 0);
-          acc_t* kd = ks + static_cast<std::ptrdiff_t>(c) * ldd;
-          acc_t* vd = vs + static_cast<std::ptrdiff_t>(c) * ldd;
-          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
-                               [&](int d) { kd[d] = static_cast<acc_t>(kr[d]); });
-          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
-                               [&](int d) { vd[d] = static_cast<acc_t>(vr[d]); });
-        });
+        const auto widen = [](auto x) { return static_cast<acc_t>(x); };
+        base::stage_rows(
+            team, nc, D, [&](int c) { return &k(b, hk, k0 + c, 0); }, ks, ldd, widen);
+        base::stage_rows(
+            team, nc, D, [&](int c) { return &v(b, hk, k0 + c, 0); }, vs, ldd, widen);
       }
       team.team_barrier();
       // Keys of this tile that any of its rows sees: rows [cb, ce) of S^T.
