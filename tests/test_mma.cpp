@@ -8,6 +8,9 @@
 // file's own rounding. The rounding itself is checked bit for bit against a reference that
 // rounds by arithmetic in double, not by bits. With Kokkos' CUDA backend the same problems
 // run on the tensor cores, and the device's rounding is compared with the host's bit for bit.
+// The fragments' loads from 16-bit shared-memory tiles (cuda/ldmatrix.hpp) are checked the
+// same way, through an emulation of ldmatrix and of shared memory's bank groups.
+#include <kfa/backends/cuda/ldmatrix.hpp>
 #include <kfa/backends/cuda/mma.hpp>
 
 #include <gtest/gtest.h>
@@ -547,6 +550,256 @@ TEST(Mma, RoundingSweep) {
 // vector lanes: on CUDA the lanes are threadIdx.x of a 32-thread block, and ThreadVectorRange
 // over 32 gives lane i to thread i, all lanes converged), and the device's rounding against
 // the host's.
+
+// ---------------------------------------------------------------------------------------------
+// ldmatrix, the swizzle and the tile step's fragments (cuda/ldmatrix.hpp). The emulator below
+// follows the PTX ISA's description of "ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16":
+// thread 8 i + r gives the address of row r of matrix i (eight consecutive 16-bit elements);
+// without .trans thread t receives in register i the elements (row t / 4, columns 2 (t % 4)
+// and 2 (t % 4) + 1) of matrix i, the first in the low half; with .trans the elements (rows
+// 2 (t % 4) and 2 (t % 4) + 1, column t / 4). Shared memory has 32 banks of 4 bytes: a 16-byte
+// access at element offset e sits in bank group (e / 8) mod 8, and the eight lanes of one
+// phase conflict unless their groups differ.
+
+using Regs4 = std::array<std::array<std::uint32_t, 4>, 32>;
+using RowAddresses = std::array<int, 32>;  // element offsets in the tile, one per lane
+
+Regs4 emulate_ldmatrix_x4(const std::vector<std::uint16_t>& smem, const RowAddresses& row_at,
+                          bool trans) {
+  Regs4 out{};
+  for (int t = 0; t < 32; ++t)
+    for (int i = 0; i < 4; ++i) {
+      std::uint32_t reg = 0;
+      for (int h = 0; h < 2; ++h) {
+        const int r = trans ? 2 * (t % 4) + h : t / 4;
+        const int c = trans ? t / 4 : 2 * (t % 4) + h;
+        reg |= std::uint32_t(smem.at(std::size_t(row_at[8 * i + r]) + c)) << (16 * h);
+      }
+      out[t][i] = reg;
+    }
+  return out;
+}
+
+// Bank groups of each 8-lane phase of 16-byte accesses at these element offsets.
+std::vector<int> distinct_groups_per_phase(const RowAddresses& at) {
+  std::vector<int> out;
+  for (int phase = 0; phase < 4; ++phase) {
+    std::vector<int> groups;
+    for (int l = 8 * phase; l < 8 * phase + 8; ++l) {
+      EXPECT_EQ(at[l] % 8, 0) << "lane " << l << ": not 16-byte aligned";
+      groups.push_back((at[l] / 8) % 8);
+    }
+    std::sort(groups.begin(), groups.end());
+    out.push_back(int(std::unique(groups.begin(), groups.end()) - groups.begin()));
+  }
+  return out;
+}
+
+void expect_conflict_free(const RowAddresses& at, const std::string& what) {
+  const std::vector<int> groups = distinct_groups_per_phase(at);
+  for (int phase = 0; phase < 4; ++phase)
+    EXPECT_EQ(groups[phase], 8) << what << ": bank conflict in phase " << phase;
+}
+
+// A rows x width tile of distinct 16-bit ids (id = row * width + col), stored swizzled.
+struct IdTile {
+  int rows, width;
+  std::vector<std::uint16_t> smem;
+  IdTile(int r, int w) : rows(r), width(w), smem(std::size_t(r) * w, 0xffffu) {
+    for (int i = 0; i < r; ++i)
+      for (int c = 0; c < w; ++c)
+        smem.at(std::size_t(kc::swizzled(i, c, w))) = std::uint16_t(i * w + c);
+  }
+  std::uint16_t id(int r, int c) const { return std::uint16_t(r * width + c); }
+};
+
+template <class Source>
+RowAddresses row_addresses(const IdTile& t, int r0, int c0, Source source) {
+  RowAddresses at{};
+  for (int lane = 0; lane < 32; ++lane) {
+    const kc::Coord s = source(lane);
+    at[lane] = kc::swizzled(r0 + s.row, c0 + s.col, t.width);
+  }
+  return at;
+}
+
+std::uint16_t half_of(const std::array<std::uint32_t, 4>& regs, int reg, int i) {
+  return std::uint16_t(regs[reg] >> (16 * (i % 2)));
+}
+
+TEST(Ldmatrix, SwizzleIsAPermutationOfEachRow) {
+  for (int width : {16, 32, 64, 128})
+    for (int r = 0; r < 32; ++r) {
+      std::vector<int> seen(std::size_t(width), 0);
+      for (int c = 0; c < width; ++c) {
+        const int off = kc::swizzled(r, c, width) - r * width;
+        ASSERT_TRUE(off >= 0 && off < width) << "width " << width << " row " << r << " col " << c;
+        ++seen[std::size_t(off)];
+        if (c % kc::chunk_elements != 0) {  // a chunk stays whole
+          EXPECT_EQ(off, kc::swizzled(r, c - 1, width) - r * width + 1);
+        }
+      }
+      for (int s : seen)
+        ASSERT_EQ(s, 1) << "width " << width << " row " << r;
+    }
+}
+
+// The A fragment of a 16 x 16 block, the two B fragments of K^T (keys x head dim, no .trans)
+// and of V (.trans), each from ldmatrix.x4 at the lanes' addresses, hold exactly the elements
+// the transcribed mma tables (kA16, kB16) name; every phase is conflict-free; 16-byte stores of
+// whole rows (cp.async filling the tile) are conflict-free too.
+TEST(Ldmatrix, FragmentsMatchMmaTablesWithoutConflicts) {
+  for (int width : {32, 64, 128}) {
+    const IdTile t(64, width);
+    for (int r0 = 0; r0 < t.rows; r0 += 16)
+      for (int c0 = 0; c0 < width; c0 += 16) {
+        const std::string where = "width " + std::to_string(width) + ", block (" +
+                                  std::to_string(r0) + ", " + std::to_string(c0) + ")";
+        SCOPED_TRACE(where);
+        const RowAddresses a_at = row_addresses(t, r0, c0, kc::a_source);
+        const RowAddresses b_at = row_addresses(t, r0, c0, kc::b_source);
+        const RowAddresses v_at = row_addresses(t, r0, c0, kc::bt_source);
+        expect_conflict_free(a_at, "A");
+        expect_conflict_free(b_at, "K^T");
+        expect_conflict_free(v_at, "V");
+        const Regs4 a = emulate_ldmatrix_x4(t.smem, a_at, false);
+        const Regs4 k = emulate_ldmatrix_x4(t.smem, b_at, false);
+        const Regs4 v = emulate_ldmatrix_x4(t.smem, v_at, true);
+        for (int lane = 0; lane < 32; ++lane) {
+          for (int i = 0; i < 8; ++i)
+            ASSERT_EQ(half_of(a[lane], i / 2, i),
+                      t.id(r0 + kA16[i].row(lane), c0 + kA16[i].col(lane)))
+                << "A, lane " << lane << ", a" << i;
+          for (int n = 0; n < 2; ++n)  // registers 2n, 2n + 1: the n-th block of 8 columns
+            for (int i = 0; i < 4; ++i) {
+              // K^T: B(k, n) = K(n, k), keys are the tile's rows.
+              ASSERT_EQ(half_of(k[lane], 2 * n + i / 2, i),
+                        t.id(r0 + 8 * n + kB16[i].col(lane), c0 + kB16[i].row(lane)))
+                  << "K^T, lane " << lane << ", block " << n << ", b" << i;
+              // V: B(k, n) = V(k, n).
+              ASSERT_EQ(half_of(v[lane], 2 * n + i / 2, i),
+                        t.id(r0 + kB16[i].row(lane), c0 + 8 * n + kB16[i].col(lane)))
+                  << "V, lane " << lane << ", block " << n << ", b" << i;
+            }
+        }
+      }
+    // A warp's 16-byte stores of consecutive chunks, rows after one another.
+    const int chunks = width / kc::chunk_elements;
+    for (int first = 0; first < t.rows * chunks; first += 32) {
+      RowAddresses at{};
+      for (int lane = 0; lane < 32; ++lane) {
+        const int chunk = first + lane;
+        at[lane] = kc::swizzled(chunk / chunks, chunk % chunks * kc::chunk_elements, width);
+      }
+      expect_conflict_free(at, "stores, width " + std::to_string(width));
+    }
+  }
+}
+
+// The check above can fail: the same A loads from an unswizzled tile of rows of 64 or 128
+// elements put all eight lanes of a phase in one bank group.
+TEST(Ldmatrix, UnswizzledRowsConflict) {
+  for (int width : {64, 128}) {
+    RowAddresses at{};
+    for (int lane = 0; lane < 32; ++lane)
+      at[lane] = kc::a_source(lane).row * width + kc::a_source(lane).col;
+    for (int groups : distinct_groups_per_phase(at))
+      EXPECT_EQ(groups, 1) << "width " << width;
+  }
+}
+
+// One warp's tile step from 16-bit tiles through ldmatrix and the emulated mma.sync: S = Q K^T
+// for a 16 x 16 block (head dim 64), then O = P V with P taken register to register from S
+// (a_from_c), against products in double of the same rounded values.
+template <class Tag>
+void check_tile_step_from_ldmatrix() {
+  SCOPED_TRACE(Type<Tag>::name);
+  constexpr int d = 64, keys = 16;
+  std::mt19937_64 gen(kSeed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  auto tile = [&](int rows, std::vector<float>& value) {
+    std::vector<std::uint16_t> smem(std::size_t(rows) * d);
+    value.assign(std::size_t(rows) * d, 0.0f);
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < d; ++c) {
+        const std::uint16_t bits = kc::to_bits(Tag{}, u(gen));
+        smem[std::size_t(kc::swizzled(r, c, d))] = bits;
+        value[std::size_t(r) * d + c] = kc::to_float(Tag{}, bits);
+      }
+    return smem;
+  };
+  std::vector<float> q, k, v;
+  const auto qs = tile(16, q), ks = tile(keys, k), vs = tile(keys, v);
+
+  // S = Q K^T: four k steps of 16; ldmatrix.x4 of K gives the B fragments of both key blocks.
+  std::array<std::array<kc::FragC, 32>, 2> s{};
+  for (int k0 = 0; k0 < d; k0 += 16) {
+    RowAddresses a_at{}, b_at{};
+    for (int lane = 0; lane < 32; ++lane) {
+      a_at[lane] = kc::swizzled(kc::a_source(lane).row, k0 + kc::a_source(lane).col, d);
+      b_at[lane] = kc::swizzled(kc::b_source(lane).row, k0 + kc::b_source(lane).col, d);
+    }
+    const Regs4 a = emulate_ldmatrix_x4(qs, a_at, false), b = emulate_ldmatrix_x4(ks, b_at, false);
+    std::array<kc::FragA<Tag>, 32> fa{};
+    for (int lane = 0; lane < 32; ++lane)
+      std::copy(a[lane].begin(), a[lane].end(), fa[lane].x);
+    for (int n = 0; n < 2; ++n) {
+      std::array<kc::FragB<Tag>, 32> fb{};
+      for (int lane = 0; lane < 32; ++lane)
+        fb[lane] = {{b[lane][2 * n], b[lane][2 * n + 1]}};
+      s[n] = emulate_mma<Tag>(fa, fb, s[n]).d;
+    }
+  }
+  constexpr double eps = std::numeric_limits<float>::epsilon();
+  for (int lane = 0; lane < 32; ++lane)
+    for (int n = 0; n < 2; ++n)
+      for (int i = 0; i < 4; ++i) {
+        const int r = kC[i].row(lane), j = 8 * n + kC[i].col(lane);
+        double want = 0, mag = 0;
+        for (int p = 0; p < d; ++p) {
+          want += double(q[std::size_t(r) * d + p]) * k[std::size_t(j) * d + p];
+          mag += std::fabs(double(q[std::size_t(r) * d + p]) * k[std::size_t(j) * d + p]);
+        }
+        ASSERT_NEAR(s[n][lane].x[i], want, (d + 2) * eps * mag) << "S(" << r << ", " << j << ")";
+      }
+
+  // O = P V with P = S rounded to Tag in registers; ldmatrix.x4.trans of V per 16 columns.
+  std::array<kc::FragA<Tag>, 32> p{};
+  for (int lane = 0; lane < 32; ++lane)
+    p[lane] = kc::a_from_c(Tag{}, s[0][lane], s[1][lane]);
+  for (int n0 = 0; n0 < d; n0 += 16) {
+    RowAddresses v_at{};
+    for (int lane = 0; lane < 32; ++lane)
+      v_at[lane] = kc::swizzled(kc::bt_source(lane).row, n0 + kc::bt_source(lane).col, d);
+    const Regs4 b = emulate_ldmatrix_x4(vs, v_at, true);
+    for (int n = 0; n < 2; ++n) {
+      std::array<kc::FragB<Tag>, 32> fb{};
+      for (int lane = 0; lane < 32; ++lane)
+        fb[lane] = {{b[lane][2 * n], b[lane][2 * n + 1]}};
+      const auto o = emulate_mma<Tag>(p, fb, {}).d;
+      for (int lane = 0; lane < 32; ++lane)
+        for (int i = 0; i < 4; ++i) {
+          const int r = kC[i].row(lane), j = n0 + 8 * n + kC[i].col(lane);
+          double want = 0, mag = 0;
+          for (int key = 0; key < keys; ++key) {
+            // P(r, key): where the C table put S(r, key) in the lanes' accumulators.
+            const double pk =
+                Type<Tag>::round(s[key / 8][4 * (r % 8) + (key % 8) / 2].x[2 * (r / 8) + key % 2]);
+            want += pk * v[std::size_t(key) * d + j];
+            mag += std::fabs(pk * v[std::size_t(key) * d + j]);
+          }
+          ASSERT_NEAR(o[lane].x[i], want, (keys + 2) * eps * mag) << "O(" << r << ", " << j << ")";
+        }
+    }
+  }
+}
+
+TEST(Ldmatrix, TileStepBf16) {
+  check_tile_step_from_ldmatrix<kc::bf16_tag>();
+}
+TEST(Ldmatrix, TileStepF16) {
+  check_tile_step_from_ldmatrix<kc::f16_tag>();
+}
 
 #if defined(KOKKOS_ENABLE_CUDA)
 using DeviceView = Kokkos::View<float*, Kokkos::LayoutRight, Kokkos::CudaSpace>;

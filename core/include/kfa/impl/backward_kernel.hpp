@@ -152,14 +152,19 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
     return seqlen - t0 < Bt ? seqlen - t0 : Bt;
   }
 
-  std::size_t scratch_bytes(bool with_dkdv) const {
-    const std::size_t tile = std::size_t(Bt) * ldd, tile_t = std::size_t(head_dim) * ldt,
-                      sq = std::size_t(Bt) * ldt, row = std::size_t(Bt);
+  /// Team scratch of the key-tile kernel (`with_dkdv`) or the query-tile kernel at head_dim: a
+  /// function of head_dim alone, so that it can be reported without a launch
+  /// (perf/cuda_report.sh).
+  static std::size_t scratch_bytes(int head_dim, bool with_dkdv) {
+    const std::size_t bt = traits::block_bwd(head_dim), d = head_dim, ldd = d + traits::pad,
+                      ldt = bt + traits::pad;
+    const std::size_t tile = bt * ldd, tile_t = d * ldt, sq = bt * ldt, row = bt;
     return with_dkdv
                ? base::scratch_bytes(
                      {tile, tile, tile, tile, tile_t, tile_t, tile, tile, sq, sq, row, row})
                : base::scratch_bytes({tile, tile, tile, tile, tile_t, tile_t, sq, sq, row, row});
   }
+  std::size_t scratch_bytes(bool with_dkdv) const { return scratch_bytes(head_dim, with_dkdv); }
 
   KOKKOS_INLINE_FUNCTION Tiles carve(const member_t& team, bool with_dkdv) const {
     const auto& scr = team.team_scratch(with_dkdv ? level_kv : level_q);

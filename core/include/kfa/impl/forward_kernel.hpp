@@ -107,16 +107,20 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   /// Team scratch: Q_i, O~_i (Br x D), K_j^T (D x Bc), V_j (Bc x D), S_ij (Br x Bc), m, l (Br);
   /// rows ldd or ldc apart. Key-major (TileTraits::key_major_scores): Q_i^T (D x Br), K_j
   /// (Bc x D) and S_ij^T (Bc x Br), rows of Br elements ldq apart, and one more array of Br
-  /// (the rows' rescale factors); with bfloat16 pair products, Q_i^T holds pair words.
-  std::size_t scratch_bytes() const {
-    const std::size_t br = Br, bc = Bc, d = head_dim;
+  /// (the rows' rescale factors); with bfloat16 pair products, Q_i^T holds pair words. A
+  /// function of head_dim alone, so that it can be reported without a launch
+  /// (perf/cuda_report.sh).
+  static std::size_t scratch_bytes(int head_dim) {
+    const std::size_t br = traits::block_q(head_dim), bc = traits::block_k(head_dim), d = head_dim,
+                      ldd = d + traits::pad, ldc = bc + traits::pad, ldq = br + traits::pad;
     if (key_major && pairs_type)  // and the pair words of P and V_j, (Bc + 1) / 2 rows each
-      return base::scratch_bytes({d * ldq(), br * ldd, bc * ldd, bc * ldd, bc * ldq(), br, br, br,
-                                  (bc + 1) / 2 * ldq(), (bc + 1) / 2 * ldd});
+      return base::scratch_bytes({d * ldq, br * ldd, bc * ldd, bc * ldd, bc * ldq, br, br, br,
+                                  (bc + 1) / 2 * ldq, (bc + 1) / 2 * ldd});
     if (key_major)
-      return base::scratch_bytes({d * ldq(), br * ldd, bc * ldd, bc * ldd, bc * ldq(), br, br, br});
+      return base::scratch_bytes({d * ldq, br * ldd, bc * ldd, bc * ldd, bc * ldq, br, br, br});
     return base::scratch_bytes({br * ldd, br * ldd, d * ldc, bc * ldd, br * ldc, br, br});
   }
+  std::size_t scratch_bytes() const { return scratch_bytes(head_dim); }
   /// Row stride of the key-major tiles Br wide.
   KOKKOS_INLINE_FUNCTION int ldq() const { return Br + traits::pad; }
 
