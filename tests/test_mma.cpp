@@ -12,6 +12,7 @@
 // same way, through an emulation of ldmatrix and of shared memory's bank groups.
 #include <kfa/backends/cuda/ldmatrix.hpp>
 #include <kfa/backends/cuda/mma.hpp>
+#include <kfa/backends/cuda/warp_softmax.hpp>
 
 #include <gtest/gtest.h>
 #include <Kokkos_Core.hpp>
@@ -24,6 +25,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -708,97 +710,211 @@ TEST(Ldmatrix, UnswizzledRowsConflict) {
   }
 }
 
-// One warp's tile step from 16-bit tiles through ldmatrix and the emulated mma.sync: S = Q K^T
-// for a 16 x 16 block (head dim 64), then O = P V with P taken register to register from S
-// (a_from_c), against products in double of the same rounded values.
+// One warp's forward over several key tiles, simulated on the host: the 32 lanes run the
+// per-lane functions of cuda/warp_softmax.hpp, the quad shuffles (lane ^ 1, lane ^ 2) are
+// emulated here, and S = Q K_j^T and O~ += P V_j come from the emulated ldmatrix and mma.sync
+// on swizzled 16-bit tiles, P passed register to register (a_from_c). O and the LSE are
+// compared with softmax attention in double on the same rounded inputs: S on the first tile
+// within float accumulation, O within the rounding of P to the 16-bit type (u per element of
+// P) and float, the LSE within float.
+
+// ldmatrix.x4 of a block of a swizzled tile of `width` columns at (r0, c0).
+template <class Source>
+Regs4 load_x4(const std::vector<std::uint16_t>& smem, int width, int r0, int c0, Source source,
+              bool trans) {
+  RowAddresses at{};
+  for (int lane = 0; lane < 32; ++lane)
+    at[lane] = kc::swizzled(r0 + source(lane).row, c0 + source(lane).col, width);
+  return emulate_ldmatrix_x4(smem, at, trans);
+}
+
+// Registers 2n, 2n + 1 of every lane as B fragments.
 template <class Tag>
-void check_tile_step_from_ldmatrix() {
-  SCOPED_TRACE(Type<Tag>::name);
-  constexpr int d = 64, keys = 16;
+std::array<kc::FragB<Tag>, 32> b_half(const Regs4& r, int n) {
+  std::array<kc::FragB<Tag>, 32> fb{};
+  for (int lane = 0; lane < 32; ++lane)
+    fb[lane] = {{r[lane][2 * n], r[lane][2 * n + 1]}};
+  return fb;
+}
+
+// The emulated quad shuffles: every lane gets f over its quad's four values.
+template <class F>
+void quad_reduce(std::array<float, 32>& v, F f) {
+  for (int mask : {1, 2}) {
+    const std::array<float, 32> was = v;
+    for (int lane = 0; lane < 32; ++lane)
+      v[lane] = f(was[lane], was[lane ^ mask]);
+  }
+}
+
+template <class Tag>
+void check_warp_forward(bool masked) {
+  SCOPED_TRACE(std::string(Type<Tag>::name) + (masked ? ", masked" : ""));
+  constexpr int d = 64, bc = 64, tiles = 3, keys = bc * tiles, nb = bc / 8, db = d / 8;
+  const double u = std::is_same_v<Tag, kc::bf16_tag> ? 0x1p-8 : 0x1p-11;  // unit roundoff
+  const double scale = 1.0 / std::sqrt(double(d));
   std::mt19937_64 gen(kSeed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  auto tile = [&](int rows, std::vector<float>& value) {
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  auto tile = [&](int rows, std::vector<double>& value) {
     std::vector<std::uint16_t> smem(std::size_t(rows) * d);
-    value.assign(std::size_t(rows) * d, 0.0f);
+    value.assign(std::size_t(rows) * d, 0.0);
     for (int r = 0; r < rows; ++r)
       for (int c = 0; c < d; ++c) {
-        const std::uint16_t bits = kc::to_bits(Tag{}, u(gen));
+        const std::uint16_t bits = kc::to_bits(Tag{}, dist(gen));
         smem[std::size_t(kc::swizzled(r, c, d))] = bits;
         value[std::size_t(r) * d + c] = kc::to_float(Tag{}, bits);
       }
     return smem;
   };
-  std::vector<float> q, k, v;
-  const auto qs = tile(16, q), ks = tile(keys, k), vs = tile(keys, v);
-
-  // S = Q K^T: four k steps of 16; ldmatrix.x4 of K gives the B fragments of both key blocks.
-  std::array<std::array<kc::FragC, 32>, 2> s{};
-  for (int k0 = 0; k0 < d; k0 += 16) {
-    RowAddresses a_at{}, b_at{};
-    for (int lane = 0; lane < 32; ++lane) {
-      a_at[lane] = kc::swizzled(kc::a_source(lane).row, k0 + kc::a_source(lane).col, d);
-      b_at[lane] = kc::swizzled(kc::b_source(lane).row, k0 + kc::b_source(lane).col, d);
-    }
-    const Regs4 a = emulate_ldmatrix_x4(qs, a_at, false), b = emulate_ldmatrix_x4(ks, b_at, false);
-    std::array<kc::FragA<Tag>, 32> fa{};
-    for (int lane = 0; lane < 32; ++lane)
-      std::copy(a[lane].begin(), a[lane].end(), fa[lane].x);
-    for (int n = 0; n < 2; ++n) {
-      std::array<kc::FragB<Tag>, 32> fb{};
-      for (int lane = 0; lane < 32; ++lane)
-        fb[lane] = {{b[lane][2 * n], b[lane][2 * n + 1]}};
-      s[n] = emulate_mma<Tag>(fa, fb, s[n]).d;
-    }
+  std::vector<double> q, k, v, kt, vt;
+  const auto qs = tile(16, q);
+  std::vector<std::vector<std::uint16_t>> ks, vs;
+  for (int t = 0; t < tiles; ++t) {
+    ks.push_back(tile(bc, kt));
+    vs.push_back(tile(bc, vt));
+    k.insert(k.end(), kt.begin(), kt.end());
+    v.insert(v.end(), vt.begin(), vt.end());
   }
-  constexpr double eps = std::numeric_limits<float>::epsilon();
-  for (int lane = 0; lane < 32; ++lane)
-    for (int n = 0; n < 2; ++n)
-      for (int i = 0; i < 4; ++i) {
-        const int r = kC[i].row(lane), j = 8 * n + kC[i].col(lane);
-        double want = 0, mag = 0;
-        for (int p = 0; p < d; ++p) {
-          want += double(q[std::size_t(r) * d + p]) * k[std::size_t(j) * d + p];
-          mag += std::fabs(double(q[std::size_t(r) * d + p]) * k[std::size_t(j) * d + p]);
+  // Masked: row r sees keys up to 40 r - 30 (none for rows 0 and, of the last tile, most).
+  auto visible = [&](int r, int j) { return !masked || j <= 40 * r - 30; };
+
+  std::array<kc::RowState, 32> rows{};
+  kc::FragC o[32][db] = {};  // C arrays, as the device kernel holds them
+  for (auto& r : rows)
+    r = kc::initial_rows();
+  for (int t = 0; t < tiles; ++t) {
+    kc::FragC s[32][nb] = {};
+    for (int k0 = 0; k0 < d; k0 += 16) {
+      const Regs4 a = load_x4(qs, d, 0, k0, kc::a_source, false);
+      std::array<kc::FragA<Tag>, 32> fa{};
+      for (int lane = 0; lane < 32; ++lane)
+        std::copy(a[lane].begin(), a[lane].end(), fa[lane].x);
+      for (int n0 = 0; n0 < bc; n0 += 16) {
+        const Regs4 b = load_x4(ks[t], d, n0, k0, kc::b_source, false);
+        for (int n = 0; n < 2; ++n) {
+          std::array<kc::FragC, 32> c{};
+          for (int lane = 0; lane < 32; ++lane)
+            c[lane] = s[lane][n0 / 8 + n];
+          const auto e = emulate_mma<Tag>(fa, b_half<Tag>(b, n), c).d;
+          for (int lane = 0; lane < 32; ++lane)
+            s[lane][n0 / 8 + n] = e[lane];
         }
-        ASSERT_NEAR(s[n][lane].x[i], want, (d + 2) * eps * mag) << "S(" << r << ", " << j << ")";
       }
-
-  // O = P V with P = S rounded to Tag in registers; ldmatrix.x4.trans of V per 16 columns.
-  std::array<kc::FragA<Tag>, 32> p{};
-  for (int lane = 0; lane < 32; ++lane)
-    p[lane] = kc::a_from_c(Tag{}, s[0][lane], s[1][lane]);
-  for (int n0 = 0; n0 < d; n0 += 16) {
-    RowAddresses v_at{};
+    }
+    // Scale (with log2 e), mask; on the first tile, S against double.
+    constexpr double eps = std::numeric_limits<float>::epsilon();
     for (int lane = 0; lane < 32; ++lane)
-      v_at[lane] = kc::swizzled(kc::bt_source(lane).row, n0 + kc::bt_source(lane).col, d);
-    const Regs4 b = emulate_ldmatrix_x4(vs, v_at, true);
-    for (int n = 0; n < 2; ++n) {
-      std::array<kc::FragB<Tag>, 32> fb{};
-      for (int lane = 0; lane < 32; ++lane)
-        fb[lane] = {{b[lane][2 * n], b[lane][2 * n + 1]}};
-      const auto o = emulate_mma<Tag>(p, fb, {}).d;
-      for (int lane = 0; lane < 32; ++lane)
+      for (int n = 0; n < nb; ++n)
         for (int i = 0; i < 4; ++i) {
-          const int r = kC[i].row(lane), j = n0 + 8 * n + kC[i].col(lane);
-          double want = 0, mag = 0;
-          for (int key = 0; key < keys; ++key) {
-            // P(r, key): where the C table put S(r, key) in the lanes' accumulators.
-            const double pk =
-                Type<Tag>::round(s[key / 8][4 * (r % 8) + (key % 8) / 2].x[2 * (r / 8) + key % 2]);
-            want += pk * v[std::size_t(key) * d + j];
-            mag += std::fabs(pk * v[std::size_t(key) * d + j]);
+          const int r = kC[i].row(lane), j = t * bc + 8 * n + kC[i].col(lane);
+          float& x = s[lane][n].x[i];
+          if (t == 0) {
+            double want = 0, mag = 0;
+            for (int p = 0; p < d; ++p) {
+              want += q[std::size_t(r) * d + p] * k[std::size_t(j) * d + p];
+              mag += std::fabs(q[std::size_t(r) * d + p] * k[std::size_t(j) * d + p]);
+            }
+            ASSERT_NEAR(x, want, (d + 2) * eps * mag) << "S(" << r << ", " << j << ")";
           }
-          ASSERT_NEAR(o[lane].x[i], want, (keys + 2) * eps * mag) << "O(" << r << ", " << j << ")";
+          x = visible(r, j) ? x * float(scale) * kc::log2e : -INFINITY;
+        }
+    // The online softmax, split at the shuffles as the device runs it.
+    std::array<std::array<float, 32>, 2> tile_max{};
+    for (int lane = 0; lane < 32; ++lane) {
+      float m[2];
+      kc::tile_row_max(s[lane], m);
+      tile_max[0][lane] = m[0];
+      tile_max[1][lane] = m[1];
+    }
+    for (auto& h : tile_max)
+      quad_reduce(h, [](float x, float y) { return std::fmax(x, y); });
+    for (int lane = 0; lane < 32; ++lane) {
+      const float tm[2] = {tile_max[0][lane], tile_max[1][lane]};
+      float alpha[2];
+      kc::softmax_update(s[lane], rows[lane], tm, alpha);
+      kc::rescale(o[lane], alpha);
+    }
+    // O~ += P V_j: 16 keys per step, P from the accumulators, V by ldmatrix.trans.
+    for (int k0 = 0; k0 < bc; k0 += 16) {
+      std::array<kc::FragA<Tag>, 32> p{};
+      for (int lane = 0; lane < 32; ++lane)
+        p[lane] = kc::a_from_c(Tag{}, s[lane][k0 / 8], s[lane][k0 / 8 + 1]);
+      for (int n0 = 0; n0 < d; n0 += 16) {
+        const Regs4 b = load_x4(vs[t], d, k0, n0, kc::bt_source, true);
+        for (int n = 0; n < 2; ++n) {
+          std::array<kc::FragC, 32> c{};
+          for (int lane = 0; lane < 32; ++lane)
+            c[lane] = o[lane][n0 / 8 + n];
+          const auto e = emulate_mma<Tag>(p, b_half<Tag>(b, n), c).d;
+          for (int lane = 0; lane < 32; ++lane)
+            o[lane][n0 / 8 + n] = e[lane];
+        }
+      }
+    }
+  }
+  std::array<std::array<float, 32>, 2> sums{};
+  for (int lane = 0; lane < 32; ++lane) {
+    sums[0][lane] = rows[lane].l[0];
+    sums[1][lane] = rows[lane].l[1];
+  }
+  for (auto& h : sums)
+    quad_reduce(h, [](float x, float y) { return x + y; });
+
+  int empty_rows = 0;
+  for (int lane = 0; lane < 32; ++lane) {
+    const float sum[2] = {sums[0][lane], sums[1][lane]};
+    float lse[2];
+    kc::finish_rows(o[lane], rows[lane], sum, lse);
+    for (int h = 0; h < 2; ++h) {
+      const int r = kC[2 * h].row(lane);
+      // softmax attention of row r in double
+      std::vector<double> z(keys, -INFINITY);
+      double zmax = -INFINITY;
+      for (int j = 0; j < keys; ++j) {
+        if (!visible(r, j)) continue;
+        double dot = 0;
+        for (int p = 0; p < d; ++p)
+          dot += q[std::size_t(r) * d + p] * k[std::size_t(j) * d + p];
+        z[j] = scale * dot;
+        zmax = std::max(zmax, z[j]);
+      }
+      if (zmax == -INFINITY) {  // no visible key: O = 0, LSE = -inf
+        empty_rows += lane % 4 == 0;
+        EXPECT_EQ(lse[h], -INFINITY) << "row " << r;
+        for (int n = 0; n < db; ++n)
+          for (int e = 2 * h; e < 2 * h + 2; ++e)
+            EXPECT_EQ(o[lane][n].x[e], 0.0f) << "row " << r;
+        continue;
+      }
+      double l = 0;
+      for (int j = 0; j < keys; ++j)
+        l += std::exp(z[j] - zmax);
+      const double lse_ref = zmax + std::log(l);
+      EXPECT_NEAR(lse[h], lse_ref, 1e-5 * std::max(1.0, std::fabs(lse_ref))) << "row " << r;
+      for (int n = 0; n < db; ++n)
+        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+          const int c = 8 * n + kC[e].col(lane);
+          double want = 0, mag = 0;
+          for (int j = 0; j < keys; ++j) {
+            const double pj = std::exp(z[j] - lse_ref);
+            want += pj * v[std::size_t(j) * d + c];
+            mag += pj * std::fabs(v[std::size_t(j) * d + c]);
+          }
+          EXPECT_NEAR(o[lane][n].x[e], want, 2 * u * mag + 1e-5 * mag)
+              << "O(" << r << ", " << c << ")";
         }
     }
   }
+  EXPECT_EQ(empty_rows, masked ? 1 : 0) << "the masked case must hold one row that sees nothing";
 }
 
-TEST(Ldmatrix, TileStepBf16) {
-  check_tile_step_from_ldmatrix<kc::bf16_tag>();
+TEST(WarpForward, HostSimulatedBf16) {
+  check_warp_forward<kc::bf16_tag>(false);
+  check_warp_forward<kc::bf16_tag>(true);
 }
-TEST(Ldmatrix, TileStepF16) {
-  check_tile_step_from_ldmatrix<kc::f16_tag>();
+TEST(WarpForward, HostSimulatedF16) {
+  check_warp_forward<kc::f16_tag>(false);
+  check_warp_forward<kc::f16_tag>(true);
 }
 
 #if defined(KOKKOS_ENABLE_CUDA)

@@ -1,0 +1,111 @@
+#pragma once
+/// \file cuda/warp_softmax.hpp
+/// The online softmax of FlashAttention-2's forward on a warp's registers: a warp owns 16
+/// query rows of S = Q K_j^T (NB accumulator fragments of 16 x 8, cuda/mma.hpp) and of the
+/// output accumulator O~ (DB fragments); lane holds rows g = lane / 4 and g + 8 (c_coord), in
+/// elements 0, 1 and 2, 3 of every fragment, and keeps its own (m, l) for both. The four lanes
+/// of a quad (lanes 4g..4g+3) share those rows: a row's maximum and sum are the quad's,
+/// reduced with two butterfly shuffles (lane ^ 1, lane ^ 2).
+///
+/// The step is split at the shuffles into per-lane functions, host and device code, so that
+/// tests/test_mma.cpp runs them for 32 lanes with the shuffles emulated (a warp simulated on
+/// the host) and the device kernel calls the same functions with quad_max / quad_sum between.
+/// Scores come in already scaled, with invisible ones at -infinity. Exponentials are base 2
+/// with log2(e) folded into the scores (FlashAttention-2's choice: ex2 is one instruction).
+///
+/// Per key tile: tile_row_max(s) -> quad_max -> softmax_update(s, m, l, alpha) -> rescale(o,
+/// alpha) -> O~ += P V (P from s by a_from_c). At the end: quad_sum(l) -> finish_rows.
+
+#include <kfa/backends/cuda/mma.hpp>
+
+#include <cmath>
+
+namespace kfa::backends::cuda {
+
+/// log2(e): scores are multiplied by it once so that exp(x - m) = exp2(x' - m').
+inline constexpr float log2e = 1.4426950408889634f;
+
+/// A lane's running row state for its two rows (g, g + 8): maximum m (in base-2 units, -inf
+/// before any visible key) and the lane's partial sum l of exp2(s - m) over its own columns.
+struct RowState {
+  float m[2];  ///< running maximum of rows g and g + 8
+  float l[2];  ///< this lane's part of their sums (reduced over the quad at the end)
+};
+
+/// The state before the first key tile: m = -inf, l = 0.
+KFA_MMA_FUNCTION RowState initial_rows() {
+  return {{-INFINITY, -INFINITY}, {0.0f, 0.0f}};
+}
+
+/// The maximum of this lane's elements of rows g (out[0]) and g + 8 (out[1]) in S.
+template <int NB>
+KFA_MMA_FUNCTION void tile_row_max(const FragC (&s)[NB], float (&out)[2]) {
+  for (int h = 0; h < 2; ++h) {
+    float m = -INFINITY;
+    for (int nb = 0; nb < NB; ++nb)
+      m = fmaxf(m, fmaxf(s[nb].x[2 * h], s[nb].x[2 * h + 1]));
+    out[h] = m;
+  }
+}
+
+/// With `tile_max` the quad's row maxima of this tile: the new running maxima, S replaced by
+/// P = exp2(S - m_new), this lane's l rescaled and increased by its row sums of P, and alpha =
+/// exp2(m_old - m_new), the factor O~ must be rescaled by. A row that has seen no visible key
+/// keeps m = -inf; its P and alpha are 0 (its O~ and l are still 0): the exponent base is 0
+/// then, not -inf, so that -inf - -inf never makes a NaN.
+template <int NB>
+KFA_MMA_FUNCTION void softmax_update(FragC (&s)[NB], RowState& rows, const float (&tile_max)[2],
+                                     float (&alpha)[2]) {
+  for (int h = 0; h < 2; ++h) {
+    const float m_new = fmaxf(rows.m[h], tile_max[h]);
+    const float base = m_new == -INFINITY ? 0.0f : m_new;
+    alpha[h] = exp2f(rows.m[h] - base);
+    float sum = 0.0f;
+    for (int nb = 0; nb < NB; ++nb)
+      for (int e = 2 * h; e < 2 * h + 2; ++e) {
+        s[nb].x[e] = exp2f(s[nb].x[e] - base);
+        sum += s[nb].x[e];
+      }
+    rows.l[h] = rows.l[h] * alpha[h] + sum;
+    rows.m[h] = m_new;
+  }
+}
+
+/// O~ *= alpha per row (elements 0, 1: row g; 2, 3: row g + 8).
+template <int DB>
+KFA_MMA_FUNCTION void rescale(FragC (&o)[DB], const float (&alpha)[2]) {
+  for (int db = 0; db < DB; ++db)
+    for (int e = 0; e < 4; ++e)
+      o[db].x[e] *= alpha[e >> 1];
+}
+
+/// After the last key tile, with `row_sum` the quad's sums of l: O = O~ / l in place and each
+/// row's log-sum-exp in natural units (lse[h] = (m + log2 l) / log2 e). A row that saw no key
+/// gets O = 0 and LSE = -inf.
+template <int DB>
+KFA_MMA_FUNCTION void finish_rows(FragC (&o)[DB], const RowState& rows, const float (&row_sum)[2],
+                                  float (&lse)[2]) {
+  for (int h = 0; h < 2; ++h) {
+    const bool empty = row_sum[h] == 0.0f;
+    const float inv = empty ? 0.0f : 1.0f / row_sum[h];
+    for (int db = 0; db < DB; ++db)
+      for (int e = 2 * h; e < 2 * h + 2; ++e)
+        o[db].x[e] *= inv;
+    lse[h] = empty ? -INFINITY : (rows.m[h] + log2f(row_sum[h])) / log2e;
+  }
+}
+
+#if defined(__CUDACC__)
+/// The maximum of v over the four lanes of this lane's quad (all 32 lanes, converged).
+__device__ inline float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+/// The sum of v over the four lanes of this lane's quad (all 32 lanes, converged).
+__device__ inline float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+#endif  // __CUDACC__
+
+}  // namespace kfa::backends::cuda
