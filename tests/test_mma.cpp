@@ -917,6 +917,197 @@ TEST(WarpForward, HostSimulatedF16) {
   check_warp_forward<kc::f16_tag>(true);
 }
 
+// One warp's backward tile step, simulated on the host as the forward above: the warp owns 16
+// keys of K_j, V_j and meets 32 queries of Q_i, dO_i (head dim 64). S^T = K_j Q_i^T and dP^T =
+// V_j dO_i^T by ldmatrix and mma; P^T and dS^T by cuda/warp_softmax.hpp; dV_j = P^T dO_i and
+// dK_j = scale dS^T Q_i with P^T and dS^T register to register; dQ_i = scale dS K_j through a
+// swizzled 16-bit dS^T tile read back by ldmatrix.trans (FlashAttention-2's one dS buffer).
+// Against the gradients in double of softmax attention over these keys, on the same rounded
+// inputs; masked keys (a causal-like band) included.
+template <class Tag>
+void check_warp_backward() {
+  SCOPED_TRACE(Type<Tag>::name);
+  constexpr int d = 64, keys = 16, queries = 32, nb = queries / 8;
+  const double u = std::is_same_v<Tag, kc::bf16_tag> ? 0x1p-8 : 0x1p-11;
+  const double scale = 1.0 / std::sqrt(double(d));
+  std::mt19937_64 gen(kSeed + 1);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  auto tile = [&](int rows, std::vector<double>& value) {
+    std::vector<std::uint16_t> smem(std::size_t(rows) * d);
+    value.assign(std::size_t(rows) * d, 0.0);
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < d; ++c) {
+        const std::uint16_t bits = kc::to_bits(Tag{}, dist(gen));
+        smem[std::size_t(kc::swizzled(r, c, d))] = bits;
+        value[std::size_t(r) * d + c] = kc::to_float(Tag{}, bits);
+      }
+    return smem;
+  };
+  std::vector<double> q, k, v, dout;
+  const auto qs = tile(queries, q), ks = tile(keys, k), vs = tile(keys, v),
+             dos = tile(queries, dout);
+  auto visible = [](int i, int j) { return j <= i / 2 + 1; };  // query i sees keys 0..i/2+1
+
+  // The reference in double: P, LSE, O, delta = rowsum(dO O), dS, and the three gradients.
+  std::vector<double> p(std::size_t(queries) * keys, 0.0), lse(queries), delta(queries, 0.0);
+  for (int i = 0; i < queries; ++i) {
+    double zmax = -INFINITY;
+    std::vector<double> z(keys, -INFINITY);
+    for (int j = 0; j < keys; ++j) {
+      if (!visible(i, j)) continue;
+      double dot = 0;
+      for (int c = 0; c < d; ++c)
+        dot += q[std::size_t(i) * d + c] * k[std::size_t(j) * d + c];
+      z[j] = scale * dot;
+      zmax = std::max(zmax, z[j]);
+    }
+    double l = 0;
+    for (int j = 0; j < keys; ++j)
+      l += std::exp(z[j] - zmax);
+    lse[i] = zmax + std::log(l);
+    for (int j = 0; j < keys; ++j)
+      p[std::size_t(i) * keys + j] = std::exp(z[j] - lse[i]);
+    for (int c = 0; c < d; ++c) {
+      double o = 0;
+      for (int j = 0; j < keys; ++j)
+        o += p[std::size_t(i) * keys + j] * v[std::size_t(j) * d + c];
+      delta[i] += dout[std::size_t(i) * d + c] * o;
+    }
+  }
+  auto dp = [&](int i, int j) {
+    double s = 0;
+    for (int c = 0; c < d; ++c)
+      s += dout[std::size_t(i) * d + c] * v[std::size_t(j) * d + c];
+    return s;
+  };
+  std::vector<double> ds(std::size_t(queries) * keys);
+  for (int i = 0; i < queries; ++i)
+    for (int j = 0; j < keys; ++j)
+      ds[std::size_t(i) * keys + j] = p[std::size_t(i) * keys + j] * (dp(i, j) - delta[i]);
+
+  // The warp. S^T and dP^T: A = K_j or V_j rows, B = Q_i^T or dO_i^T (b_source, as K^T).
+  kc::FragC st[32][nb] = {}, dpt[32][nb] = {};
+  auto product_t = [&](const std::vector<std::uint16_t>& a_tile,
+                       const std::vector<std::uint16_t>& b_tile, kc::FragC(&acc)[32][nb]) {
+    for (int k0 = 0; k0 < d; k0 += 16) {
+      const Regs4 a = load_x4(a_tile, d, 0, k0, kc::a_source, false);
+      std::array<kc::FragA<Tag>, 32> fa{};
+      for (int lane = 0; lane < 32; ++lane)
+        std::copy(a[lane].begin(), a[lane].end(), fa[lane].x);
+      for (int n0 = 0; n0 < queries; n0 += 16) {
+        const Regs4 b = load_x4(b_tile, d, n0, k0, kc::b_source, false);
+        for (int n = 0; n < 2; ++n) {
+          std::array<kc::FragC, 32> c{};
+          for (int lane = 0; lane < 32; ++lane)
+            c[lane] = acc[lane][n0 / 8 + n];
+          const auto e = emulate_mma<Tag>(fa, b_half<Tag>(b, n), c).d;
+          for (int lane = 0; lane < 32; ++lane)
+            acc[lane][n0 / 8 + n] = e[lane];
+        }
+      }
+    }
+  };
+  product_t(ks, qs, st);
+  product_t(vs, dos, dpt);
+  for (int lane = 0; lane < 32; ++lane) {
+    float lse2[nb][2], dl[nb][2];
+    for (int n = 0; n < nb; ++n)
+      for (int e = 0; e < 2; ++e) {
+        const int i = 8 * n + kC[e].col(lane);
+        lse2[n][e] = float(lse[i] * 1.4426950408889634);
+        dl[n][e] = float(delta[i]);
+      }
+    for (int n = 0; n < nb; ++n)
+      for (int e = 0; e < 4; ++e) {
+        const int j = kC[e].row(lane), i = 8 * n + kC[e].col(lane);
+        float& x = st[lane][n].x[e];
+        x = visible(i, j) ? x * float(scale) * kc::log2e : -INFINITY;
+      }
+    kc::probabilities(st[lane], lse2);
+    kc::score_gradients(dpt[lane], st[lane], dl);
+  }
+  // dV_j = P^T dO_i and dK_j = dS^T Q_i (times scale): A from the accumulators, B by .trans.
+  auto product_from_c = [&](const kc::FragC(&acc)[32][nb],
+                            const std::vector<std::uint16_t>& b_tile) {
+    std::array<std::array<kc::FragC, d / 8>, 32> out{};
+    for (int k0 = 0; k0 < queries; k0 += 16) {
+      std::array<kc::FragA<Tag>, 32> fa{};
+      for (int lane = 0; lane < 32; ++lane)
+        fa[lane] = kc::a_from_c(Tag{}, acc[lane][k0 / 8], acc[lane][k0 / 8 + 1]);
+      for (int n0 = 0; n0 < d; n0 += 16) {
+        const Regs4 b = load_x4(b_tile, d, k0, n0, kc::bt_source, true);
+        for (int n = 0; n < 2; ++n) {
+          std::array<kc::FragC, 32> c{};
+          for (int lane = 0; lane < 32; ++lane)
+            c[lane] = out[lane][n0 / 8 + n];
+          const auto e = emulate_mma<Tag>(fa, b_half<Tag>(b, n), c).d;
+          for (int lane = 0; lane < 32; ++lane)
+            out[lane][n0 / 8 + n] = e[lane];
+        }
+      }
+    }
+    return out;
+  };
+  const auto dv = product_from_c(st, dos);
+  const auto dk = product_from_c(dpt, qs);
+  for (int lane = 0; lane < 32; ++lane)
+    for (int n = 0; n < d / 8; ++n)
+      for (int e = 0; e < 4; ++e) {
+        const int j = kC[e].row(lane), c = 8 * n + kC[e].col(lane);
+        double want_v = 0, mag_v = 0, want_k = 0, mag_k = 0;
+        for (int i = 0; i < queries; ++i) {
+          const double pij = p[std::size_t(i) * keys + j], dsij = ds[std::size_t(i) * keys + j];
+          want_v += pij * dout[std::size_t(i) * d + c];
+          mag_v += std::fabs(pij * dout[std::size_t(i) * d + c]);
+          want_k += scale * dsij * q[std::size_t(i) * d + c];
+          mag_k += scale * std::fabs(dsij * q[std::size_t(i) * d + c]);
+        }
+        EXPECT_NEAR(dv[lane][n].x[e], want_v, 4 * u * mag_v + 1e-5)
+            << "dV(" << j << ", " << c << ")";
+        EXPECT_NEAR(float(scale) * dk[lane][n].x[e], want_k, 4 * u * mag_k + 1e-4)
+            << "dK(" << j << ", " << c << ")";
+      }
+
+  // dQ_i = scale dS K_j: dS^T (keys x queries) to a swizzled 16-bit tile, read back as A = dS
+  // (queries x keys) by ldmatrix.trans at b_source's addresses, B = K_j by .trans.
+  std::vector<std::uint16_t> dst(std::size_t(keys) * queries, 0xffffu);
+  for (int lane = 0; lane < 32; ++lane)
+    for (int n = 0; n < nb; ++n)
+      for (int e = 0; e < 4; ++e)
+        dst[std::size_t(kc::swizzled(kC[e].row(lane), 8 * n + kC[e].col(lane), queries))] =
+            kc::to_bits(Tag{}, dpt[lane][n].x[e]);
+  for (int m0 = 0; m0 < queries; m0 += 16) {
+    const Regs4 a = load_x4(dst, queries, 0, m0, kc::b_source, true);
+    std::array<kc::FragA<Tag>, 32> fa{};
+    for (int lane = 0; lane < 32; ++lane)
+      std::copy(a[lane].begin(), a[lane].end(), fa[lane].x);
+    for (int n0 = 0; n0 < d; n0 += 16) {
+      const Regs4 b = load_x4(ks, d, 0, n0, kc::bt_source, true);
+      for (int n = 0; n < 2; ++n) {
+        const auto dq = emulate_mma<Tag>(fa, b_half<Tag>(b, n), {}).d;
+        for (int lane = 0; lane < 32; ++lane)
+          for (int e = 0; e < 4; ++e) {
+            const int i = m0 + kC[e].row(lane), c = n0 + 8 * n + kC[e].col(lane);
+            double want = 0, mag = 0;
+            for (int j = 0; j < keys; ++j) {
+              want += scale * ds[std::size_t(i) * keys + j] * k[std::size_t(j) * d + c];
+              mag += scale * std::fabs(ds[std::size_t(i) * keys + j] * k[std::size_t(j) * d + c]);
+            }
+            EXPECT_NEAR(float(scale) * dq[lane].x[e], want, 4 * u * mag + 1e-4)
+                << "dQ(" << i << ", " << c << ")";
+          }
+      }
+    }
+  }
+}
+
+TEST(WarpBackward, HostSimulatedBf16) {
+  check_warp_backward<kc::bf16_tag>();
+}
+TEST(WarpBackward, HostSimulatedF16) {
+  check_warp_backward<kc::f16_tag>();
+}
+
 #if defined(KOKKOS_ENABLE_CUDA)
 using DeviceView = Kokkos::View<float*, Kokkos::LayoutRight, Kokkos::CudaSpace>;
 

@@ -1,7 +1,8 @@
 #pragma once
 /// \file cuda/warp_softmax.hpp
-/// The online softmax of FlashAttention-2's forward on a warp's registers: a warp owns 16
-/// query rows of S = Q K_j^T (NB accumulator fragments of 16 x 8, cuda/mma.hpp) and of the
+/// The softmax parts of FlashAttention-2's tile steps on a warp's registers, forward and
+/// backward (the products are cuda/mma.hpp's, their operands cuda/ldmatrix.hpp's). Forward: a warp
+/// owns 16 query rows of S = Q K_j^T (NB accumulator fragments of 16 x 8, cuda/mma.hpp) and of the
 /// output accumulator O~ (DB fragments); lane holds rows g = lane / 4 and g + 8 (c_coord), in
 /// elements 0, 1 and 2, 3 of every fragment, and keeps its own (m, l) for both. The four lanes
 /// of a quad (lanes 4g..4g+3) share those rows: a row's maximum and sum are the quad's,
@@ -93,6 +94,35 @@ KFA_MMA_FUNCTION void finish_rows(FragC (&o)[DB], const RowState& rows, const fl
         o[db].x[e] *= inv;
     lse[h] = empty ? -INFINITY : (rows.m[h] + log2f(row_sum[h])) / log2e;
   }
+}
+
+// The backward's tile step, FlashAttention-2's layout: a warp owns 16 keys and computes the
+// transposed tiles S^T = K_j Q_i^T and dP^T = V_j dO_i^T in registers (rows: its keys, columns:
+// the tile's queries), so that P^T and dS^T are the A operands of dV_j += P^T dO_i and dK_j +=
+// dS^T Q_i straight from the accumulators (a_from_c). A lane's columns in n-block nb are the
+// queries 8 nb + 2 (lane % 4) + {0, 1}; the per-query LSE and delta it needs are passed for
+// those two columns of every n-block.
+
+/// P^T = exp2(S^T - lse) in place, with S^T scaled by scale * log2(e) and masked (-inf) and
+/// `lse` the columns' log-sum-exp in the same base-2 units. A query row with no visible key
+/// (LSE = -inf) gets P = 0.
+template <int NB>
+KFA_MMA_FUNCTION void probabilities(FragC (&st)[NB], const float (&lse)[NB][2]) {
+  for (int nb = 0; nb < NB; ++nb)
+    for (int e = 0; e < 4; ++e) {
+      const float l = lse[nb][e & 1];
+      st[nb].x[e] = l == -INFINITY ? 0.0f : exp2f(st[nb].x[e] - l);
+    }
+}
+
+/// dS^T = P^T (dP^T - delta) in place of dP^T, delta = rowsum(dO O) (minus dLSE) of the
+/// columns' queries.
+template <int NB>
+KFA_MMA_FUNCTION void score_gradients(FragC (&dpt)[NB], const FragC (&pt)[NB],
+                                      const float (&delta)[NB][2]) {
+  for (int nb = 0; nb < NB; ++nb)
+    for (int e = 0; e < 4; ++e)
+      dpt[nb].x[e] = pt[nb].x[e] * (dpt[nb].x[e] - delta[nb][e & 1]);
 }
 
 #if defined(__CUDACC__)
