@@ -12,6 +12,7 @@
 // same way, through an emulation of ldmatrix and of shared memory's bank groups.
 #include <kfa/backends/cuda/ldmatrix.hpp>
 #include <kfa/backends/cuda/mma.hpp>
+#include <kfa/backends/cuda/warp_forward.hpp>
 #include <kfa/backends/cuda/warp_softmax.hpp>
 
 #include <gtest/gtest.h>
@@ -20,12 +21,17 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -1106,6 +1112,261 @@ TEST(WarpBackward, HostSimulatedBf16) {
 }
 TEST(WarpBackward, HostSimulatedF16) {
   check_warp_backward<kc::f16_tag>();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The team kernel of cuda/warp_forward.hpp, run on the host by a simulator: 128 threads are
+// the 4 warps' lanes, each runs the kernel's code as a CUDA thread would, and every warp-wide
+// primitive is a rendezvous of the warp's 32 threads: ldmatrix (each lane posts its row
+// address, then gathers its elements by the ISA's rule above), mma.sync (each lane posts its
+// fragments, then computes its own elements of D from everybody's through the transcribed
+// tables, in double, rounded once), the quad shuffles; the team barrier waits for all 128.
+// cp.async copies at once (the kernel waits for its copies before any barrier anyway).
+
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  void wait() {
+    std::unique_lock<std::mutex> lock(m_);
+    const long gen = gen_;
+    if (++count_ == n_) {
+      count_ = 0;
+      ++gen_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return gen_ != gen; });
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  int n_, count_ = 0;
+  long gen_ = 0;
+};
+
+struct SimTeam {
+  Barrier team{128};
+  std::vector<std::unique_ptr<Barrier>> warp;
+  struct Exchange {
+    std::array<const std::uint16_t*, 32> row{};
+    std::array<std::array<std::uint32_t, 4>, 32> a{};
+    std::array<std::array<std::uint32_t, 2>, 32> b{};
+    std::array<float, 32> value{};
+  };
+  std::array<Exchange, 4> x;
+  SimTeam() {
+    for (int w = 0; w < 4; ++w)
+      warp.push_back(std::make_unique<Barrier>(32));
+  }
+};
+
+thread_local SimTeam* sim_team = nullptr;
+thread_local int sim_lane = 0, sim_warp = 0;
+
+// (lane, element) of the fragment element at (row, col) of A or B: the tables inverted.
+template <int Elements, int Rows, int Cols>
+std::array<std::array<std::pair<int, int>, Cols>, Rows> invert(const Entry* table) {
+  std::array<std::array<std::pair<int, int>, Cols>, Rows> at{};
+  for (int lane = 0; lane < 32; ++lane)
+    for (int i = 0; i < Elements; ++i)
+      at[std::size_t(table[i].row(lane))][std::size_t(table[i].col(lane))] = {lane, i};
+  return at;
+}
+
+template <class Tag>
+struct SimWarp {
+  static int lane() { return sim_lane; }
+  static int warp() { return sim_warp; }
+  static void barrier() { sim_team->team.wait(); }
+  static void warp_sync() { sim_team->warp[std::size_t(sim_warp)]->wait(); }
+  static SimTeam::Exchange& exchange() { return sim_team->x[std::size_t(sim_warp)]; }
+
+  static void ldmatrix(std::uint32_t (&r)[4], const std::uint16_t* row, bool trans) {
+    SimTeam::Exchange& x = exchange();
+    x.row[std::size_t(sim_lane)] = row;
+    warp_sync();
+    const int t = sim_lane;
+    for (int i = 0; i < 4; ++i) {
+      std::uint32_t reg = 0;
+      for (int h = 0; h < 2; ++h) {
+        const int rr = trans ? 2 * (t % 4) + h : t / 4, cc = trans ? t / 4 : 2 * (t % 4) + h;
+        reg |= std::uint32_t(x.row[std::size_t(8 * i + rr)][cc]) << (16 * h);
+      }
+      r[i] = reg;
+    }
+    warp_sync();
+  }
+  static void ldmatrix_x4(std::uint32_t (&r)[4], const std::uint16_t* row) {
+    ldmatrix(r, row, false);
+  }
+  static void ldmatrix_x4_trans(std::uint32_t (&r)[4], const std::uint16_t* row) {
+    ldmatrix(r, row, true);
+  }
+  static void cp_async_16(std::uint16_t* dst, const std::uint16_t* src, bool valid) {
+    if (valid)
+      std::memcpy(dst, src, 16);
+    else
+      std::memset(dst, 0, 16);
+  }
+  static void cp_async_wait_all() {}
+  static void mma(kc::FragC& d, const kc::FragA<Tag>& a, const kc::FragB<Tag>& b) {
+    static const auto a_at = invert<8, 16, 16>(kA16);
+    static const auto b_at = invert<4, 16, 8>(kB16);
+    SimTeam::Exchange& x = exchange();
+    std::copy(std::begin(a.x), std::end(a.x), x.a[std::size_t(sim_lane)].begin());
+    std::copy(std::begin(b.x), std::end(b.x), x.b[std::size_t(sim_lane)].begin());
+    warp_sync();
+    for (int e = 0; e < 4; ++e) {
+      const int r = kC[e].row(sim_lane), c = kC[e].col(sim_lane);
+      double sum = d.x[e];
+      for (int k = 0; k < 16; ++k) {
+        const auto [al, ai] = a_at[std::size_t(r)][std::size_t(k)];
+        const auto [bl, bi] = b_at[std::size_t(k)][std::size_t(c)];
+        sum += Type<Tag>::element(x.a[std::size_t(al)].data(), ai) *
+               Type<Tag>::element(x.b[std::size_t(bl)].data(), bi);
+      }
+      d.x[e] = static_cast<float>(sum);
+    }
+    warp_sync();
+  }
+  template <class F>
+  static float quad(float v, F f) {
+    SimTeam::Exchange& x = exchange();
+    x.value[std::size_t(sim_lane)] = v;
+    warp_sync();
+    const int first = sim_lane & ~3;
+    float r = x.value[std::size_t(first)];
+    for (int l = first + 1; l < first + 4; ++l)
+      r = f(r, x.value[std::size_t(l)]);
+    warp_sync();
+    return r;
+  }
+  static float quad_max(float v) {
+    return quad(v, [](float a, float b) { return std::fmax(a, b); });
+  }
+  static float quad_sum(float v) {
+    return quad(v, [](float a, float b) { return a + b; });
+  }
+};
+
+// One team of the kernel on the simulator: 50 query rows against 150 keys (three key tiles,
+// the last partial), a band mask with a row that sees nothing; with `band` the last tile is
+// hidden from every row and must be skipped, without it the partial tile is used. O and LSE
+// against softmax attention in double.
+template <class Tag, int D>
+void check_simulated_team(bool band) {
+  SCOPED_TRACE(std::string(Type<Tag>::name) + ", D = " + std::to_string(D) +
+               (band ? ", band" : ""));
+  using Kernel = kc::WarpForward<SimWarp<Tag>, Tag, D>;
+  constexpr int nq = 50, nk = 150;
+  const double u = std::is_same_v<Tag, kc::bf16_tag> ? 0x1p-8 : 0x1p-11;
+  const double scale = 1.0 / std::sqrt(double(D));
+  std::mt19937_64 gen(kSeed + D);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  auto array = [&](int rows, std::vector<double>& value) {
+    std::vector<std::uint16_t> bits(std::size_t(rows) * D);
+    value.assign(bits.size(), 0.0);
+    for (std::size_t i = 0; i < bits.size(); ++i) {
+      bits[i] = kc::to_bits(Tag{}, dist(gen));
+      value[i] = kc::to_float(Tag{}, bits[i]);
+    }
+    return bits;
+  };
+  std::vector<double> q, k, v;
+  const auto qb = array(nq, q);
+  auto kb = array(nk, k), vb = array(nk, v);
+  if (band)  // NaN in the tile nobody sees: reading it at all would show in O
+    for (std::size_t i = std::size_t(128) * D; i < kb.size(); ++i)
+      kb[i] = vb[i] = kc::to_bits(Tag{}, std::nanf(""));
+  static bool upper = true;  // a plain function pointer below (the Score type is a literal)
+  upper = band;
+  auto visible = [](int i, int j) { return i != 7 && (!upper || j <= i + 60) && j >= i - 40; };
+
+  struct Score {
+    double scale;
+    bool (*visible)(int, int);
+    bool tile_visible(int q0, int n, int j0, int nc) const {
+      for (int i = q0; i < q0 + n; ++i)
+        for (int j = j0; j < j0 + nc; ++j)
+          if (visible(i, j)) return true;
+      return false;
+    }
+    float operator()(int i, int j, float dot) const {
+      return visible(i, j) ? dot * float(scale) * kc::log2e : -INFINITY;
+    }
+  } score{scale, +visible};
+  std::vector<float> o(std::size_t(nq) * D, std::nanf("")), lse(nq, std::nanf(""));
+  struct Writer {
+    float* o_data;
+    float* lse_data;
+    void o(int i, int c, float x) { o_data[std::size_t(i) * D + c] = x; }
+    void lse(int i, float x) { lse_data[i] = x; }
+  } out{o.data(), lse.data()};
+
+  SimTeam team;
+  std::vector<std::uint16_t> smem(Kernel::shared_bytes() / 2 + 64);
+  std::uint16_t* tile = smem.data();
+  while (reinterpret_cast<std::uintptr_t>(tile) % 128 != 0)
+    ++tile;
+  std::vector<std::thread> lanes;
+  for (int w = 0; w < 4; ++w)
+    for (int l = 0; l < 32; ++l)
+      lanes.emplace_back([&, w, l] {
+        sim_team = &team;
+        sim_warp = w;
+        sim_lane = l;
+        Kernel::run(
+            tile, 0, nq, 0, nk, [&](int i) { return qb.data() + std::size_t(i) * D; },
+            [&](int j) { return kb.data() + std::size_t(j) * D; },
+            [&](int j) { return vb.data() + std::size_t(j) * D; }, score, out);
+      });
+  for (auto& th : lanes)
+    th.join();
+
+  for (int i = 0; i < nq; ++i) {
+    std::vector<double> z(nk, -INFINITY);
+    double zmax = -INFINITY;
+    for (int j = 0; j < nk; ++j) {
+      if (!visible(i, j)) continue;
+      double dot = 0;
+      for (int c = 0; c < D; ++c)
+        dot += q[std::size_t(i) * D + c] * k[std::size_t(j) * D + c];
+      z[j] = scale * dot;
+      zmax = std::max(zmax, z[j]);
+    }
+    if (zmax == -INFINITY) {
+      EXPECT_EQ(lse[i], -INFINITY) << "row " << i;
+      for (int c = 0; c < D; ++c)
+        EXPECT_EQ(o[std::size_t(i) * D + c], 0.0f) << "O(" << i << ", " << c << ")";
+      continue;
+    }
+    double l = 0;
+    for (int j = 0; j < nk; ++j)
+      l += std::exp(z[j] - zmax);
+    const double lse_ref = zmax + std::log(l);
+    EXPECT_NEAR(lse[i], lse_ref, 1e-5 * std::max(1.0, std::fabs(lse_ref))) << "row " << i;
+    for (int c = 0; c < D; ++c) {
+      double want = 0, mag = 0;
+      for (int j = 0; j < nk; ++j) {
+        if (!visible(i, j)) continue;
+        const double pj = std::exp(z[j] - lse_ref);
+        want += pj * v[std::size_t(j) * D + c];
+        mag += pj * std::fabs(v[std::size_t(j) * D + c]);
+      }
+      EXPECT_NEAR(o[std::size_t(i) * D + c], want, 2 * u * mag + 1e-5 * mag)
+          << "O(" << i << ", " << c << ")";
+    }
+  }
+}
+
+TEST(WarpForward, SimulatedTeamBf16D64) {
+  check_simulated_team<kc::bf16_tag, 64>(true);
+  check_simulated_team<kc::bf16_tag, 64>(false);
+}
+TEST(WarpForward, SimulatedTeamF16D128) {
+  check_simulated_team<kc::f16_tag, 128>(true);
+  check_simulated_team<kc::f16_tag, 128>(false);
 }
 
 #if defined(KOKKOS_ENABLE_CUDA)

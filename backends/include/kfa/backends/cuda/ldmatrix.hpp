@@ -112,14 +112,17 @@ __device__ inline void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* row)
 }
 
 /// Starts a 16-byte copy from global to shared memory that bypasses L1 and the registers
-/// (cp.async.cg, sm_80 and newer); both addresses 16-byte aligned. Complete it with
-/// cp_async_commit and cp_async_wait, then a barrier, before other lanes read it.
-__device__ inline void cp_async_16(void* shared, const void* global) {
+/// (cp.async.cg, sm_80 and newer); both addresses 16-byte aligned. With valid false nothing
+/// is read and the 16 bytes are zero-filled (the source size 0; the address must still be a
+/// valid one). Complete it with cp_async_commit and cp_async_wait, then a barrier, before
+/// other lanes read it.
+__device__ inline void cp_async_16(void* shared, const void* global, bool valid = true) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(detail::shared_address(shared)),
-               "l"(global));
+  asm volatile(
+      "cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(detail::shared_address(shared)),
+      "l"(global), "r"(valid ? 16 : 0));
 #else
-  (void)shared, (void)global;
+  (void)shared, (void)global, (void)valid;
   detail::mma_unsupported();
 #endif
 }

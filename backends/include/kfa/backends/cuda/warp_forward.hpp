@@ -1,0 +1,192 @@
+#pragma once
+/// \file cuda/warp_forward.hpp
+/// FlashAttention-2's forward for one team of 4 warps, the work in registers: each warp owns
+/// 16 of the team's 64 query rows and keeps their Q fragments, S / P and the O~ accumulator
+/// in registers; K_j and V_j (64 keys) pass through swizzled 16-bit shared memory, staged by
+/// 16-byte asynchronous copies and read by ldmatrix (.trans for V); P goes register to
+/// register into P V (a_from_c); the online softmax is cuda/warp_softmax.hpp's.
+///
+/// The code is written against a warp policy W (the warp's primitives: lane and warp ids,
+/// the team barrier, ldmatrix, cp.async, mma.sync, the quad shuffles) so that one source
+/// runs on the device (CudaWarp below, inside a Kokkos team whose vector lanes are a warp's
+/// lanes) and on the host in tests/test_mma.cpp, where a simulator runs the 128 lanes as
+/// threads and emulates every collective from the PTX ISA. What core knows stays in core:
+/// the caller passes the rows of Q, K, V (16-bit, 16-byte aligned), the score transform with
+/// the mask, and where O and the LSE go.
+///
+/// Shared memory: one K_j and one V_j tile of 64 x D 16-bit elements (16 KiB at D = 64, 32 KiB
+/// at D = 128); Q_i is staged through the K buffer once and kept in registers. Not yet double
+/// buffered: the copies of the next tile do not overlap this tile's products.
+
+#include <kfa/backends/cuda/ldmatrix.hpp>
+#include <kfa/backends/cuda/mma.hpp>
+#include <kfa/backends/cuda/warp_softmax.hpp>
+
+#include <cstdint>
+
+namespace kfa::backends::cuda {
+
+/// One team's forward on the warps' registers: query rows [q0, q0 + nq) (nq <= 64) against keys
+/// [k_begin, k_end), head dim D (a multiple of 16, at most 128), 16-bit operands of type Tag.
+template <class W, class Tag, int D>
+struct WarpForward {
+  static constexpr int warps = 4;                    ///< warps per team
+  static constexpr int rows = 16 * warps;            ///< Br: query rows per team
+  static constexpr int keys = 64;                    ///< Bc: keys per tile
+  static constexpr int nb = keys / 8;                ///< S accumulator fragments per warp
+  static constexpr int db = D / 8;                   ///< O~ accumulator fragments per warp
+  static constexpr int kd = D / 16;                  ///< k steps of S = Q K^T
+  static constexpr int chunks = D / chunk_elements;  ///< 16-byte chunks per row
+  static_assert(D % 16 == 0 && D <= 128, "head dims 16..128, multiples of 16");
+
+  /// Shared memory a team needs, in bytes: the K and V tiles.
+  static constexpr int shared_bytes() { return 2 * keys * D * 2; }
+
+  /// Stages rows [r0, r0 + n) of a 16-bit array (row(r) points at row r, 16-byte aligned) into
+  /// a swizzled tile of `keys` rows, zero-filling rows past n, by 16-byte copies of the whole
+  /// team; the caller waits for them (W::cp_async_wait_all) and then for the team barrier.
+  template <class Row>
+  KFA_MMA_FUNCTION static void stage(std::uint16_t* tile, int r0, int n, const Row& row) {
+    const int t = W::warp() * 32 + W::lane();
+    for (int c = t; c < keys * chunks; c += warps * 32) {
+      const int r = c / chunks, k = c % chunks;
+      const bool valid = r < n;
+      const std::uint16_t* src = row(valid ? r0 + r : r0) + (valid ? k * chunk_elements : 0);
+      W::cp_async_16(tile + swizzled(r, k * chunk_elements, D), src, valid);
+    }
+  }
+
+  /// The team's forward. `q_row(i)`, `k_row(j)`, `v_row(j)`: the 16-bit rows; `score`:
+  /// `score.tile_visible(q0, nq, j0, nc)` (can any of the rows see any of the keys) and
+  /// `score(i, j, dot)` (the score of q_i . k_j in base-2 units, scale * log2(e) included,
+  /// -inf where the mask hides it; called for keys below k_end only); `out.o(i, c, value)` and
+  /// `out.lse(i, value)` (natural units) receive the results, rows below q0 + nq only. `smem` holds
+  /// shared_bytes().
+  template <class QRow, class KRow, class VRow, class Score, class Out>
+  KFA_MMA_FUNCTION static void run(std::uint16_t* smem, int q0, int nq, int k_begin, int k_end,
+                                   const QRow& q_row, const KRow& k_row, const VRow& v_row,
+                                   const Score& score, Out& out) {
+    std::uint16_t* ks = smem;
+    std::uint16_t* vs = smem + keys * D;
+    const int lane = W::lane(), warp = W::warp();
+
+    // Q_i through the K buffer into registers (64 rows: the tile's shape).
+    stage(ks, q0, nq, q_row);
+    W::cp_async_wait_all();
+    W::barrier();
+    FragA<Tag> q[kd];
+    for (int kk = 0; kk < kd; ++kk) {
+      const Coord a = a_source(lane);
+      W::ldmatrix_x4(q[kk].x, ks + swizzled(16 * warp + a.row, 16 * kk + a.col, D));
+    }
+    W::barrier();
+
+    RowState state = initial_rows();
+    FragC o[db];
+    for (int i = 0; i < db; ++i)
+      o[i] = zero_c();
+    const int row0 = q0 + 16 * warp + group_id(lane);  // this lane's rows: row0, row0 + 8
+
+    for (int j0 = k_begin; j0 < k_end; j0 += keys) {
+      const int nc = k_end - j0 < keys ? k_end - j0 : keys;
+      if (!score.tile_visible(q0, nq, j0, nc)) continue;  // the same verdict in every lane
+      stage(ks, j0, nc, k_row);
+      stage(vs, j0, nc, v_row);
+      W::cp_async_wait_all();
+      W::barrier();
+
+      // S = Q_i K_j^T: ldmatrix.x4 of K gives the B fragments of 16 keys.
+      FragC s[nb];
+      for (int i = 0; i < nb; ++i)
+        s[i] = zero_c();
+      for (int kk = 0; kk < kd; ++kk)
+        for (int n0 = 0; n0 < keys; n0 += 16) {
+          std::uint32_t b[4];
+          const Coord src = b_source(lane);
+          W::ldmatrix_x4(b, ks + swizzled(n0 + src.row, 16 * kk + src.col, D));
+          W::mma(s[n0 / 8], q[kk], FragB<Tag>{{b[0], b[1]}});
+          W::mma(s[n0 / 8 + 1], q[kk], FragB<Tag>{{b[2], b[3]}});
+        }
+      for (int n = 0; n < nb; ++n)
+        for (int e = 0; e < 4; ++e) {
+          const int j = j0 + 8 * n + c_coord(lane, e).col;  // keys past the tile: zero rows
+          s[n].x[e] = j < j0 + nc ? score(row0 + 8 * (e >> 1), j, s[n].x[e]) : -INFINITY;
+        }
+
+      // The online softmax: the quad's row maxima, P, alpha, O~ rescaled.
+      float m[2], alpha[2];
+      tile_row_max(s, m);
+      m[0] = W::quad_max(m[0]);
+      m[1] = W::quad_max(m[1]);
+      softmax_update(s, state, m, alpha);
+      rescale(o, alpha);
+
+      // O~ += P V_j: P from the accumulators, 16 keys per step; ldmatrix.x4.trans of V.
+      for (int kk = 0; kk < keys / 16; ++kk) {
+        const FragA<Tag> p = a_from_c(Tag{}, s[2 * kk], s[2 * kk + 1]);
+        for (int n0 = 0; n0 < D; n0 += 16) {
+          std::uint32_t b[4];
+          const Coord src = bt_source(lane);
+          W::ldmatrix_x4_trans(b, vs + swizzled(16 * kk + src.row, n0 + src.col, D));
+          W::mma(o[n0 / 8], p, FragB<Tag>{{b[0], b[1]}});
+          W::mma(o[n0 / 8 + 1], p, FragB<Tag>{{b[2], b[3]}});
+        }
+      }
+      W::barrier();  // before the next tile overwrites K_j and V_j
+    }
+
+    const float sum[2] = {W::quad_sum(state.l[0]), W::quad_sum(state.l[1])};
+    float lse[2];
+    finish_rows(o, state, sum, lse);
+    for (int h = 0; h < 2; ++h) {
+      const int i = row0 + 8 * h;
+      if (i >= q0 + nq) continue;
+      for (int n = 0; n < db; ++n)
+        for (int e = 2 * h; e < 2 * h + 2; ++e)
+          out.o(i, 8 * n + c_coord(lane, e).col, o[n].x[e]);
+      if (thread_in_group(lane) == 0) out.lse(i, lse[h]);
+    }
+  }
+};
+
+#if defined(__CUDACC__)
+/// The warp policy on the device: a Kokkos CUDA team with vector length 32 is the block
+/// dim3(32, team_size), so the lane is threadIdx.x and the warp threadIdx.y; the team
+/// barrier is __syncthreads().
+template <class Tag>
+struct CudaWarp {
+  /// This thread's lane in its warp.
+  __device__ static int lane() { return static_cast<int>(threadIdx.x); }
+  /// This thread's warp in its team.
+  __device__ static int warp() { return static_cast<int>(threadIdx.y); }
+  /// Every lane of the team waits for every other.
+  __device__ static void barrier() { __syncthreads(); }
+  /// ldmatrix.x4 (cuda/ldmatrix.hpp).
+  __device__ static void ldmatrix_x4(std::uint32_t (&r)[4], const std::uint16_t* row) {
+    cuda::ldmatrix_x4(r, row);
+  }
+  /// ldmatrix.x4.trans (cuda/ldmatrix.hpp).
+  __device__ static void ldmatrix_x4_trans(std::uint32_t (&r)[4], const std::uint16_t* row) {
+    cuda::ldmatrix_x4_trans(r, row);
+  }
+  /// A 16-byte asynchronous copy, or 16 zero bytes when !valid.
+  __device__ static void cp_async_16(std::uint16_t* dst, const std::uint16_t* src, bool valid) {
+    cuda::cp_async_16(dst, src, valid);
+  }
+  /// Waits for all of this lane's copies.
+  __device__ static void cp_async_wait_all() {
+    cp_async_commit();
+    cp_async_wait<0>();
+  }
+  /// d += a b on the tensor cores.
+  __device__ static void mma(FragC& d, const FragA<Tag>& a, const FragB<Tag>& b) {
+    cuda::mma(d, a, b);
+  }
+  /// The quad's maximum.
+  __device__ static float quad_max(float v) { return cuda::quad_max(v); }
+  /// The quad's sum.
+  __device__ static float quad_sum(float v) { return cuda::quad_sum(v); }
+};
+#endif  // __CUDACC__
+
+}  // namespace kfa::backends::cuda
