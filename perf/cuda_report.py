@@ -14,7 +14,7 @@ architecture:
   with the SM limits of the architecture;
 - in each kernel's PTX the counts of mma.sync, ldmatrix, cp.async, 16-byte loads and all
   instructions, the static instructions per mma.sync, and the instructions per mma.sync in the
-  innermost loop that holds one (the key-tile loop once a tile step is unrolled).
+  loop that spends the fewest per mma.sync (the key-tile loop once a tile step is unrolled).
 
 Usage: perf/cuda_report.py ARCHIVE_DIR [--arch 80,90] [--out FILE.md] [--fail-on-spill]
 Exit 3 with a reason when nvcc or the archive is missing (CI skips then); 1 with
@@ -95,10 +95,13 @@ def kokkos_configure(src, cache, arch):
     return build
 
 
-def config_header(inc):
-    """kfa's <kfa/config.hpp> for this report (no MPI, no tf32), from cmake/config.hpp.in."""
+def config_header(inc, warp_tiles):
+    """kfa's <kfa/config.hpp> for this report (no MPI, no tf32; KFA_CUDA_WARP_TILES as asked),
+    from cmake/config.hpp.in."""
     text = (ROOT / "cmake" / "config.hpp.in").read_text()
     text = re.sub(r"#cmakedefine (\w+)", r"/* #undef \1 */", text)
+    if warp_tiles:
+        text = text.replace("/* #undef KFA_CUDA_WARP_TILES */", "#define KFA_CUDA_WARP_TILES")
     version = re.search(r"project\(kfa VERSION (\d+)\.(\d+)\.(\d+)",
                         (ROOT / "CMakeLists.txt").read_text())
     major, minor, patch = version.groups() if version else ("0", "0", "0")
@@ -144,9 +147,14 @@ void show(const char* name) {{
   using F = kfa::impl::ForwardKernel<Kokkos::Cuda, V4<T>, V4<T>, V4<T>, V4<T>, L3>;
   using B = kfa::impl::BackwardCommon<
       Kokkos::Cuda, T, kfa::impl::BackwardViews<V4<T>, V4<T>, V4<T>, V4<T>, L3, V4<T>, V4<T>, V4<T>>>;
-  for (int d : {{{dims}}})
-    std::printf("%s %d %zu %zu %zu\\n", name, d, F::scratch_bytes(d), B::scratch_bytes(d, true),
-                B::scratch_bytes(d, false));
+  using Ops = kfa::backends::TileOps<Kokkos::Cuda, T>;
+  for (int d : {{{dims}}}) {{
+    std::size_t warp = 0;  // the register-resident forward where it runs (WarpKernel<d>)
+    if constexpr (F::warp_type)
+      if (Ops::warp_head_dim(d)) warp = Ops::warp_scratch_bytes(d);
+    std::printf("%s %d %zu %zu %zu %zu\\n", name, d, F::scratch_bytes(d), warp,
+                B::scratch_bytes(d, true), B::scratch_bytes(d, false));
+  }}
 }}
 int main() {{
 {shows}}}
@@ -205,6 +213,9 @@ def short_name(demangled):
     m = KERNEL_RE.search(demangled)
     if not m:
         return None
+    warp = re.search(r"::WarpKernel<(\d+)>", demangled)
+    if warp:  # ForwardKernel's register-resident kernel for one head dim
+        return f"WarpKernel<{warp.group(1)}>"
     at = demangled.find("kfa::impl::BackwardViews<")
     if at >= 0:
         views = template_args(demangled, at + len("kfa::impl::BackwardViews"))
@@ -284,7 +295,10 @@ def parse_ptx(text):
             if b and b.group(1) in labels and labels[b.group(1)] <= at:
                 lo = labels[b.group(1)]
                 loops.append((at - lo + 1, sum(is_mma[lo:at + 1])))
-        with_mma = sorted(l for l in loops if l[1] > 0)
+        # The loop that spends the fewest instructions per mma.sync: the innermost product
+        # loop of a design that builds fragments in loops, the key-tile loop of one whose
+        # tile step is unrolled.
+        with_mma = sorted((l for l in loops if l[1] > 0), key=lambda l: l[0] / l[1])
         out[name] = dict(
             instructions=len(stmts), mma=sum(is_mma),
             ldmatrix=sum(s.startswith("ldmatrix") for s in stmts),
@@ -306,10 +320,10 @@ def teams_per_sm(arch, regs, scratch, static_smem):
     return by_regs, by_smem, min(by_regs, by_smem, by_threads, sm["blocks"])
 
 
-def report_arch(arch, nvcc, src, cache, work, jobs):
+def report_arch(arch, nvcc, src, cache, work, jobs, warp_tiles):
     build = kokkos_configure(src, cache, arch)
     inc = work / "include"
-    config_header(inc)
+    config_header(inc, warp_tiles)
     flags = [nvcc, "-x", "cu", "-std=c++17", "-extended-lambda", "-expt-relaxed-constexpr",
              f"-arch=sm_{arch}", *include_flags(src, build, inc)]
     procs = {}
@@ -329,9 +343,11 @@ def report_arch(arch, nvcc, src, cache, work, jobs):
         fail(2, f"the scratch probe did not compile for sm_{arch}:\n{probe.stdout}{probe.stderr}")
     scratch = {}
     for line in run([str(work / f"probe{arch}")]).stdout.splitlines():
-        t, d, f, kv, q = line.split()
+        t, d, f, warp, kv, q = line.split()
         scratch[(t, int(d))] = dict(ForwardKernel=int(f), KeyValueKernel=int(kv),
                                     QueryKernel=int(q))
+        if int(warp):
+            scratch[(t, int(d))][f"WarpKernel<{d}>"] = int(warp)
     rows = []
     for tname, (d, p) in procs.items():
         log = p.communicate()[0]
@@ -356,7 +372,7 @@ def markdown(arch, rows, scratch):
     out = [f"### {SM[arch]['name']}", "",
            "| type | kernel | regs | spill B (st/ld) | stack B | PTX instr | mma.sync | "
            "ldmatrix | cp.async | 16-B loads | instr per mma (kernel) | "
-           "instr per mma (innermost mma loop) |",
+           "instr per mma (best mma loop) |",
            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in sorted(rows, key=lambda r: (list(TYPES).index(r["type"]), r["kernel"])):
         mma = r.get("mma", 0)
@@ -373,11 +389,14 @@ def markdown(arch, rows, scratch):
             "| --- | --- | " + " | ".join("---:" for _ in HEAD_DIMS) + " |"]
     for r in sorted(rows, key=lambda r: (list(TYPES).index(r["type"]), r["kernel"])):
         kernel = r["kernel"].split(" (")[0]
-        if kernel not in scratch.get((r["type"], HEAD_DIMS[0]), {}):
+        if not any(kernel in scratch.get((r["type"], d), {}) for d in HEAD_DIMS):
             continue
         cells = []
         for d in HEAD_DIMS:
-            s = scratch[(r["type"], d)][kernel]
+            s = scratch[(r["type"], d)].get(kernel)
+            if s is None:  # a kernel of one head dim
+                cells.append("-")
+                continue
             by_regs, by_smem, teams = teams_per_sm(arch, r["regs"], s, r["smem"])
             cells.append(f"{s} ({by_regs}/{by_smem}/{teams})")
         out.append(f"| {r['type']} | {r['kernel']} | " + " | ".join(cells) + " |")
@@ -391,6 +410,8 @@ def main():
     ap.add_argument("--out", type=Path)
     ap.add_argument("--fail-on-spill", action="store_true")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--no-warp-tiles", action="store_true",
+                    help="compile without KFA_CUDA_WARP_TILES (the default build's kernels)")
     a = ap.parse_args()
     nvcc = find_nvcc()
     if nvcc is None:
@@ -404,11 +425,13 @@ def main():
     cache.mkdir(parents=True, exist_ok=True)
     src = kokkos_source(a.archive_dir, cache)
     version = run([nvcc, "--version"]).stdout.strip().splitlines()[-1]
-    text = [f"nvcc: {version}; Kokkos 4.6.01 configured for CUDA + Serial (not built).", ""]
+    text = [f"nvcc: {version}; Kokkos 4.6.01 configured for CUDA + Serial (not built); "
+            f"KFA_CUDA_WARP_TILES {'off' if a.no_warp_tiles else 'on'}.", ""]
     spills = []
     with tempfile.TemporaryDirectory() as tmp:
         for arch in a.arch.split(","):
-            rows, scratch = report_arch(arch, nvcc, src, cache, Path(tmp), a.jobs)
+            rows, scratch = report_arch(arch, nvcc, src, cache, Path(tmp), a.jobs,
+                                        not a.no_warp_tiles)
             text.append(markdown(arch, rows, scratch))
             spills += [f"sm_{arch} {r['type']} {r['kernel']}: {r['spill_st']} B"
                        for r in rows if r["spill_st"] or r["spill_ld"]]

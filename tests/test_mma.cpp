@@ -1292,9 +1292,13 @@ void check_simulated_team(bool band) {
           if (visible(i, j)) return true;
       return false;
     }
-    float operator()(int i, int j, float dot) const {
-      return visible(i, j) ? dot * float(scale) * kc::log2e : -INFINITY;
-    }
+    struct Row {
+      int i;
+      float scale;
+      bool (*visible)(int, int);
+      float operator()(int j, float dot) const { return visible(i, j) ? dot * scale : -INFINITY; }
+    };
+    Row row(int i) const { return {i, float(scale), visible}; }
   } score{scale, +visible};
   std::vector<float> o(std::size_t(nq) * D, std::nanf("")), lse(nq, std::nanf(""));
   struct Writer {

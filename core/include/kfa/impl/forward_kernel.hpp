@@ -30,6 +30,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 namespace kfa::impl {
@@ -70,6 +71,14 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       backends::is_bfloat16<typename K::non_const_value_type>::value &&
       backends::is_bfloat16<typename V::non_const_value_type>::value;
   bool pairs = false;
+  // The register-resident forward (TileTraits::warp_tiles: CUDA, 16-bit inputs): a team's
+  // 64 query rows keep their work in registers (TileOps::warp_forward). Taken at the head dims
+  // it has, when every row of q, k and v starts on 16 bytes (its copies are 16-byte ones) and
+  // without dropout (not yet drawn in registers).
+  static constexpr bool warp_type = traits::warp_tiles && sizeof(value_type) == 2 &&
+                                    std::is_same_v<typename K::non_const_value_type, value_type> &&
+                                    std::is_same_v<typename V::non_const_value_type, value_type>;
+  bool warp = false;
   int splits = 1;  // chunks of key tiles per query tile (1: no split-KV)
   SplitPartials<acc_t, typename ExecSpace::memory_space> part;  // allocated when splits > 1
 
@@ -81,14 +90,22 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     seqlen_q = static_cast<int>(q.extent(2));
     seqlen_k = static_cast<int>(k.extent(2));
     head_dim = static_cast<int>(q.extent(3));
-    Br = traits::block_q(head_dim);
-    Bc = traits::block_k(head_dim);
-    ldd = head_dim + traits::pad;
-    ldc = Bc + traits::pad;
-    q_tiles = (seqlen_q + Br - 1) / Br;
     score = ScoreTransform<acc_t>(p, head_dim);
     mask = make_mask(p, seqlen_q, seqlen_k, at);
     dropout = make_dropout<acc_t>(p, at);
+    if constexpr (warp_type)
+      warp = ops::warp_head_dim(head_dim) && !dropout.enabled && rows_on_16_bytes(q) &&
+             rows_on_16_bytes(k) && rows_on_16_bytes(v);
+    Br = traits::block_q(head_dim);
+    Bc = traits::block_k(head_dim);
+    if constexpr (warp_type)
+      if (warp) {
+        Br = ops::warp_rows;
+        Bc = ops::warp_keys;
+      }
+    ldd = head_dim + traits::pad;
+    ldc = Bc + traits::pad;
+    q_tiles = (seqlen_q + Br - 1) / Br;
     scratch_level = base::scratch_level(scratch_bytes());
     kv_in_place = kv_in_place_type && k.stride(2) <= 2147483647 && v.stride(2) <= 2147483647;
     pairs = pairs_type && head_dim % 2 == 0 && k.stride(2) % 2 == 0 && v.stride(2) % 2 == 0 &&
@@ -120,14 +137,39 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       return base::scratch_bytes({d * ldq, br * ldd, bc * ldd, bc * ldd, bc * ldq, br, br, br});
     return base::scratch_bytes({br * ldd, br * ldd, d * ldc, bc * ldd, br * ldc, br, br});
   }
-  std::size_t scratch_bytes() const { return scratch_bytes(head_dim); }
+  std::size_t scratch_bytes() const {
+    if constexpr (warp_type)
+      if (warp) return ops::warp_scratch_bytes(head_dim);
+    return scratch_bytes(head_dim);
+  }
+
+  /// Whether every row of a view of 16-bit elements starts on 16 bytes (unit stride inside a
+  /// row is checked by validation).
+  template <class View>
+  static bool rows_on_16_bytes(const View& x) {
+    return reinterpret_cast<std::uintptr_t>(x.data()) % 16 == 0 && x.stride(0) % 8 == 0 &&
+           x.stride(1) % 8 == 0 && x.stride(2) % 8 == 0;
+  }
   /// Row stride of the key-major tiles Br wide.
   KOKKOS_INLINE_FUNCTION int ldq() const { return Br + traits::pad; }
 
   void launch(const ExecSpace& space) const {
     const long long league = static_cast<long long>(q.extent(0)) * heads_q * q_tiles * splits;
-    base::launch(space, "forward", "kfa::forward", *this, league, scratch_bytes(), scratch_level,
-                 {head_dim, Br, Bc});
+    const typename base::Shape shape{head_dim, Br, Bc};
+    bool launched = false;
+    if constexpr (warp_type)
+      if (warp) {
+        if (head_dim == 64)
+          base::launch(space, "forward", "kfa::forward", WarpKernel<64>{*this}, league,
+                       scratch_bytes(), scratch_level, shape);
+        else
+          base::launch(space, "forward", "kfa::forward", WarpKernel<128>{*this}, league,
+                       scratch_bytes(), scratch_level, shape);
+        launched = true;
+      }
+    if (!launched)
+      base::launch(space, "forward", "kfa::forward", *this, league, scratch_bytes(), scratch_level,
+                   shape);
     if (splits > 1) SplitMerge<ExecSpace, acc_t, O, Lse>{part, o, lse, head_dim}.launch(space);
   }
 
@@ -136,14 +178,31 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     int b, h, hk, q0, nr;
   };
 
-  KOKKOS_FUNCTION void operator()(const member_t& team) const {
+  /// A team's work: its place, its split and its chunk [k_begin, k_end) of the key tiles
+  /// visible to any row of its query tile (tiles outside are never touched; with split-KV the
+  /// team takes its chunk of those tiles).
+  struct Work {
+    Place tile;
+    int split, k_begin, k_end;
+  };
+  KOKKOS_INLINE_FUNCTION Work work_of(const member_t& team) const {
     const int split = team.league_rank() % splits;
     const int qt = (team.league_rank() / splits) % q_tiles;
     const int bh = team.league_rank() / splits / q_tiles;
     const int h = bh % heads_q, b = bh / heads_q;
-    const int q0 = qt * Br;
-    const Place tile{b, h, h / group, q0, seqlen_q - q0 < Br ? seqlen_q - q0 : Br};
-    const int nr = tile.nr;
+    const int q0 = qt * Br, nr = seqlen_q - q0 < Br ? seqlen_q - q0 : Br;
+    const int kbeg = mask.lo(q0), kend = mask.hi(q0 + nr - 1) + 1;
+    const int t_first = kbeg / Bc, t_count = kend > kbeg ? (kend - 1) / Bc + 1 - t_first : 0;
+    int t_begin = t_first, t_n = t_count;
+    if (splits > 1) split_range(t_first, t_count, splits, split, t_begin, t_n);
+    return {{b, h, h / group, q0, nr}, split, t_begin * Bc, (t_begin + t_n) * Bc};
+  }
+
+  KOKKOS_FUNCTION void operator()(const member_t& team) const {
+    const Work w = work_of(team);
+    const Place& tile = w.tile;
+    const int b = tile.b, h = tile.h, q0 = tile.q0, nr = tile.nr, split = w.split;
+    const int k_begin = w.k_begin, k_end = w.k_end;
     const int D = head_dim;
 
     const auto& scr = team.team_scratch(scratch_level);
@@ -152,14 +211,6 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     acc_t* os = base::carve(scr, std::size_t(Br) * ldd);
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr * D),
                          [&](int e) { os[(e / D) * ldd + e % D] = acc_t(0); });
-
-    // Keys visible to any row of this tile; tiles outside are never touched. With split-KV
-    // this team takes its chunk of those tiles.
-    const int kbeg = mask.lo(q0), kend = mask.hi(q0 + nr - 1) + 1;
-    const int t_first = kbeg / Bc, t_count = kend > kbeg ? (kend - 1) / Bc + 1 - t_first : 0;
-    int t_begin = t_first, t_n = t_count;
-    if (splits > 1) split_range(t_first, t_count, splits, split, t_begin, t_n);
-    const int k_begin = t_begin * Bc, k_end = (t_begin + t_n) * Bc;
 
     acc_t *m, *l;
     if constexpr (key_major)
@@ -190,6 +241,89 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       });
     });
   }
+
+  /// What the register-resident forward asks of core (TileOps::warp_forward): the score of a
+  /// dot product under the transform and the mask, and whether a key tile can be seen at all.
+  /// Capped: whether softcap is on, a compile-time choice so that the key-tile loop of the
+  /// common case holds no tanh (an additive term would take the full transform).
+  template <bool Capped>
+  struct WarpScore {
+    ScoreTransform<acc_t> transform;
+    Mask mask;
+    int b, h;
+    KOKKOS_INLINE_FUNCTION bool tile_visible(int q0, int n, int j0, int nc) const {
+      const int lo = mask.lo(q0), hi = mask.hi(q0 + n - 1);
+      return lo <= hi && lo <= j0 + nc - 1 && hi >= j0;
+    }
+    /// One query row's scores: its visible keys [lo, hi] found once, before the key loop.
+    struct Row {
+      ScoreTransform<acc_t> transform;
+      int b, h, i, lo, hi;
+      KOKKOS_INLINE_FUNCTION acc_t operator()(int j, acc_t dot) const {
+        if (j < lo || j > hi) return -backends::infinity<acc_t>();
+        if constexpr (Capped || decltype(transform.bias)::enabled)
+          return transform.value(transform.scaled(dot), b, h, i, j);
+        else
+          return transform.scaled(dot);
+      }
+    };
+    KOKKOS_INLINE_FUNCTION Row row(int i) const {
+      return {transform, b, h, i, mask.lo(i), mask.hi(i)};
+    }
+  };
+  /// Where the register-resident forward puts its rows: O and the LSE, or with split-KV the
+  /// partial (m, l, O~) = (LSE, 1, O) of the split, which SplitMerge combines like any other
+  /// (l = 0 where the split saw no key).
+  struct WarpOut {
+    O out_o;
+    Lse out_lse;
+    SplitPartials<acc_t, typename ExecSpace::memory_space> part;
+    int b, h, split;
+    bool partial;
+    KOKKOS_INLINE_FUNCTION void o(int i, int c, acc_t x) const {
+      if (partial)
+        part.o(part.row(split, b, h, i), c) = x;
+      else
+        out_o(b, h, i, c) = value_type(x);
+    }
+    KOKKOS_INLINE_FUNCTION void lse(int i, acc_t x) const {
+      if (!partial) {
+        out_lse(b, h, i) = x;
+        return;
+      }
+      const std::size_t row = part.row(split, b, h, i);
+      part.ml(row, 0) = x;
+      part.ml(row, 1) = x == -backends::infinity<acc_t>() ? acc_t(0) : acc_t(1);
+    }
+  };
+
+  /// The register-resident forward as a kernel of its own per head dim, so that its
+  /// registers are allocated apart from the tile path's and from the other head dim's.
+  template <int HeadDim>
+  struct WarpKernel {
+    ForwardKernel fk;
+    KOKKOS_FUNCTION void operator()(const member_t& team) const {
+      const Work w = fk.work_of(team);
+      const Place& t = w.tile;
+      const int b = t.b, h = t.h, hk = t.hk;
+      using bits = const std::uint16_t*;
+      // Views and indices by value: a capture by reference would put them in local memory.
+      const Q q = fk.q;
+      const K k = fk.k;
+      const V v = fk.v;
+      WarpOut out{fk.o, fk.lse, fk.part, b, h, w.split, fk.splits > 1};
+      const int k_end = w.k_end < fk.seqlen_k ? w.k_end : fk.seqlen_k;
+      const auto q_row = [=](int i) { return reinterpret_cast<bits>(&q(b, h, i, 0)); };
+      const auto k_row = [=](int j) { return reinterpret_cast<bits>(&k(b, hk, j, 0)); };
+      const auto v_row = [=](int j) { return reinterpret_cast<bits>(&v(b, hk, j, 0)); };
+      if (fk.score.capped())
+        ops::template warp_forward<HeadDim>(team, t.q0, t.nr, w.k_begin, k_end, q_row, k_row, v_row,
+                                            WarpScore<true>{fk.score, fk.mask, b, h}, out);
+      else
+        ops::template warp_forward<HeadDim>(team, t.q0, t.nr, w.k_begin, k_end, q_row, k_row, v_row,
+                                            WarpScore<false>{fk.score, fk.mask, b, h}, out);
+    }
+  };
 
   /// The key tiles [k_begin, k_end) of the query tile `tile`, query-major: S_ij = Q_i K_j^T,
   /// the online-softmax step row by row (update_row), O~ += P V_j. Carves the rest of the

@@ -29,6 +29,14 @@
 #define KFA_MMA_FUNCTION inline
 #endif
 
+/// Unrolls the loop that follows in device code: a warp's fragment arrays stay in registers
+/// only while every index into them is a constant. Nothing on the host (no unknown pragma).
+#if defined(__CUDA_ARCH__)
+#define KFA_UNROLL _Pragma("unroll")
+#else
+#define KFA_UNROLL
+#endif
+
 namespace kfa::backends::cuda {
 
 /// Operands in bfloat16 (8 exponent bits, 7 stored mantissa bits): m16n8k16.

@@ -22,6 +22,7 @@
 
 #include <kfa/backends/cuda/mma.hpp>
 #include <kfa/backends/cuda/traits.hpp>
+#include <kfa/backends/cuda/warp_forward.hpp>
 #include <kfa/backends/float16.hpp>
 #include <kfa/backends/generic/tile.hpp>
 #include <kfa/config.hpp>
@@ -29,46 +30,12 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 namespace kfa::backends {
 
 namespace cuda {
-
-/// The tensor-core operand type of value type T: f16_tag for half_t, bf16_tag for bhalf_t
-/// where they are 16-bit types; void (no tensor-core path) otherwise.
-template <class T>
-struct mma_tag {
-  using type = void;  ///< the operand tag, or void
-};
-#if defined(KOKKOS_HALF_T_IS_FLOAT) && !KOKKOS_HALF_T_IS_FLOAT
-template <>
-struct mma_tag<Kokkos::Experimental::half_t> {
-  using type = f16_tag;  ///< binary16 operands
-};
-#endif
-#if defined(KOKKOS_BHALF_T_IS_FLOAT) && !KOKKOS_BHALF_T_IS_FLOAT
-template <>
-struct mma_tag<Kokkos::Experimental::bhalf_t> {
-  using type = bf16_tag;  ///< bfloat16 operands
-};
-#endif
-/// kfa::bf16 (float16.hpp): the encoding of Kokkos' bhalf_t on CUDA, the same operands.
-template <>
-struct mma_tag<bf16> {
-  using type = bf16_tag;  ///< bfloat16 operands
-};
-/// kfa::half (float16.hpp): the encoding of Kokkos' half_t on CUDA, the same operands.
-template <>
-struct mma_tag<half> {
-  using type = f16_tag;  ///< binary16 operands
-};
-#if defined(KFA_CUDA_TF32)
-template <>
-struct mma_tag<float> {
-  using type = tf32_tag;  ///< tf32 operands (KFA_CUDA_TF32)
-};
-#endif
 
 /// Rows of the block of C one warp computes at a time (one mma row block).
 inline constexpr int warp_rows = 16;
@@ -177,6 +144,39 @@ struct TileOps<Kokkos::Cuda, T, void> : PortableTileOps<accum_t<T>> {
       cuda::fma_gemm(team, m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
     else
       PortableTileOps<Acc>::gemm(team, m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+  }
+
+  /// Query rows per team of warp_forward (4 warps of 16 rows).
+  static constexpr int warp_rows = 64;
+  /// Keys per tile of warp_forward.
+  static constexpr int warp_keys = 64;
+  /// Whether warp_forward takes head dim d (a compile-time constant of its kernel).
+  static constexpr bool warp_head_dim(int d) { return d == 64 || d == 128; }
+  /// Team scratch of warp_forward at head dim d: a K_j and a V_j tile of 16-bit elements, and
+  /// 128 bytes to align them (get_shmem_aligned): 16.1 KiB at d = 64, 32.1 KiB at d = 128,
+  /// within the about 40 KiB a CUDA team gets (traits.hpp).
+  static constexpr std::size_t warp_scratch_bytes(int d) {
+    return std::size_t(2) * warp_keys * d * 2 + 128;
+  }
+
+  /// FlashAttention-2's forward of one team with the work in registers
+  /// (cuda/warp_forward.hpp, TileTraits::warp_tiles): query rows [q0, q0 + nq) against keys
+  /// [k_begin, k_end) at head dim HeadDim (one warp_head_dim takes); rows, score and out as
+  /// cuda::WarpForward::run. All lanes of the team call it.
+  template <int HeadDim, class Member, class QRow, class KRow, class VRow, class Score, class Out>
+  static KOKKOS_INLINE_FUNCTION void warp_forward(const Member& team, int q0, int nq, int k_begin,
+                                                  int k_end, const QRow& q_row, const KRow& k_row,
+                                                  const VRow& v_row, const Score& score, Out& out) {
+#if defined(__CUDA_ARCH__)
+    using Tag = typename cuda::mma_tag<T>::type;
+    auto* smem = static_cast<std::uint16_t*>(
+        team.team_scratch(0).get_shmem_aligned(warp_scratch_bytes(HeadDim) - 128, 128));
+    cuda::WarpForward<cuda::CudaWarp<Tag>, Tag, HeadDim>::run(smem, q0, nq, k_begin, k_end, q_row,
+                                                              k_row, v_row, score, out);
+#else
+    (void)team, (void)q0, (void)nq, (void)k_begin, (void)k_end, (void)q_row, (void)k_row;
+    (void)v_row, (void)score, (void)out;  // Cuda teams run on the device only
+#endif
   }
 };
 

@@ -25,11 +25,55 @@
 /// allow 64 x 64 tiles within the same 40 KiB; see README (CUDA backend) for what is measured
 /// and what is left.
 
+#include <kfa/backends/cuda/mma.hpp>
+#include <kfa/backends/float16.hpp>
 #include <kfa/backends/generic/tile.hpp>
+#include <kfa/config.hpp>
 
 #include <Kokkos_Core.hpp>
 
+#include <type_traits>
+
 namespace kfa::backends {
+
+namespace cuda {
+
+/// The tensor-core operand type of value type T: f16_tag for half_t, bf16_tag for bhalf_t
+/// where they are 16-bit types; void (no tensor-core path) otherwise.
+template <class T>
+struct mma_tag {
+  using type = void;  ///< the operand tag, or void
+};
+#if defined(KOKKOS_HALF_T_IS_FLOAT) && !KOKKOS_HALF_T_IS_FLOAT
+template <>
+struct mma_tag<Kokkos::Experimental::half_t> {
+  using type = f16_tag;  ///< binary16 operands
+};
+#endif
+#if defined(KOKKOS_BHALF_T_IS_FLOAT) && !KOKKOS_BHALF_T_IS_FLOAT
+template <>
+struct mma_tag<Kokkos::Experimental::bhalf_t> {
+  using type = bf16_tag;  ///< bfloat16 operands
+};
+#endif
+/// kfa::bf16 (float16.hpp): the encoding of Kokkos' bhalf_t on CUDA, the same operands.
+template <>
+struct mma_tag<bf16> {
+  using type = bf16_tag;  ///< bfloat16 operands
+};
+/// kfa::half (float16.hpp): the encoding of Kokkos' half_t on CUDA, the same operands.
+template <>
+struct mma_tag<half> {
+  using type = f16_tag;  ///< binary16 operands
+};
+#if defined(KFA_CUDA_TF32)
+template <>
+struct mma_tag<float> {
+  using type = tf32_tag;  ///< tf32 operands (KFA_CUDA_TF32)
+};
+#endif
+
+}  // namespace cuda
 
 /// CUDA tile traits: 4 warps per team, one warp per team thread, float tiles in level-0
 /// scratch (see the table in this file's description).
@@ -53,6 +97,15 @@ struct TileTraits<Kokkos::Cuda, T, void> {
   /// Query-major scores: warps own query rows (TileTraits::key_major_scores).
   static constexpr bool key_major_scores = false;
   static constexpr bool bf16x2_products = false;  ///< key-major only
+#if defined(KFA_CUDA_WARP_TILES)
+  /// 16-bit inputs (a tensor-core tag other than tf32) run the forward with the work in
+  /// registers (TileOps::warp_forward, cuda/warp_forward.hpp) where the head dim allows.
+  static constexpr bool warp_tiles =
+      std::is_same_v<typename cuda::mma_tag<T>::type, cuda::bf16_tag> ||
+      std::is_same_v<typename cuda::mma_tag<T>::type, cuda::f16_tag>;
+#else
+  static constexpr bool warp_tiles = false;  ///< KFA_CUDA_WARP_TILES is off
+#endif
   /// Teams the GPU runs at once: per SM, as many as its shared memory holds at about 40 KiB
   /// each (4 on an A100, 5 on an H100), at most 16 (2048 threads of 128).
   static int concurrent_teams(const Kokkos::Cuda& space) {

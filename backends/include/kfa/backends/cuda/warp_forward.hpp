@@ -58,8 +58,9 @@ struct WarpForward {
 
   /// The team's forward. `q_row(i)`, `k_row(j)`, `v_row(j)`: the 16-bit rows; `score`:
   /// `score.tile_visible(q0, nq, j0, nc)` (can any of the rows see any of the keys) and
-  /// `score(i, j, dot)` (the score of q_i . k_j in base-2 units, scale * log2(e) included,
-  /// -inf where the mask hides it; called for keys below k_end only); `out.o(i, c, value)` and
+  /// `score.row(i)`, made once per row before the key loop, whose `(j, dot)` is the score of
+  /// q_i . k_j (scale and softcap included, -inf where the mask hides it; called for keys
+  /// below k_end only); `out.o(i, c, value)` and
   /// `out.lse(i, value)` (natural units) receive the results, rows below q0 + nq only. `smem` holds
   /// shared_bytes().
   template <class QRow, class KRow, class VRow, class Score, class Out>
@@ -75,6 +76,7 @@ struct WarpForward {
     W::cp_async_wait_all();
     W::barrier();
     FragA<Tag> q[kd];
+    KFA_UNROLL
     for (int kk = 0; kk < kd; ++kk) {
       const Coord a = a_source(lane);
       W::ldmatrix_x4(q[kk].x, ks + swizzled(16 * warp + a.row, 16 * kk + a.col, D));
@@ -83,9 +85,11 @@ struct WarpForward {
 
     RowState state = initial_rows();
     FragC o[db];
+    KFA_UNROLL
     for (int i = 0; i < db; ++i)
       o[i] = zero_c();
     const int row0 = q0 + 16 * warp + group_id(lane);  // this lane's rows: row0, row0 + 8
+    const auto score_row0 = score.row(row0), score_row8 = score.row(row0 + 8);
 
     for (int j0 = k_begin; j0 < k_end; j0 += keys) {
       const int nc = k_end - j0 < keys ? k_end - j0 : keys;
@@ -97,21 +101,27 @@ struct WarpForward {
 
       // S = Q_i K_j^T: ldmatrix.x4 of K gives the B fragments of 16 keys.
       FragC s[nb];
+      KFA_UNROLL
       for (int i = 0; i < nb; ++i)
         s[i] = zero_c();
+      KFA_UNROLL
       for (int kk = 0; kk < kd; ++kk)
-        for (int n0 = 0; n0 < keys; n0 += 16) {
-          std::uint32_t b[4];
-          const Coord src = b_source(lane);
-          W::ldmatrix_x4(b, ks + swizzled(n0 + src.row, 16 * kk + src.col, D));
-          W::mma(s[n0 / 8], q[kk], FragB<Tag>{{b[0], b[1]}});
-          W::mma(s[n0 / 8 + 1], q[kk], FragB<Tag>{{b[2], b[3]}});
-        }
+        KFA_UNROLL
+      for (int n0 = 0; n0 < keys; n0 += 16) {
+        std::uint32_t b[4];
+        const Coord src = b_source(lane);
+        W::ldmatrix_x4(b, ks + swizzled(n0 + src.row, 16 * kk + src.col, D));
+        W::mma(s[n0 / 8], q[kk], FragB<Tag>{{b[0], b[1]}});
+        W::mma(s[n0 / 8 + 1], q[kk], FragB<Tag>{{b[2], b[3]}});
+      }
+      KFA_UNROLL
       for (int n = 0; n < nb; ++n)
-        for (int e = 0; e < 4; ++e) {
-          const int j = j0 + 8 * n + c_coord(lane, e).col;  // keys past the tile: zero rows
-          s[n].x[e] = j < j0 + nc ? score(row0 + 8 * (e >> 1), j, s[n].x[e]) : -INFINITY;
-        }
+        KFA_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int j = j0 + 8 * n + c_coord(lane, e).col;  // keys past the tile: zero rows
+        const float x = e < 2 ? score_row0(j, s[n].x[e]) : score_row8(j, s[n].x[e]);
+        s[n].x[e] = j < j0 + nc ? x * log2e : -INFINITY;
+      }
 
       // The online softmax: the quad's row maxima, P, alpha, O~ rescaled.
       float m[2], alpha[2];
@@ -122,8 +132,10 @@ struct WarpForward {
       rescale(o, alpha);
 
       // O~ += P V_j: P from the accumulators, 16 keys per step; ldmatrix.x4.trans of V.
+      KFA_UNROLL
       for (int kk = 0; kk < keys / 16; ++kk) {
-        const FragA<Tag> p = a_from_c(Tag{}, s[2 * kk], s[2 * kk + 1]);
+        const FragA<Tag> p = a_from_c_finite(Tag{}, s[2 * kk], s[2 * kk + 1]);
+        KFA_UNROLL
         for (int n0 = 0; n0 < D; n0 += 16) {
           std::uint32_t b[4];
           const Coord src = bt_source(lane);
@@ -138,12 +150,15 @@ struct WarpForward {
     const float sum[2] = {W::quad_sum(state.l[0]), W::quad_sum(state.l[1])};
     float lse[2];
     finish_rows(o, state, sum, lse);
+    KFA_UNROLL
     for (int h = 0; h < 2; ++h) {
       const int i = row0 + 8 * h;
       if (i >= q0 + nq) continue;
+      KFA_UNROLL
       for (int n = 0; n < db; ++n)
-        for (int e = 2 * h; e < 2 * h + 2; ++e)
-          out.o(i, 8 * n + c_coord(lane, e).col, o[n].x[e]);
+        KFA_UNROLL
+      for (int e = 2 * h; e < 2 * h + 2; ++e)
+        out.o(i, 8 * n + c_coord(lane, e).col, o[n].x[e]);
       if (thread_in_group(lane) == 0) out.lse(i, lse[h]);
     }
   }

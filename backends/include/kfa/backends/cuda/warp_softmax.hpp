@@ -26,6 +26,42 @@ namespace kfa::backends::cuda {
 /// log2(e): scores are multiplied by it once so that exp(x - m) = exp2(x' - m').
 inline constexpr float log2e = 1.4426950408889634f;
 
+/// Two finite floats rounded to bfloat16 in one register, lo in the low half: the rounding
+/// of pack2 (nearest, ties to even), by one cvt.rn.bf16x2.f32 on sm_80 and newer instead of
+/// integer arithmetic. The two differ only in the payload of a NaN.
+KFA_MMA_FUNCTION std::uint32_t pack2_finite(bf16_tag tag, float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  (void)tag;
+  std::uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return pack2(tag, lo, hi);
+#endif
+}
+
+/// Two finite floats rounded to binary16 in one register, lo in the low half (cvt.rn.f16x2.f32
+/// on sm_80 and newer; pack2 elsewhere).
+KFA_MMA_FUNCTION std::uint32_t pack2_finite(f16_tag tag, float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  (void)tag;
+  std::uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return pack2(tag, lo, hi);
+#endif
+}
+
+/// a_from_c (cuda/mma.hpp) for finite values, P and dS: the A fragment of the 16 x 16 block
+/// held in the accumulators `left` (columns 0-7) and `right` (8-15), by pack2_finite.
+template <class Tag>
+KFA_MMA_FUNCTION FragA<Tag> a_from_c_finite(Tag tag, const FragC& left, const FragC& right) {
+  return FragA<Tag>{
+      {pack2_finite(tag, left.x[0], left.x[1]), pack2_finite(tag, left.x[2], left.x[3]),
+       pack2_finite(tag, right.x[0], right.x[1]), pack2_finite(tag, right.x[2], right.x[3])}};
+}
+
 /// A lane's running row state for its two rows (g, g + 8): maximum m (in base-2 units, -inf
 /// before any visible key) and the lane's partial sum l of exp2(s - m) over its own columns.
 struct RowState {
@@ -41,8 +77,10 @@ KFA_MMA_FUNCTION RowState initial_rows() {
 /// The maximum of this lane's elements of rows g (out[0]) and g + 8 (out[1]) in S.
 template <int NB>
 KFA_MMA_FUNCTION void tile_row_max(const FragC (&s)[NB], float (&out)[2]) {
+  KFA_UNROLL
   for (int h = 0; h < 2; ++h) {
     float m = -INFINITY;
+    KFA_UNROLL
     for (int nb = 0; nb < NB; ++nb)
       m = fmaxf(m, fmaxf(s[nb].x[2 * h], s[nb].x[2 * h + 1]));
     out[h] = m;
@@ -57,16 +95,19 @@ KFA_MMA_FUNCTION void tile_row_max(const FragC (&s)[NB], float (&out)[2]) {
 template <int NB>
 KFA_MMA_FUNCTION void softmax_update(FragC (&s)[NB], RowState& rows, const float (&tile_max)[2],
                                      float (&alpha)[2]) {
+  KFA_UNROLL
   for (int h = 0; h < 2; ++h) {
     const float m_new = fmaxf(rows.m[h], tile_max[h]);
     const float base = m_new == -INFINITY ? 0.0f : m_new;
     alpha[h] = exp2f(rows.m[h] - base);
     float sum = 0.0f;
+    KFA_UNROLL
     for (int nb = 0; nb < NB; ++nb)
-      for (int e = 2 * h; e < 2 * h + 2; ++e) {
-        s[nb].x[e] = exp2f(s[nb].x[e] - base);
-        sum += s[nb].x[e];
-      }
+      KFA_UNROLL
+    for (int e = 2 * h; e < 2 * h + 2; ++e) {
+      s[nb].x[e] = exp2f(s[nb].x[e] - base);
+      sum += s[nb].x[e];
+    }
     rows.l[h] = rows.l[h] * alpha[h] + sum;
     rows.m[h] = m_new;
   }
@@ -75,9 +116,11 @@ KFA_MMA_FUNCTION void softmax_update(FragC (&s)[NB], RowState& rows, const float
 /// O~ *= alpha per row (elements 0, 1: row g; 2, 3: row g + 8).
 template <int DB>
 KFA_MMA_FUNCTION void rescale(FragC (&o)[DB], const float (&alpha)[2]) {
+  KFA_UNROLL
   for (int db = 0; db < DB; ++db)
-    for (int e = 0; e < 4; ++e)
-      o[db].x[e] *= alpha[e >> 1];
+    KFA_UNROLL
+  for (int e = 0; e < 4; ++e)
+    o[db].x[e] *= alpha[e >> 1];
 }
 
 /// After the last key tile, with `row_sum` the quad's sums of l: O = O~ / l in place and each
@@ -86,12 +129,15 @@ KFA_MMA_FUNCTION void rescale(FragC (&o)[DB], const float (&alpha)[2]) {
 template <int DB>
 KFA_MMA_FUNCTION void finish_rows(FragC (&o)[DB], const RowState& rows, const float (&row_sum)[2],
                                   float (&lse)[2]) {
+  KFA_UNROLL
   for (int h = 0; h < 2; ++h) {
     const bool empty = row_sum[h] == 0.0f;
     const float inv = empty ? 0.0f : 1.0f / row_sum[h];
+    KFA_UNROLL
     for (int db = 0; db < DB; ++db)
-      for (int e = 2 * h; e < 2 * h + 2; ++e)
-        o[db].x[e] *= inv;
+      KFA_UNROLL
+    for (int e = 2 * h; e < 2 * h + 2; ++e)
+      o[db].x[e] *= inv;
     lse[h] = empty ? -INFINITY : (rows.m[h] + log2f(row_sum[h])) / log2e;
   }
 }
@@ -108,11 +154,13 @@ KFA_MMA_FUNCTION void finish_rows(FragC (&o)[DB], const RowState& rows, const fl
 /// (LSE = -inf) gets P = 0.
 template <int NB>
 KFA_MMA_FUNCTION void probabilities(FragC (&st)[NB], const float (&lse)[NB][2]) {
+  KFA_UNROLL
   for (int nb = 0; nb < NB; ++nb)
-    for (int e = 0; e < 4; ++e) {
-      const float l = lse[nb][e & 1];
-      st[nb].x[e] = l == -INFINITY ? 0.0f : exp2f(st[nb].x[e] - l);
-    }
+    KFA_UNROLL
+  for (int e = 0; e < 4; ++e) {
+    const float l = lse[nb][e & 1];
+    st[nb].x[e] = l == -INFINITY ? 0.0f : exp2f(st[nb].x[e] - l);
+  }
 }
 
 /// dS^T = P^T (dP^T - delta) in place of dP^T, delta = rowsum(dO O) (minus dLSE) of the
@@ -120,9 +168,11 @@ KFA_MMA_FUNCTION void probabilities(FragC (&st)[NB], const float (&lse)[NB][2]) 
 template <int NB>
 KFA_MMA_FUNCTION void score_gradients(FragC (&dpt)[NB], const FragC (&pt)[NB],
                                       const float (&delta)[NB][2]) {
+  KFA_UNROLL
   for (int nb = 0; nb < NB; ++nb)
-    for (int e = 0; e < 4; ++e)
-      dpt[nb].x[e] = pt[nb].x[e] * (dpt[nb].x[e] - delta[nb][e & 1]);
+    KFA_UNROLL
+  for (int e = 0; e < 4; ++e)
+    dpt[nb].x[e] = pt[nb].x[e] * (dpt[nb].x[e] - delta[nb][e & 1]);
 }
 
 #if defined(__CUDACC__)

@@ -43,6 +43,9 @@ struct TileTraits {
   /// inputs as they are, in pairs (TileOps::gemm_bf16x2, P rounded to bfloat16 once, as
   /// FlashAttention-2 rounds P to 16 bits), instead of widening them into float tiles.
   static constexpr bool bf16x2_products = false;
+  /// Whether TileOps::warp_forward runs the forward of a whole team with the work in
+  /// registers (FlashAttention-2's warp layout), for the head dims warp_head_dim accepts.
+  static constexpr bool warp_tiles = false;
   /// Teams the space runs at once, for the split-KV heuristic. The portable guess: teams of
   /// about 256 threads, so a GPU reporting 2048 resident threads per SM holds 8 teams per SM.
   static int concurrent_teams(const ExecSpace& space) {

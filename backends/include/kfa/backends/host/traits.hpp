@@ -40,6 +40,7 @@ struct TileTraits<
 #else
   static constexpr bool bf16x2_products = false;
 #endif
+  static constexpr bool warp_tiles = false;  ///< no warps on the host
   /// Teams running at once: one per host thread.
   static int concurrent_teams(const ExecSpace& space) {
     return space.concurrency();
