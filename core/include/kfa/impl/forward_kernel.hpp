@@ -399,7 +399,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
                                       int ce, acc_t* s, acc_t* l) const {
     const int lo = mask.lo(i) - k0, hi = mask.hi(i) + 1 - k0;
     int c0 = lo > cb ? lo : cb, c1 = hi < ce ? hi : ce;
-    if (c0 > c1) c0 = c1;
+    if (c0 >= c1) c0 = c1 = ce;  // sees none of [cb, ce): the first loop below zeroes them all
     acc_t* srow = s + r * ldc;
     Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, cb, c0), [&](int c) { srow[c] = 0; });
     Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c1, ce), [&](int c) { srow[c] = 0; });
