@@ -735,7 +735,7 @@ TEST(Cli, MultiScale) {
   // A mask of the wrong shape: the error names both shapes.
   Dataset bad = m;
   bad.dims = {4, 37, 52};
-  bad.data.resize(4 * 37 * 52);
+  bad.data.resize(std::size_t(4) * 37 * 52);
   const fs::path badp = work_dir() / "msa_bad.h5";
   kfa_apps::write_atomic(badp.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/mask", &bad}});
   expect_bad("forward --multiscale --in " + badp.string(),

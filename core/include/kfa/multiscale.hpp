@@ -38,11 +38,7 @@
 #include <cmath>
 #include <type_traits>
 
-namespace kfa::msa {
-
-namespace impl {
-
-using namespace kfa::impl;
+namespace kfa::impl {
 
 /// Compile-time checks of the mask tensor: a rank-3 View of a floating-point or narrow type,
 /// accessible from ExecSpace.
@@ -58,7 +54,7 @@ constexpr void static_check_mask() {
 
 /// Params checks, then the scale as the kernels hold it (in Acc).
 template <class T>
-void validate(const char* pass, const msa::Params& p) {
+void msa_validate(const char* pass, const msa::Params& p) {
   if (!std::isfinite(p.scale)) fail(pass, "scale must be finite, got ", p.scale);
   validate_params(pass, masks_of(p));
   using Acc = backends::accum_t<T>;
@@ -68,7 +64,7 @@ void validate(const char* pass, const msa::Params& p) {
 
 /// mask extents against (heads_q, seqlen_q, seqlen_k) of q and k, both shapes named.
 template <class Q, class K, class M>
-void validate_mask(const char* pass, const Q& q, const K& k, const M& mask) {
+void msa_validate_mask(const char* pass, const Q& q, const K& k, const M& mask) {
   if (mask.extent(0) != q.extent(1) || mask.extent(1) != q.extent(2) ||
       mask.extent(2) != k.extent(2))
     fail(pass, "mask has shape (", mask.extent(0), ", ", mask.extent(1), ", ", mask.extent(2),
@@ -78,25 +74,26 @@ void validate_mask(const char* pass, const Q& q, const K& k, const M& mask) {
 
 /// The row rule of a call: the mask view (or none) and the scale.
 template <class ExecSpace, class Q, class M>
-auto make_rule(const M& mask, bool has_mask, const msa::Params& p) {
+auto msa_rule(const M& mask, bool has_mask, const msa::Params& p) {
   using Acc = backends::accum_t<typename Q::non_const_value_type>;
   return MultiScaleRule<Acc, M>{mask, has_mask, static_cast<Acc>(p.scale)};
 }
 
 /// The stand-in mask type of the calls without one (never read).
 template <class ExecSpace>
-using NoMask = Kokkos::View<const float***, Kokkos::LayoutRight, typename ExecSpace::memory_space>;
+using MsaNoMask =
+    Kokkos::View<const float***, Kokkos::LayoutRight, typename ExecSpace::memory_space>;
 
 template <class ExecSpace, class Q, class K, class V, class M, class O, class R>
-void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const M& mask,
-             bool has_mask, const O& o, const R& rsum, const msa::Params& params) {
+void msa_forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const M& mask,
+                 bool has_mask, const O& o, const R& rsum, const msa::Params& params) {
   static_check_pass<ExecSpace, true, R>(Inputs<Q, K, V>{}, Outputs<O>{});
   static_check_mask<ExecSpace, M>();
   ScopedRegion region("kfa::msa::forward");
-  validate<typename Q::non_const_value_type>("msa::forward", params);
+  msa_validate<typename Q::non_const_value_type>("msa::forward", params);
   validate_shapes("msa::forward", q, k, v, o, rsum, "rsum");
-  if (has_mask) validate_mask("msa::forward", q, k, mask);
-  const auto rule = make_rule<ExecSpace, Q>(mask, has_mask, params);
+  if (has_mask) msa_validate_mask("msa::forward", q, k, mask);
+  const auto rule = msa_rule<ExecSpace, Q>(mask, has_mask, params);
   ForwardKernel<ExecSpace, Q, K, V, O, R, decltype(rule)>(space, q, k, v, o, rsum, masks_of(params),
                                                           Origin{}, rule)
       .launch(space);
@@ -104,21 +101,23 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const M
 
 template <class ExecSpace, class Q, class K, class V, class M, class O, class R, class DO, class DQ,
           class DK, class DV>
-void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const M& mask,
-              bool has_mask, const O& o, const R& rsum, const DO& dout, const DQ& dq, const DK& dk,
-              const DV& dv, const msa::Params& params) {
+void msa_backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const M& mask,
+                  bool has_mask, const O& o, const R& rsum, const DO& dout, const DQ& dq,
+                  const DK& dk, const DV& dv, const msa::Params& params) {
   static_check_pass<ExecSpace, false, R>(Inputs<Q, K, V, O, DO>{}, Outputs<DQ, DK, DV>{});
   static_check_mask<ExecSpace, M>();
   ScopedRegion region("kfa::msa::backward");
-  validate<typename Q::non_const_value_type>("msa::backward", params);
+  msa_validate<typename Q::non_const_value_type>("msa::backward", params);
   validate_backward("msa::backward", q, k, v, o, rsum, dout, static_cast<const R*>(nullptr), dq, dk,
                     dv, "rsum");
-  if (has_mask) validate_mask("msa::backward", q, k, mask);
+  if (has_mask) msa_validate_mask("msa::backward", q, k, mask);
   backward_validated(space, q, k, v, o, rsum, dout, static_cast<const R*>(nullptr), dq, dk, dv,
-                     masks_of(params), Origin{}, make_rule<ExecSpace, Q>(mask, has_mask, params));
+                     masks_of(params), Origin{}, msa_rule<ExecSpace, Q>(mask, has_mask, params));
 }
 
-}  // namespace impl
+}  // namespace kfa::impl
+
+namespace kfa::msa {
 
 /// Multi-scale forward on `space` (see the file comment for the definition).
 ///
@@ -139,7 +138,7 @@ template <class ExecSpace, class Q, class K, class V, class M, class O, class R,
           std::enable_if_t<kfa::impl::is_view_of_rank<M, 3>::value, int> = 0>
 void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const M& mask, const O& o,
              const R& rsum, const Params& params = {}) {
-  impl::forward(space, q, k, v, mask, true, o, rsum, params);
+  kfa::impl::msa_forward(space, q, k, v, mask, true, o, rsum, params);
 }
 
 /// As above with M = 1 (no mask tensor).
@@ -148,7 +147,7 @@ template <class ExecSpace, class Q, class K, class V, class O, class R,
           std::enable_if_t<kfa::impl::is_view_of_rank<O, 4>::value, int> = 0>
 void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const R& rsum,
              const Params& params = {}) {
-  impl::forward(space, q, k, v, impl::NoMask<ExecSpace>(), false, o, rsum, params);
+  kfa::impl::msa_forward(space, q, k, v, kfa::impl::MsaNoMask<ExecSpace>(), false, o, rsum, params);
 }
 
 /// Multi-scale backward on `space`: dq, dk, dv of a loss given dout = dL/dO (formulas in the
@@ -166,7 +165,7 @@ template <class ExecSpace, class Q, class K, class V, class M, class O, class R,
 void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const M& mask, const O& o,
               const R& rsum, const DO& dout, const DQ& dq, const DK& dk, const DV& dv,
               const Params& params = {}) {
-  impl::backward(space, q, k, v, mask, true, o, rsum, dout, dq, dk, dv, params);
+  kfa::impl::msa_backward(space, q, k, v, mask, true, o, rsum, dout, dq, dk, dv, params);
 }
 
 /// As above with M = 1 (no mask tensor).
@@ -175,8 +174,8 @@ template <class ExecSpace, class Q, class K, class V, class O, class R, class DO
           class DK, class DV, std::enable_if_t<kfa::impl::is_view_of_rank<O, 4>::value, int> = 0>
 void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const R& rsum,
               const DO& dout, const DQ& dq, const DK& dk, const DV& dv, const Params& params = {}) {
-  impl::backward(space, q, k, v, impl::NoMask<ExecSpace>(), false, o, rsum, dout, dq, dk, dv,
-                 params);
+  kfa::impl::msa_backward(space, q, k, v, kfa::impl::MsaNoMask<ExecSpace>(), false, o, rsum, dout,
+                          dq, dk, dv, params);
 }
 
 }  // namespace kfa::msa
