@@ -664,3 +664,92 @@ TEST(Cli, JsonAndDescriptionCarryEveryField) {
 }
 
 }  // namespace
+
+namespace {
+
+// kfa forward|backward --multiscale through files: /mask in, /o /rsum out, then the backward
+// from those, each against kfa::reference's multi-scale passes; --random with its decay mask
+// and --check; and the bad inputs particular to it.
+TEST(Cli, MultiScale) {
+  const Shape shape{1, 4, 2, 37, 53, 24};
+  Problem pb(shape, 77);
+  kfa::reference::Mask3 mask(std::string("mask"), 4, 37, 53);
+  std::mt19937_64 gen(78);
+  std::uniform_real_distribution<double> u(0, 0.2);
+  for (std::size_t e = 0; e < mask.span(); ++e)
+    mask.data()[e] = u(gen);
+  Dataset m;
+  m.dtype = DType::f64;
+  m.dims = {4, 37, 53};
+  m.data.assign(mask.data(), mask.data() + mask.span());
+  const Dataset q = from_tensor(pb.q, DType::f64), k = from_tensor(pb.k, DType::f64),
+                v = from_tensor(pb.v, DType::f64), dout = from_tensor(pb.q, DType::f64);
+  const fs::path in = work_dir() / "msa_in.h5", out = work_dir() / "msa_out.h5";
+  kfa_apps::write_atomic(in.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/mask", &m}});
+  fs::remove(out);
+  const CliRun r = run_cli("forward --multiscale --causal --scale 0.5 --in " + in.string() +
+                           " --out " + out.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  kfa::msa::Params p;
+  p.causal = true;
+  p.scale = 0.5;
+  Dataset o, rsum;
+  {
+    kfa_apps::H5File f(out.string());
+    o = f.read("/o", 4);
+    rsum = f.read("/rsum", 3);
+  }
+  const auto fc = kfa::reference::msa_check_forward<double>(
+      to_tensor(q), to_tensor(k), to_tensor(v), mask, p, to_tensor(o), to_tensor3(rsum));
+  EXPECT_TRUE(fc.ok()) << "O err " << fc.o.err << ", rsum err " << fc.lse.err;
+
+  const fs::path bin = work_dir() / "msa_bwd.h5", bout = work_dir() / "msa_grads.h5";
+  kfa_apps::write_atomic(bin.string(), {{"/q", &q},
+                                        {"/k", &k},
+                                        {"/v", &v},
+                                        {"/mask", &m},
+                                        {"/o", &o},
+                                        {"/rsum", &rsum},
+                                        {"/do", &dout}});
+  const CliRun b = run_cli("backward --multiscale --causal --scale 0.5 --deterministic --in " +
+                           bin.string() + " --out " + bout.string());
+  ASSERT_EQ(b.status, 0) << b.err;
+  kfa_apps::H5File g(bout.string());
+  const auto bc = kfa::reference::msa_check_backward<double>(
+      to_tensor(q), to_tensor(k), to_tensor(v), mask, p, to_tensor(dout),
+      to_tensor(g.read("/dq", 4)), to_tensor(g.read("/dk", 4)), to_tensor(g.read("/dv", 4)));
+  EXPECT_TRUE(bc.ok()) << "dQ err " << bc.dq.err << ", dK err " << bc.dk.err << ", dV err "
+                       << bc.dv.err;
+
+  // --random: the decay mask, checked against the reference in both passes.
+  for (const char* cmd : {"forward", "backward"})
+    for (const char* dtype : {"float", "double"}) {
+      const CliRun c = run_cli(std::string(cmd) + " --multiscale --random 1,3,70,32 --heads-kv 1 " +
+                               "--causal --dtype " + dtype + " --json --check");
+      ASSERT_EQ(c.status, 0) << cmd << " " << dtype << ": " << c.err;
+      const std::string line = c.out.substr(c.out.rfind('{'));
+      for (const char* key : {"\"multiscale\":true", "\"check\":\"pass\"", "\"scale\":1,"})
+        EXPECT_NE(line.find(key), std::string::npos) << key << " missing in " << line;
+    }
+
+  // A mask of the wrong shape: the error names both shapes.
+  Dataset bad = m;
+  bad.dims = {4, 37, 52};
+  bad.data.resize(std::size_t(4) * 37 * 52);
+  const fs::path badp = work_dir() / "msa_bad.h5";
+  kfa_apps::write_atomic(badp.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/mask", &bad}});
+  expect_bad("forward --multiscale --in " + badp.string(),
+             "mask has shape (4, 37, 52) but must be (heads_q, seqlen_q, seqlen_k) = (4, 37, 53)");
+  Dataset badtype = m;
+  badtype.dtype = DType::f32;
+  kfa_apps::write_atomic(badp.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/mask", &badtype}});
+  expect_bad("forward --multiscale --in " + badp.string(),
+             "dataset /mask is float32 but /q is float64");
+  expect_bad("backward --multiscale --in " + in.string(), "missing dataset /o");
+  expect_bad("forward --multiscale --random 1,1,8,8 --softcap 2",
+             "--softcap does not apply to --multiscale");
+  expect_bad("dropout-mask --multiscale --shape 1,1,2,2 --dropout 0.1 --seed 1",
+             "does not apply to dropout-mask");
+}
+
+}  // namespace

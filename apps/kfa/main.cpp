@@ -9,6 +9,11 @@
 //   pass flags: one a field of kfa::Params (kfa::for_each_field: --causal, --align, --window-left,
 //               --window-right, --scale, --softcap, --dropout, --seed, --offset, --splits
 //               (forward), --deterministic (backward)) and --window LEFT,RIGHT for both windows
+//   kfa forward|backward --multiscale ...: multi-scale attention (kfa::msa): forward reads /q /k
+//               /v and /mask (heads_q, seqlen_q, seqlen_k) when present, writes /o /rsum;
+//               backward reads /q /k /v [/mask] /o /rsum /do, writes /dq /dk /dv. --random draws
+//               the decay mask M[h,i,j] = gamma_h^|i-j|, gamma_h spread over (0.5, 0.999).
+//               --scale defaults to 1; --softcap and --dropout do not apply
 //   kfa dropout-mask --shape B,H,NQ,NK --dropout P --seed N [--offset N] --out MASK.h5 [--json]
 //                writes /keep (uint8, 1 = kept): the mask forward and backward apply
 //   kfa --version: kfa's version and options, the Kokkos it was compiled with
@@ -56,12 +61,18 @@ const char* kUsage =
     "usage: kfa forward|backward (--in IN.h5 --out OUT.h5 | --random B,H,N,D [--heads-kv H]\n"
     "                   [--seqlen-k N] [--dtype float|double|bf16|half] [--data-seed S])\n"
     "                   [--repeat R] [--json] [--check] [pass flags]\n"
+    "       kfa forward|backward --multiscale ... (same flags): multi-scale attention\n"
     "       kfa dropout-mask --shape B,H,NQ,NK --dropout P --seed N [--offset N] --out MASK.h5\n"
     "                   [--json]\n"
     "       kfa --version\n"
     "  forward:  reads /q /k /v, writes /o /lse\n"
     "  backward: reads /q /k /v /o /lse /do (and /dlse if present), writes /dq /dk /dv;\n"
     "            give it the --dropout, --seed and --offset of the forward\n"
+    "  --multiscale: O = (S V) / max(rowsum |S|, 1), S = scale (Q K^T) * M; forward reads\n"
+    "            /q /k /v [/mask (H, NQ, NK)], writes /o /rsum; backward reads /q /k /v [/mask]\n"
+    "            /o /rsum /do, writes /dq /dk /dv; --random uses the decay mask\n"
+    "            M[h,i,j] = gamma_h^|i-j|, gamma_h spread over (0.5, 0.999); --scale defaults to "
+    "1\n"
     "  dropout-mask: writes /keep (uint8, 1 = kept), the mask forward and backward apply\n"
     "  --data-seed S: seeds the inputs of --random (--seed is dropout's)\n"
     "  --dtype: the tensors' type; bf16 and half are kfa::bf16 and kfa::half (16-bit on every\n"
@@ -74,6 +85,7 @@ const char* kUsage =
 
 struct Options : kfa_apps::RunOptions {
   std::vector<long long> shape;  // dropout-mask: B,H,NQ,NK
+  bool multiscale = false;       // forward/backward: kfa::msa instead of softmax attention
 };
 
 // The fields of the list kfa dropout-mask reads.
@@ -107,6 +119,11 @@ Options parse(int argc, char** argv) {
         throw InputError("'" + flag + "' does not apply to dropout-mask (it takes " + list + ")");
       }
     }
+    if (flag == "--multiscale") {
+      if (mask_cmd) throw InputError("--multiscale applies to forward and backward only");
+      o.multiscale = true;
+      return true;
+    }
     if (flag != "--shape") return false;
     if (!mask_cmd) throw InputError("--shape applies to dropout-mask only");
     o.shape = kfa_apps::parse_dims(flag, value(), "B,H,NQ,NK",
@@ -121,7 +138,25 @@ Options parse(int argc, char** argv) {
     return o;
   }
   kfa_apps::check_sources(o);
+  if (o.multiscale) {
+    if (o.params.softcap != 0) throw InputError("--softcap does not apply to --multiscale");
+    if (o.params.dropout != 0) throw InputError("--dropout does not apply to --multiscale");
+    if (o.params.scale < 0) o.params.scale = 1;  // the multi-scale formula has no scale
+  }
   return o;
+}
+
+// The kfa::msa::Params of a --multiscale run (its scale set by parse).
+kfa::msa::Params msa_params(const Options& o) {
+  kfa::msa::Params m;
+  m.scale = o.params.scale;
+  m.causal = o.params.causal;
+  m.align = o.params.align;
+  m.window_left = o.params.window_left;
+  m.window_right = o.params.window_right;
+  m.deterministic = o.params.deterministic;
+  m.num_splits = o.params.num_splits;
+  return m;
 }
 
 // ---- The problem ----------------------------------------------------------------------------
@@ -129,6 +164,8 @@ Options parse(int argc, char** argv) {
 struct Problem {
   Dataset q, k, v;
   Dataset o, lse, dout, dlse;  // backward from a file: the forward's outputs and the gradients
+  Dataset mask;                // --multiscale: M, or empty (M = 1); lse then holds /rsum
+  const char* stat = "/lse";   // the name of the forward's row statistic
 };
 
 void check_file_shapes(const Problem& p) {
@@ -156,7 +193,7 @@ void check_backward_shapes(const Problem& p) {
   };
   expect(p.o, "/o", 4);
   expect(p.dout, "/do", 4);
-  expect(p.lse, "/lse", 3);
+  expect(p.lse, p.stat, 3);
   if (!p.dlse.dims.empty()) expect(p.dlse, "/dlse", 3);
   for (const auto& [d, ds] : {std::pair{&p.o, "/o"}, {&p.dout, "/do"}})
     if (d->dtype != p.q.dtype)
@@ -172,6 +209,23 @@ Dataset random_tensor(std::vector<hsize_t> dims, DType t, std::mt19937_64& gen) 
   std::uniform_real_distribution<double> dist(-1, 1);
   for (auto& x : d.data)
     x = kfa_apps::rounded(t, dist(gen));
+  return d;
+}
+
+// The decay mask of --multiscale --random: M[h,i,j] = gamma_h^|i-j| with gamma_h spread evenly
+// over (0.5, 0.999) by head (retention's per-head decay rates), rounded to type t.
+Dataset decay_mask(hsize_t H, hsize_t Nq, hsize_t Nk, DType t) {
+  Dataset d;
+  d.dims = {H, Nq, Nk};
+  d.dtype = t;
+  d.data.resize(d.size());
+  for (hsize_t h = 0; h < H; ++h) {
+    const double gamma = 0.5 + 0.499 * double(h + 1) / double(H + 1);
+    for (hsize_t i = 0; i < Nq; ++i)
+      for (hsize_t j = 0; j < Nk; ++j)
+        d.data[(h * Nq + i) * Nk + j] =
+            kfa_apps::rounded(t, std::pow(gamma, std::fabs(double(i) - double(j))));
+  }
   return d;
 }
 
@@ -281,13 +335,14 @@ kfa::reference::Keep4 keep_mask(const Options& o, const Dims& d) {
 int report(const Options& o, const Dims& d, DType t, const Timing& tm,
            const std::optional<Verdict>& verdict, const char* written) {
   const double gflops = kfa_apps::pass_flops(o, d) / tm.median_s * 1e-9;
-  std::printf("%s\n", kfa_apps::describe("kfa", o, d, t, "").c_str());
+  std::printf("%s\n", kfa_apps::describe("kfa", o, d, t, o.multiscale ? "multiscale" : "").c_str());
   std::printf("time: median %.6f s, min %.6f s over %lld runs; %.2f GFLOP/s\n", tm.median_s,
               tm.min_s, o.repeat, gflops);
   if (verdict) std::printf("%s\n", kfa_apps::summary("the float64 reference", *verdict).c_str());
   if (!o.out.empty()) std::printf("wrote %s to %s\n", written, o.out.c_str());
   if (o.json) {
     auto j = kfa_apps::pass_json(o, d, t)
+                 .add("multiscale", o.multiscale)
                  .figure("median_s", tm.median_s, 9)
                  .figure("min_s", tm.min_s, 9)
                  .figure("gflops", gflops, 6);
@@ -401,6 +456,100 @@ int run_backward(const Options& o, Problem& p) {
   return report(o, d, o.dtype, tm, verdict, "/dq /dk /dv");
 }
 
+template <class T>
+using DeviceMask = Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space>;
+
+kfa::reference::Mask3 to_reference_mask(const Dataset& d) {
+  if (d.dims.empty()) return {};
+  kfa::reference::Mask3 t("kfa::ref::mask", d.dims[0], d.dims[1], d.dims[2]);
+  std::copy(d.data.begin(), d.data.end(), t.data());
+  return t;
+}
+
+template <class T>
+int run_forward_msa(const Options& o, Problem& p) {
+  const Inputs<T> in = upload_inputs<T>(o, p);
+  const auto &q = in.q, &k = in.k, &v = in.v;
+  const bool has_mask = !p.mask.dims.empty();
+  const DeviceMask<T> mask =
+      has_mask ? to_device3<T>(p.mask, "kfa::mask") : DeviceMask<T>("kfa::mask", 0, 0, 0);
+  DeviceTensor<T> out(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::o")),
+                      q.extent(0), q.extent(1), q.extent(2), q.extent(3));
+  DeviceLse<T> rsum(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::rsum")),
+                    q.extent(0), q.extent(1), q.extent(2));
+  const auto mp = msa_params(o);
+  const Timing tm = time_pass(o.repeat, [&] {
+    if (has_mask)
+      kfa::msa::forward(Exec(), q, k, v, mask, out, rsum, mp);
+    else
+      kfa::msa::forward(Exec(), q, k, v, out, rsum, mp);
+  });
+  Dataset o_ds, r_ds;
+  if (o.check || !o.out.empty()) {
+    o_ds = kfa_apps::view_to_dataset(out, o.dtype);
+    r_ds = kfa_apps::view_to_dataset(rsum, lse_dtype(o.dtype));
+  }
+  std::optional<Verdict> verdict;
+  if (o.check) {
+    const auto c = kfa::reference::msa_check_forward<T>(
+        to_reference(p.q), to_reference(p.k), to_reference(p.v), to_reference_mask(p.mask), mp,
+        to_reference(o_ds), to_reference3(r_ds));
+    verdict = Verdict{{{"O", "o", c.o}, {"rsum", "rsum", c.lse}}};
+  }
+  if (!o.out.empty()) kfa_apps::write_atomic(o.out, {{"/o", &o_ds}, {"/rsum", &r_ds}});
+  return report(o, in.d, o.dtype, tm, verdict, "/o and /rsum");
+}
+
+template <class T>
+int run_backward_msa(const Options& o, Problem& p) {
+  const Inputs<T> in = upload_inputs<T>(o, p);
+  const auto &q = in.q, &k = in.k, &v = in.v;
+  const Dims& d = in.d;
+  const bool has_mask = !p.mask.dims.empty();
+  const DeviceMask<T> mask =
+      has_mask ? to_device3<T>(p.mask, "kfa::mask") : DeviceMask<T>("kfa::mask", 0, 0, 0);
+  auto dout = upload<T>(p.dout, "kfa::do", o.check);
+  const auto mp = msa_params(o);
+  DeviceTensor<T> out;
+  DeviceLse<T> rsum;
+  if (p.o.dims.empty()) {  // --random: the forward it needs, once and untimed
+    out = DeviceTensor<T>(std::string("kfa::o"), d.batch, d.heads_q, d.seqlen_q, d.head_dim);
+    rsum = decltype(rsum)(std::string("kfa::rsum"), d.batch, d.heads_q, d.seqlen_q);
+    if (has_mask)
+      kfa::msa::forward(Exec(), q, k, v, mask, out, rsum, mp);
+    else
+      kfa::msa::forward(Exec(), q, k, v, out, rsum, mp);
+  } else {
+    out = to_device<T>(p.o, "kfa::o");
+    rsum = to_device3<Lse<T>>(p.lse, "kfa::rsum");
+  }
+  DeviceTensor<T> dq(std::string("kfa::dq"), d.batch, d.heads_q, d.seqlen_q, d.head_dim),
+      dk(std::string("kfa::dk"), d.batch, d.heads_kv, d.seqlen_k, d.head_dim),
+      dv(std::string("kfa::dv"), d.batch, d.heads_kv, d.seqlen_k, d.head_dim);
+  const Timing tm = time_pass(o.repeat, [&] {
+    if (has_mask)
+      kfa::msa::backward(Exec(), q, k, v, mask, out, rsum, dout, dq, dk, dv, mp);
+    else
+      kfa::msa::backward(Exec(), q, k, v, out, rsum, dout, dq, dk, dv, mp);
+  });
+  Dataset dq_ds, dk_ds, dv_ds;
+  if (o.check || !o.out.empty()) {
+    dq_ds = kfa_apps::view_to_dataset(dq, o.dtype);
+    dk_ds = kfa_apps::view_to_dataset(dk, o.dtype);
+    dv_ds = kfa_apps::view_to_dataset(dv, o.dtype);
+  }
+  std::optional<Verdict> verdict;
+  if (o.check) {
+    const auto c = kfa::reference::msa_check_backward<T>(
+        to_reference(p.q), to_reference(p.k), to_reference(p.v), to_reference_mask(p.mask), mp,
+        to_reference(p.dout), to_reference(dq_ds), to_reference(dk_ds), to_reference(dv_ds));
+    verdict = Verdict{{{"dQ", "dq", c.dq}, {"dK", "dk", c.dk}, {"dV", "dv", c.dv}}};
+  }
+  if (!o.out.empty())
+    kfa_apps::write_atomic(o.out, {{"/dq", &dq_ds}, {"/dk", &dk_ds}, {"/dv", &dv_ds}});
+  return report(o, d, o.dtype, tm, verdict, "/dq /dk /dv");
+}
+
 // kfa dropout-mask: the keep-mask of --dropout/--seed/--offset for --shape, as /keep.
 int run_dropout_mask(const Options& o) {
   const long long B = o.shape[0], H = o.shape[1], Nq = o.shape[2], Nk = o.shape[3];
@@ -453,15 +602,28 @@ int main_pass(Options o) {
     p.k = random_tensor({B, Hk, Nk, D}, o.dtype, gen);
     p.v = random_tensor({B, Hk, Nk, D}, o.dtype, gen);
     if (bwd) p.dout = random_tensor({B, H, N, D}, o.dtype, gen);
+    if (o.multiscale) {
+      require_memory(16.0 * double(H) * double(N) * double(Nk), "the --multiscale mask");
+      p.mask = decay_mask(H, N, Nk, o.dtype);
+    }
   } else {
     kfa_apps::H5File in(o.in);
     p.q = in.read("/q", 4);
     p.k = in.read("/k", 4);
     p.v = in.read("/v", 4);
     check_file_shapes(p);
+    if (o.multiscale) {
+      p.stat = "/rsum";
+      if (in.has("/mask")) {
+        p.mask = in.read("/mask", 3);
+        if (p.mask.dtype != p.q.dtype)
+          throw InputError(std::string("dataset /mask is ") + name(p.mask.dtype) + " but /q is " +
+                           name(p.q.dtype) + "; all inputs must share one type");
+      }
+    }
     if (o.command == "backward") {
       p.o = in.read("/o", 4);
-      p.lse = in.read("/lse", 3);
+      p.lse = in.read(p.stat, 3);
       p.dout = in.read("/do", 4);
       if (in.has("/dlse")) p.dlse = in.read("/dlse", 3);
       check_backward_shapes(p);
@@ -470,6 +632,8 @@ int main_pass(Options o) {
   }
   return kfa_apps::with_value_type(o.dtype, [&](auto v) {
     using T = decltype(v);
+    if (o.multiscale)
+      return o.command == "backward" ? run_backward_msa<T>(o, p) : run_forward_msa<T>(o, p);
     return o.command == "backward" ? run_backward<T>(o, p) : run_forward<T>(o, p);
   });
 }

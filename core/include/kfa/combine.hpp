@@ -1,6 +1,7 @@
 #pragma once
 /// \file combine.hpp
-/// The associative combiner of partial softmax results.
+/// The associative combiners of partial attention results: softmax's (kfa::Partial) and
+/// multi-scale attention's (kfa::msa::Partial, at the end).
 ///
 /// A partial result of one query row over a set of keys is (m, l, O~): the largest score m,
 /// the sum l of exp(score - m), and the unnormalised output O~ = sum exp(score - m) v. Two
@@ -66,5 +67,41 @@ template <class T>
 KOKKOS_INLINE_FUNCTION T lse(const Partial<T>& p) {
   return p.l > T(0) ? p.m + backends::log(p.l) : -backends::infinity<T>();
 }
+
+namespace msa {
+
+/// Partial multi-scale result of a row over a set of keys: r = sum |S_ij| over the set; the
+/// unnormalised output O~ = sum S_ij v_j is kept beside it. Both are plain sums, so the merge
+/// is addition and the empty partial (r = 0, O~ = 0) is its identity. The clamp d = max(r, 1)
+/// is applied once, to the whole row: clamped partials do not merge (max(r_a, 1) +
+/// max(r_b, 1) is not max(r_a + r_b, 1)).
+template <class T>
+struct Partial {
+  T r = T(0);  ///< sum of |S_ij| over the partial's keys
+};
+
+/// Merges the statistics of two multi-scale partials.
+template <class T>
+KOKKOS_INLINE_FUNCTION Partial<T> combine(const Partial<T>& a, const Partial<T>& b) {
+  return {a.r + b.r};
+}
+
+/// Merges multi-scale partial b, with output row ob, into partial a, with output row oa
+/// (n elements each): r = r_a + r_b, O~ = O~_a + O~_b.
+template <class T>
+KOKKOS_INLINE_FUNCTION void combine_into(Partial<T>& a, T* oa, const Partial<T>& b, const T* ob,
+                                         int n) {
+  for (int d = 0; d < n; ++d)
+    oa[d] += ob[d];
+  a = combine(a, b);
+}
+
+/// The normaliser of a complete row: d = max(r, 1).
+template <class T>
+KOKKOS_INLINE_FUNCTION T denominator(const Partial<T>& p) {
+  return p.r > T(1) ? p.r : T(1);
+}
+
+}  // namespace msa
 
 }  // namespace kfa

@@ -9,4 +9,5 @@
 #include <kfa/float16.hpp>
 #include <kfa/flops.hpp>
 #include <kfa/forward.hpp>
+#include <kfa/multiscale.hpp>
 #include <kfa/params.hpp>

@@ -68,6 +68,45 @@ struct Params {
   int num_splits = 0;
 };
 
+namespace msa {
+
+/// Options of a multi-scale attention pass (kfa::msa::forward, kfa::msa::backward, in
+/// <kfa/multiscale.hpp>). The masks are kfa::Params' causal and window masks, with the same
+/// definition and alignment; a key they hide has S = 0.
+struct Params {
+  /// Multiplies Q K^T before the mask tensor; any finite value (the default, 1, is the
+  /// formula without a scale). Unlike kfa::Params::scale, a negative value is not a default.
+  double scale = 1.0;
+  /// Causal mask (keys right of the diagonal hidden).
+  bool causal = false;
+  /// Alignment of causal and window masks when seqlen_q != seqlen_k.
+  Align align = Align::bottom_right;
+  /// Sliding window: keys visible left of the diagonal; -1 means unbounded.
+  int window_left = -1;
+  /// Sliding window: keys visible right of the diagonal; -1 means unbounded.
+  int window_right = -1;
+  /// Backward without atomics, bitwise repeatable (as kfa::Params::deterministic).
+  bool deterministic = false;
+  /// Forward split-KV chunks (as kfa::Params::num_splits): 0 chooses, 1 never splits.
+  int num_splits = 0;
+};
+
+}  // namespace msa
+
+/// The kfa::Params with the masks, split count and dQ mode of a multi-scale pass, and
+/// no softcap or dropout; its scale is left at the default, since the multi-scale kernels
+/// set their own (a negative msa scale is a real scale, not the default).
+inline Params masks_of(const msa::Params& m) {
+  Params p;
+  p.causal = m.causal;
+  p.align = m.align;
+  p.window_left = m.window_left;
+  p.window_right = m.window_right;
+  p.deterministic = m.deterministic;
+  p.num_splits = m.num_splits;
+  return p;
+}
+
 /// Which passes read a field of Params (a program reports a flag its pass does not use).
 enum class Passes { both, forward, backward };
 

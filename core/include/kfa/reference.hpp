@@ -9,6 +9,12 @@
 /// in the kernel's own precision it measures how much rounding that precision costs, which
 /// sets the tolerance (flash-attn's rule, see check_forward).
 ///
+/// Multi-scale attention (msa_forward, msa_backward) is written out from its definition too.
+/// Its dS is the complete derivative, dS_ij = (dO_i . v_j) / d_i - c_i sign(S_ij): the design
+/// this library was planned from gives (its eq. 8) only the second term, the path through the
+/// normaliser d_i, and drops the direct one; that formula is wrong (test_reference shows that it
+/// disagrees with finite differences), so do not "fix" the reference back to it.
+///
 /// Dropout: the reference does not generate masks. With params.dropout > 0 it must be given
 /// the keep-mask (for instance from kfa::dropout_mask) and applies it from the definition:
 /// O = (softmax(S) * Z) V with Z = keep / (1 - p), LSE unaffected.
@@ -261,6 +267,131 @@ void backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params
   }
 }
 
+/// Multi-scale attention's mask tensor for the reference, (heads_q, seqlen_q, seqlen_k); an
+/// empty view means all ones.
+using Mask3 = Kokkos::View<double***, Kokkos::LayoutRight, Kokkos::HostSpace>;
+
+/// Row i of head h (kv head hk) of multi-scale attention in precision T, from the definition:
+/// t[j] = scale (q_i . k_j) M[h, i, j] for the keys j the causal/window masks leave visible,
+/// 0 for the others, each rounded to T as an unfused implementation stores it. Returns
+/// r_i = sum_j |t_j|.
+template <class T_, class T = compute_t<T_>>
+T msa_row(const Tensor4& q, const Tensor4& k, const Mask3& mask, const msa::Params& mp, int b,
+          int h, int hk, int i, std::vector<T>& t) {
+  const int Nq = q.extent(2), Nk = k.extent(2), D = q.extent(3);
+  const Params p = masks_of(mp);
+  T r = 0;
+  for (int j = 0; j < Nk; ++j) {
+    t[j] = 0;
+    if (!visible(p, i, j, Nq, Nk)) continue;
+    T dot = 0;
+    for (int d = 0; d < D; ++d)
+      dot += static_cast<T>(q(b, h, i, d)) * static_cast<T>(k(b, hk, j, d));
+    const T m = mask.span() > 0 ? static_cast<T>(mask(h, i, j)) : T(1);
+    t[j] = round_to<T_>(static_cast<T>(mp.scale) * dot * m);
+    r += std::fabs(t[j]);
+  }
+  return round_to<T_>(r);
+}
+
+/// Naive multi-scale forward in precision T from double inputs, stored as double:
+///   S_ij = scale (q_i . k_j) M[h, i, j] (0 where a causal/window mask hides key j),
+///   r_i = sum_j |S_ij|, d_i = max(r_i, 1), O_i = (1 / d_i) sum_j S_ij v_j,
+/// with mask empty meaning M = 1. o is shaped like q, rsum (batch, heads_q, seqlen_q) gets r.
+/// A narrow type's S / d is rounded before the product with V, as the unfused
+/// (S / d) @ V is.
+template <class T_>
+void msa_forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Mask3& mask,
+                 const msa::Params& p, const Tensor4& o, const Tensor3& rsum) {
+  using T = compute_t<T_>;
+  const int B = q.extent(0), Hq = q.extent(1), Nq = q.extent(2), D = q.extent(3);
+  const int Hk = k.extent(1), Nk = k.extent(2);
+  std::vector<T> t(Nk), acc(D);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < Hq; ++h) {
+      const int hk = h / (Hq / Hk);
+      for (int i = 0; i < Nq; ++i) {
+        const T r = msa_row<T_>(q, k, mask, p, b, h, hk, i, t);
+        const T dn = std::max(r, T(1));
+        std::fill(acc.begin(), acc.end(), T(0));
+        for (int j = 0; j < Nk; ++j) {
+          const T w = round_to<T_>(t[j] / dn);
+          for (int d = 0; d < D; ++d)
+            acc[d] += w * static_cast<T>(v(b, hk, j, d));
+        }
+        for (int d = 0; d < D; ++d)
+          o(b, h, i, d) = double(round_to<T_>(acc[d]));
+        rsum(b, h, i) = double(r);
+      }
+    }
+}
+
+/// Naive multi-scale gradients in precision T from double inputs, stored as double, with S,
+/// r, d and O recomputed per row as msa_forward makes them:
+///   g_i = 1 if r_i >= 1 else 0 (the clamp's derivative, PyTorch's convention at r = 1),
+///   c_i = g_i (dO_i . O_i) / d_i,
+///   dS_ij = (dO_i . v_j) / d_i - c_i sign(S_ij)   (sign(0) = 0),
+///   G_ij = scale M[h, i, j] dS_ij (0 for hidden keys),
+///   dV_j = sum_i (S_ij / d_i) dO_i,  dK_j = sum_i G_ij q_i,  dQ_i = sum_j G_ij k_j,
+/// dK and dV summed over the query heads sharing a kv head. Outputs must be allocated with the
+/// shapes of q, k and v.
+template <class T_>
+void msa_backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Mask3& mask,
+                  const msa::Params& p, const Tensor4& dout, const Tensor4& dq, const Tensor4& dk,
+                  const Tensor4& dv) {
+  using T = compute_t<T_>;
+  const int B = q.extent(0), Hq = q.extent(1), Nq = q.extent(2), D = q.extent(3);
+  const int Hk = k.extent(1), Nk = k.extent(2);
+  std::vector<T> t(Nk), o(D), gq(D), gk(std::size_t(Hk) * Nk * D), gv(gk.size());
+  for (int b = 0; b < B; ++b) {
+    std::fill(gk.begin(), gk.end(), T(0));
+    std::fill(gv.begin(), gv.end(), T(0));
+    for (int h = 0; h < Hq; ++h) {
+      const int hk = h / (Hq / Hk);
+      for (int i = 0; i < Nq; ++i) {
+        const T r = msa_row<T_>(q, k, mask, p, b, h, hk, i, t);
+        const T dn = std::max(r, T(1));
+        std::fill(o.begin(), o.end(), T(0));
+        for (int j = 0; j < Nk; ++j)
+          for (int d = 0; d < D; ++d)
+            o[d] += round_to<T_>(t[j] / dn) * static_cast<T>(v(b, hk, j, d));
+        T c = 0;
+        if (r >= T(1)) {
+          for (int d = 0; d < D; ++d)
+            c += static_cast<T>(dout(b, h, i, d)) * round_to<T_>(o[d]);
+          c = round_to<T_>(c / dn);
+        }
+        std::fill(gq.begin(), gq.end(), T(0));
+        for (int j = 0; j < Nk; ++j) {
+          if (!visible(masks_of(p), i, j, Nq, Nk)) continue;
+          T dp = 0;
+          for (int d = 0; d < D; ++d)
+            dp += static_cast<T>(dout(b, h, i, d)) * static_cast<T>(v(b, hk, j, d));
+          const T sgn = t[j] > 0 ? T(1) : t[j] < 0 ? T(-1) : T(0);
+          const T m = mask.span() > 0 ? static_cast<T>(mask(h, i, j)) : T(1);
+          const T g = round_to<T_>(static_cast<T>(p.scale) * m * (round_to<T_>(dp) / dn - c * sgn));
+          const T w = round_to<T_>(t[j] / dn);
+          T* gkj = &gk[(std::size_t(hk) * Nk + j) * D];
+          T* gvj = &gv[(std::size_t(hk) * Nk + j) * D];
+          for (int d = 0; d < D; ++d) {
+            gq[d] += g * static_cast<T>(k(b, hk, j, d));
+            gkj[d] += g * static_cast<T>(q(b, h, i, d));
+            gvj[d] += w * static_cast<T>(dout(b, h, i, d));
+          }
+        }
+        for (int d = 0; d < D; ++d)
+          dq(b, h, i, d) = double(round_to<T_>(gq[d]));
+      }
+    }
+    for (int hk = 0; hk < Hk; ++hk)
+      for (int j = 0; j < Nk; ++j)
+        for (int d = 0; d < D; ++d) {
+          dk(b, hk, j, d) = double(round_to<T_>(gk[(std::size_t(hk) * Nk + j) * D + d]));
+          dv(b, hk, j, d) = double(round_to<T_>(gv[(std::size_t(hk) * Nk + j) * D + d]));
+        }
+  }
+}
+
 /// max |a - b| over all elements, where equal infinities differ by 0 and a NaN on either
 /// side (or an infinity against a finite value) counts as an infinite difference.
 template <class A, class B>
@@ -365,6 +496,39 @@ BackwardCheck check_backward(const Tensor4& q, const Tensor4& k, const Tensor4& 
   Tensor4 dqT = like("kfa::ref::dqT", q), dkT = like("kfa::ref::dkT", k),
           dvT = like("kfa::ref::dvT", v);
   if (!std::is_same_v<T, double>) backward<T>(q, k, v, p, dout, dlse, dqT, dkT, dvT, keep);
+  return {apply_rule<T>(dq, dqT, dq64), apply_rule<T>(dk, dkT, dk64), apply_rule<T>(dv, dvT, dv64)};
+}
+
+/// The tolerance rule on a multi-scale forward (o, rsum) computed in precision T, against
+/// msa_forward in double and in T (the result's `lse` field holds rsum's check).
+template <class T>
+ForwardCheck msa_check_forward(const Tensor4& q, const Tensor4& k, const Tensor4& v,
+                               const Mask3& mask, const msa::Params& p, const Tensor4& o,
+                               const Tensor3& rsum) {
+  Tensor4 o64("kfa::ref::o64", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
+  Tensor3 r64("kfa::ref::r64", q.extent(0), q.extent(1), q.extent(2));
+  msa_forward<double>(q, k, v, mask, p, o64, r64);
+  Tensor4 oT("kfa::ref::oT", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
+  Tensor3 rT("kfa::ref::rT", q.extent(0), q.extent(1), q.extent(2));
+  if (!std::is_same_v<T, double>) msa_forward<T>(q, k, v, mask, p, oT, rT);
+  return {apply_rule<T>(o, oT, o64), apply_rule<T>(rsum, rT, r64)};
+}
+
+/// The tolerance rule on multi-scale gradients computed in precision T, against msa_backward
+/// in double and in T.
+template <class T>
+BackwardCheck msa_check_backward(const Tensor4& q, const Tensor4& k, const Tensor4& v,
+                                 const Mask3& mask, const msa::Params& p, const Tensor4& dout,
+                                 const Tensor4& dq, const Tensor4& dk, const Tensor4& dv) {
+  auto like = [](const char* label, const Tensor4& t) {
+    return Tensor4(std::string(label), t.extent(0), t.extent(1), t.extent(2), t.extent(3));
+  };
+  Tensor4 dq64 = like("kfa::ref::dq64", q), dk64 = like("kfa::ref::dk64", k),
+          dv64 = like("kfa::ref::dv64", v);
+  msa_backward<double>(q, k, v, mask, p, dout, dq64, dk64, dv64);
+  Tensor4 dqT = like("kfa::ref::dqT", q), dkT = like("kfa::ref::dkT", k),
+          dvT = like("kfa::ref::dvT", v);
+  if (!std::is_same_v<T, double>) msa_backward<T>(q, k, v, mask, p, dout, dqT, dkT, dvT);
   return {apply_rule<T>(dq, dqT, dq64), apply_rule<T>(dk, dkT, dk64), apply_rule<T>(dv, dvT, dv64)};
 }
 

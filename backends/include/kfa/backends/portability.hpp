@@ -24,6 +24,13 @@ KOKKOS_INLINE_FUNCTION constexpr T infinity() {
   return Kokkos::Experimental::infinity<T>::value;
 }
 
+/// |x| for float and double, in device code on every Kokkos version (Kokkos::abs for floating
+/// point arrived in 3.7).
+template <class T>
+KOKKOS_INLINE_FUNCTION T abs(T x) {
+  return x < T(0) ? -x : x;
+}
+
 /// Value types stored narrower than float and computed in float: loaded into float tiles,
 /// accumulated in float, rounded once when the result is stored. True for Kokkos' half_t and
 /// bhalf_t where they are real 16-bit types (builds with CUDA, HIP or SYCL; a host-only Kokkos

@@ -20,12 +20,19 @@
 ///
 /// Threads own query rows while S, P, dP and dS are formed, and key rows while dK_j and dV_j
 /// accumulate; vector lanes share the keys or the head_dim as in the forward.
+///
+/// Under MultiScaleRule (impl/rule.hpp) the same kernels run with the row statistic r in
+/// LSE's place and c = [r >= 1] (dO . O) / max(r, 1) in delta's; the row step then makes
+/// P = S / d and dS = M (dP / d - c sign(S)), which is dL/dx for x = scale q.k, so dQ, dK and
+/// dV follow from the unchanged products.
 
 #include <kfa/backends/traits.hpp>
+#include <kfa/combine.hpp>
 #include <kfa/impl/dropout.hpp>
 #include <kfa/impl/launch.hpp>
 #include <kfa/impl/mask.hpp>
 #include <kfa/impl/profiling.hpp>
+#include <kfa/impl/rule.hpp>
 #include <kfa/impl/score.hpp>
 #include <kfa/impl/validate.hpp>
 #include <kfa/params.hpp>
@@ -54,7 +61,7 @@ struct BackwardViews {
 };
 
 /// What the backward kernels share: the views, the problem sizes, the mask and the row step.
-template <class ExecSpace, class T, class Views>
+template <class ExecSpace, class T, class Views, class Rule = SoftmaxRule>
 struct BackwardCommon : TeamKernel<ExecSpace, T> {
   using base = TeamKernel<ExecSpace, T>;
   using typename base::acc_t;
@@ -76,10 +83,11 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
   Mask mask;
   Dropout<acc_t> dropout;
   int level_kv, level_q;  // scratch levels of KeyValueKernel and QueryKernel
+  Rule rule;
 
   BackwardCommon(const Views& views, const delta_view& delta_, const Params& p,
-                 const Origin& at = {})
-      : t(views), delta(delta_) {
+                 const Origin& at = {}, const Rule& rule_ = {})
+      : t(views), delta(delta_), rule(rule_) {
     heads_q = static_cast<int>(t.q.extent(1));
     heads_k = static_cast<int>(t.k.extent(1));
     group = heads_q / heads_k;
@@ -92,6 +100,7 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
     q_tiles = (seqlen_q + Bt - 1) / Bt;
     k_tiles = (seqlen_k + Bt - 1) / Bt;
     score = ScoreTransform<acc_t>(p, head_dim);
+    if constexpr (!Rule::softmax) score.scale = rule.scale;
     mask = make_mask(p, seqlen_q, seqlen_k, at);
     dropout = make_dropout<acc_t>(p, at);
     level_kv = base::scratch_level(scratch_bytes(true));
@@ -244,8 +253,9 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
                                        acc_t* dsrow) const {
     const int lo = mask.lo(i) - k0, hi = mask.hi(i) + 1 - k0;
     int c0 = lo > 0 ? lo : 0, c1 = hi < nc ? hi : nc;
-    // A query that saw no key has LSE = -inf; its P is 0, not exp(+inf).
-    if (c0 >= c1 || !(lse_i > -backends::infinity<acc_t>())) c0 = c1 = nc;
+    // A query that saw no key has LSE = -inf; its P is 0, not exp(+inf). (Multi-scale: r is
+    // finite, and such a row's S is 0.)
+    if (c0 >= c1 || (Rule::softmax && !(lse_i > -backends::infinity<acc_t>()))) c0 = c1 = nc;
     Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c0), [&](int c) {
       prow[c] = acc_t(0);
       dsrow[c] = acc_t(0);
@@ -255,6 +265,17 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
       dsrow[c] = acc_t(0);
     });
     if (c0 >= c1) return;
+    if constexpr (!Rule::softmax) {  // lse_i is r, delta_i is c
+      const msa::Partial<acc_t> row{lse_i};
+      const acc_t inv_d = acc_t(1) / msa::denominator(row);
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c0, c1), [&](int c) {
+        const acc_t w = rule.weight(h, i, k0 + c), s = prow[c] * w;
+        const acc_t sign_c = s > acc_t(0) ? delta_i : s < acc_t(0) ? -delta_i : acc_t(0);
+        prow[c] = s * inv_d;
+        dsrow[c] = w * (dsrow[c] * inv_d - sign_c);
+      });
+      return;
+    }
     if (!dropout.enabled && score.identity()) {     // the common case, vectorised
       ops::row_exp_sum(team, prow, c0, c1, lse_i);  // P = exp(S - LSE); the sum is not needed
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c0, c1),
@@ -272,7 +293,8 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
 };
 
 /// delta = rowsum(dO * O) - dLSE, one work item per (batch, head, query) row; also zeroes the
-/// row of dq when the key-tile teams are to add into it.
+/// row of dq when the key-tile teams are to add into it. Multi-scale (`rsum`): dlse holds r,
+/// and delta = c = [r >= 1] rowsum(dO * O) / max(r, 1).
 template <class ExecSpace, class Delta, class DO, class O, class DLse, class DQ>
 struct BackwardPreprocess {
   using acc_t = typename Delta::value_type;
@@ -283,6 +305,7 @@ struct BackwardPreprocess {
   bool has_dlse;
   DQ dq;
   bool zero_dq;
+  bool rsum;
 
   void launch(const ExecSpace& space) const {
     const std::size_t n = delta.size();
@@ -301,7 +324,12 @@ struct BackwardPreprocess {
     acc_t sum = 0;
     for (int d = 0; d < D; ++d)
       sum += static_cast<acc_t>(dout(b, h, i, d)) * static_cast<acc_t>(o(b, h, i, d));
-    if (has_dlse) sum -= static_cast<acc_t>(dlse(b, h, i));
+    if (rsum) {
+      const acc_t r = static_cast<acc_t>(dlse(b, h, i));
+      sum = r >= acc_t(1) ? sum / r : acc_t(0);
+    } else if (has_dlse) {
+      sum -= static_cast<acc_t>(dlse(b, h, i));
+    }
     delta(b, h, i) = sum;
     if (zero_dq)
       for (int d = 0; d < D; ++d)
@@ -310,9 +338,9 @@ struct BackwardPreprocess {
 };
 
 /// dK, dV (and, with atomic_dq, dQ by atomic adds): one team per (batch, kv head, key tile).
-template <class ExecSpace, class T, class Views>
-struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views> {
-  using base = BackwardCommon<ExecSpace, T, Views>;
+template <class ExecSpace, class T, class Views, class Rule = SoftmaxRule>
+struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
+  using base = BackwardCommon<ExecSpace, T, Views, Rule>;
   using typename base::acc_t;
   using typename base::member_t;
   using typename base::ops;
@@ -391,9 +419,9 @@ void transpose_rows(const ExecSpace& space, const Src& src, const Dst& dst) {
 /// once per call (kt_all, vt_all: (batch, kv head, head_dim, seqlen_k) in acc_t, as much memory
 /// as K and V): every team stages every key tile, and transposing each in the team cost more
 /// than the products of the tile on a one-thread host team.
-template <class ExecSpace, class T, class Views>
-struct QueryKernel : BackwardCommon<ExecSpace, T, Views> {
-  using base = BackwardCommon<ExecSpace, T, Views>;
+template <class ExecSpace, class T, class Views, class Rule = SoftmaxRule>
+struct QueryKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
+  using base = BackwardCommon<ExecSpace, T, Views, Rule>;
   using typename base::acc_t;
   using typename base::member_t;
   using typename base::ops;
@@ -455,12 +483,13 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views> {
   }
 };
 
-/// delta = rowsum(dO * O) - dLSE into `delta` (dlse may be nullptr), zeroing dq when zero_dq.
+/// delta = rowsum(dO * O) - dLSE into `delta` (dlse may be nullptr), zeroing dq when zero_dq;
+/// with `rsum`, dlse is the multi-scale r and delta is c (BackwardPreprocess).
 template <class ExecSpace, class Delta, class DO, class O, class DLse, class DQ>
 void backward_delta(const ExecSpace& space, const Delta& delta, const DO& dout, const O& o,
-                    const DLse* dlse, const DQ& dq, bool zero_dq) {
+                    const DLse* dlse, const DQ& dq, bool zero_dq, bool rsum = false) {
   BackwardPreprocess<ExecSpace, Delta, DO, O, DLse, DQ>{
-      delta, dout, o, dlse ? *dlse : DLse(), dlse != nullptr, dq, zero_dq}
+      delta, dout, o, dlse ? *dlse : DLse(), dlse != nullptr, dq, zero_dq, rsum}
       .launch(space);
 }
 
@@ -481,14 +510,71 @@ bool atomic_dq_pays(const Params& params) {
 }
 
 /// The key-tile kernel, and the query-tile kernel when dQ is not added with atomics.
-template <class ExecSpace, class T, class Views>
-void launch_backward(const ExecSpace& space, const BackwardCommon<ExecSpace, T, Views>& common,
-                     bool atomic_dq) {
+template <class ExecSpace, class T, class Views, class Rule>
+void launch_backward(const ExecSpace& space,
+                     const BackwardCommon<ExecSpace, T, Views, Rule>& common, bool atomic_dq) {
   common.launch(space, "kfa::backward::dkdv",
-                KeyValueKernel<ExecSpace, T, Views>(common, atomic_dq), true);
+                KeyValueKernel<ExecSpace, T, Views, Rule>(common, atomic_dq), true);
   if (!atomic_dq)
-    common.launch(space, "kfa::backward::dq", QueryKernel<ExecSpace, T, Views>(space, common),
+    common.launch(space, "kfa::backward::dq", QueryKernel<ExecSpace, T, Views, Rule>(space, common),
                   false);
+}
+
+/// The launches of a validated backward under `rule`: the preprocessing (delta), the tile
+/// kernels, and for a narrow type on the atomic path the float dQ accumulator. lse is the
+/// rule's row statistic (multi-scale: r, with dlse nullptr).
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DLse,
+          class DQ, class DK, class DV, class Rule>
+void backward_validated(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+                        const Lse& lse, const DO& dout, const DLse* dlse, const DQ& dq,
+                        const DK& dk, const DV& dv, const Params& params, const Origin& at,
+                        const Rule& rule) {
+  using T = typename Q::non_const_value_type;
+  using Views = BackwardViews<Q, K, V, DO, Lse, DQ, DK, DV>;
+  using Common = BackwardCommon<ExecSpace, T, Views, Rule>;
+  // Multi-scale: the preprocessing reads r where dlse would be.
+  const Lse* stat = nullptr;
+  if constexpr (!Rule::softmax) stat = &lse;
+  const bool rsum = !Rule::softmax;
+  Kokkos::View<typename Common::acc_t***, Kokkos::LayoutRight, typename ExecSpace::memory_space>
+      delta(Kokkos::view_alloc(std::string("kfa::backward::delta"), Kokkos::WithoutInitializing),
+            q.extent(0), q.extent(1), q.extent(2));
+  const bool atomic_dq = atomic_dq_pays<ExecSpace>(params);
+  if constexpr (backends::is_narrow_float<T>::value) {
+    if (atomic_dq) {
+      // 16-bit atomic adds would round dQ's running sum once per key tile: the key-tile teams
+      // add into a float copy, rounded to T once at the end (FlashAttention-2's dq_accum).
+      using Acc4 = Kokkos::View<float****, Kokkos::LayoutRight, typename ExecSpace::memory_space>;
+      Acc4 dq_acc(
+          Kokkos::view_alloc(std::string("kfa::backward::dq_accum"), Kokkos::WithoutInitializing),
+          q.extent(0), q.extent(1), q.extent(2), q.extent(3));
+      if constexpr (Rule::softmax)
+        backward_delta(space, delta, dout, o, dlse, dq_acc, true);
+      else
+        backward_delta(space, delta, dout, o, stat, dq_acc, true, rsum);
+      using AccViews = BackwardViews<Q, K, V, DO, Lse, Acc4, DK, DV>;
+      launch_backward(space,
+                      BackwardCommon<ExecSpace, T, AccViews, Rule>(
+                          AccViews{q, k, v, dout, lse, dq_acc, dk, dv}, delta, params, at, rule),
+                      true);
+      Kokkos::parallel_for(
+          "kfa::backward::dq_round",
+          Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>>(
+              space, {0, 0, 0, 0},
+              {static_cast<std::int64_t>(q.extent(0)), static_cast<std::int64_t>(q.extent(1)),
+               static_cast<std::int64_t>(q.extent(2)), static_cast<std::int64_t>(q.extent(3))}),
+          KOKKOS_LAMBDA(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t d) {
+            dq(b, h, i, d) = T(dq_acc(b, h, i, d));
+          });
+      return;
+    }
+  }
+  if constexpr (Rule::softmax)
+    backward_delta(space, delta, dout, o, dlse, dq, atomic_dq);
+  else
+    backward_delta(space, delta, dout, o, stat, dq, atomic_dq, rsum);
+  launch_backward(space, Common(Views{q, k, v, dout, lse, dq, dk, dv}, delta, params, at, rule),
+                  atomic_dq);
 }
 
 /// kfa::backward with an optional dlse (nullptr: none): static checks, validation, launches.
@@ -508,42 +594,7 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
   ScopedRegion region("kfa::backward");
   validate_params<T>("backward", params);
   validate_backward("backward", q, k, v, o, lse, dout, dlse, dq, dk, dv);
-
-  using Views = BackwardViews<Q, K, V, DO, Lse, DQ, DK, DV>;
-  using Common = BackwardCommon<ExecSpace, T, Views>;
-  Kokkos::View<typename Common::acc_t***, Kokkos::LayoutRight, typename ExecSpace::memory_space>
-      delta(Kokkos::view_alloc(std::string("kfa::backward::delta"), Kokkos::WithoutInitializing),
-            q.extent(0), q.extent(1), q.extent(2));
-  const bool atomic_dq = atomic_dq_pays<ExecSpace>(params);
-  if constexpr (backends::is_narrow_float<T>::value) {
-    if (atomic_dq) {
-      // 16-bit atomic adds would round dQ's running sum once per key tile: the key-tile teams
-      // add into a float copy, rounded to T once at the end (FlashAttention-2's dq_accum).
-      using Acc4 = Kokkos::View<float****, Kokkos::LayoutRight, typename ExecSpace::memory_space>;
-      Acc4 dq_acc(
-          Kokkos::view_alloc(std::string("kfa::backward::dq_accum"), Kokkos::WithoutInitializing),
-          q.extent(0), q.extent(1), q.extent(2), q.extent(3));
-      backward_delta(space, delta, dout, o, dlse, dq_acc, true);
-      using AccViews = BackwardViews<Q, K, V, DO, Lse, Acc4, DK, DV>;
-      launch_backward(space,
-                      BackwardCommon<ExecSpace, T, AccViews>(
-                          AccViews{q, k, v, dout, lse, dq_acc, dk, dv}, delta, params, at),
-                      true);
-      Kokkos::parallel_for(
-          "kfa::backward::dq_round",
-          Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>>(
-              space, {0, 0, 0, 0},
-              {static_cast<std::int64_t>(q.extent(0)), static_cast<std::int64_t>(q.extent(1)),
-               static_cast<std::int64_t>(q.extent(2)), static_cast<std::int64_t>(q.extent(3))}),
-          KOKKOS_LAMBDA(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t d) {
-            dq(b, h, i, d) = T(dq_acc(b, h, i, d));
-          });
-      return;
-    }
-  }
-  backward_delta(space, delta, dout, o, dlse, dq, atomic_dq);
-  launch_backward(space, Common(Views{q, k, v, dout, lse, dq, dk, dv}, delta, params, at),
-                  atomic_dq);
+  backward_validated(space, q, k, v, o, lse, dout, dlse, dq, dk, dv, params, at, SoftmaxRule{});
 }
 
 /// The tile kernels of a backward block whose delta is known (backward_delta over the whole

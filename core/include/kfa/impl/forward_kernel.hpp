@@ -15,6 +15,12 @@
 /// Split-KV (impl/split_kv.hpp): with splits > 1 the league has one team per (query tile,
 /// chunk of its visible key tiles); each team ends by writing its unnormalised partial
 /// (m, l, O~) instead of O and LSE, and SplitMerge combines the chunks.
+///
+/// The row rule (impl/rule.hpp) is a template parameter: SoftmaxRule is all of the above;
+/// MultiScaleRule keeps the tile loop, the tile skipping and split-KV and replaces the
+/// online-softmax step by S = x M, r += rowsum |S| (msa_row), the end by O = O~ / max(r, 1),
+/// r in lse's place. It takes the query-major sweep on every backend (the key-major sweep's
+/// column operations are softmax's).
 
 #include <kfa/backends/traits.hpp>
 #include <kfa/combine.hpp>
@@ -22,6 +28,7 @@
 #include <kfa/impl/launch.hpp>
 #include <kfa/impl/mask.hpp>
 #include <kfa/impl/profiling.hpp>
+#include <kfa/impl/rule.hpp>
 #include <kfa/impl/score.hpp>
 #include <kfa/impl/split_kv.hpp>
 #include <kfa/impl/validate.hpp>
@@ -35,7 +42,7 @@
 
 namespace kfa::impl {
 
-template <class ExecSpace, class Q, class K, class V, class O, class Lse>
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class Rule = SoftmaxRule>
 struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   using value_type = typename Q::non_const_value_type;
   using base = TeamKernel<ExecSpace, value_type>;
@@ -66,7 +73,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   // (TileTraits::bf16x2_products): taken when head_dim and the K and V row strides are even,
   // so that every row is a row of pair words (backends/bf16x2.hpp).
   static constexpr bool pairs_type =
-      traits::bf16x2_products && std::is_same_v<acc_t, float> &&
+      Rule::softmax && traits::bf16x2_products && std::is_same_v<acc_t, float> &&
       backends::is_bfloat16<value_type>::value &&
       backends::is_bfloat16<typename K::non_const_value_type>::value &&
       backends::is_bfloat16<typename V::non_const_value_type>::value;
@@ -75,22 +82,25 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   // 64 query rows keep their work in registers (TileOps::warp_forward). Taken at the head dims
   // it has, when every row of q, k and v starts on 16 bytes (its copies are 16-byte ones) and
   // without dropout (not yet drawn in registers).
-  static constexpr bool warp_type = traits::warp_tiles && sizeof(value_type) == 2 &&
+  static constexpr bool warp_type = Rule::softmax && traits::warp_tiles &&
+                                    sizeof(value_type) == 2 &&
                                     std::is_same_v<typename K::non_const_value_type, value_type> &&
                                     std::is_same_v<typename V::non_const_value_type, value_type>;
   bool warp = false;
   int splits = 1;  // chunks of key tiles per query tile (1: no split-KV)
   SplitPartials<acc_t, typename ExecSpace::memory_space> part;  // allocated when splits > 1
+  Rule rule;
 
   ForwardKernel(const ExecSpace& space, const Q& q_, const K& k_, const V& v_, const O& o_,
-                const Lse& lse_, const Params& p, const Origin& at = {})
-      : q(q_), k(k_), v(v_), o(o_), lse(lse_) {
+                const Lse& lse_, const Params& p, const Origin& at = {}, const Rule& rule_ = {})
+      : q(q_), k(k_), v(v_), o(o_), lse(lse_), rule(rule_) {
     heads_q = static_cast<int>(q.extent(1));
     group = heads_q / static_cast<int>(k.extent(1));
     seqlen_q = static_cast<int>(q.extent(2));
     seqlen_k = static_cast<int>(k.extent(2));
     head_dim = static_cast<int>(q.extent(3));
     score = ScoreTransform<acc_t>(p, head_dim);
+    if constexpr (!Rule::softmax) score.scale = rule.scale;
     mask = make_mask(p, seqlen_q, seqlen_k, at);
     dropout = make_dropout<acc_t>(p, at);
     if constexpr (warp_type)
@@ -119,7 +129,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       part = decltype(part)(splits, static_cast<int>(q.extent(0)), heads_q, seqlen_q, head_dim);
   }
 
-  static constexpr bool key_major = traits::key_major_scores;  ///< S^T = K_j Q_i^T
+  static constexpr bool key_major = traits::key_major_scores && Rule::softmax;  ///< S^T = K_j Q_i^T
 
   /// Team scratch: Q_i, O~_i (Br x D), K_j^T (D x Bc), V_j (Bc x D), S_ij (Br x Bc), m, l (Br);
   /// rows ldd or ldc apart. Key-major (TileTraits::key_major_scores): Q_i^T (D x Br), K_j
@@ -170,7 +180,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     if (!launched)
       base::launch(space, "forward", "kfa::forward", *this, league, scratch_bytes(), scratch_level,
                    shape);
-    if (splits > 1) SplitMerge<ExecSpace, acc_t, O, Lse>{part, o, lse, head_dim}.launch(space);
+    if (splits > 1)
+      SplitMerge<ExecSpace, acc_t, O, Lse, Rule>{part, o, lse, head_dim}.launch(space);
   }
 
   /// Where a team is: batch, query head, its key/value head, first query row and row count.
@@ -228,6 +239,17 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
           part.ml(row, 0) = m[r];
           part.ml(row, 1) = l[r];
         });
+      });
+      return;
+    }
+    if constexpr (!Rule::softmax) {  // O = O~ / max(r, 1); r in lse's place
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
+        const msa::Partial<acc_t> row{l[r]};
+        const acc_t inv = acc_t(1) / msa::denominator(row);
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D), [&](int d) {
+          o(b, h, q0 + r, d) = value_type(os[r * ldd + d] * inv);
+        });
+        Kokkos::single(Kokkos::PerThread(team), [&]() { lse(b, h, q0 + r) = row.r; });
       });
       return;
     }
@@ -364,7 +386,10 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       ops::gemm(team, nr, ce - cb, D, qs, ldd, 1, kt + cb, ldc, s + cb, ldc, false);
       team.team_barrier();
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
-        update_row(team, b, h, r, q0 + r, k0, cb, ce, s, os, m, l);
+        if constexpr (Rule::softmax)
+          update_row(team, b, h, r, q0 + r, k0, cb, ce, s, os, m, l);
+        else
+          msa_row(team, h, r, q0 + r, k0, cb, ce, s, l);
       });
       team.team_barrier();
       ops::gemm(team, nr, D, ce - cb, s + cb, ldc, 1, vs + static_cast<std::ptrdiff_t>(cb) * ldd,
@@ -502,6 +527,38 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
                   vj + static_cast<std::ptrdiff_t>(cb) * ldv, ldv, os, ldd, true);
       }
     }
+  }
+
+  /// Multi-scale step of query row r (local index i) of query head h against the key tile at
+  /// k0 whose products x = scale q.k fill columns [cb, ce) of s: S = x M[h, i, j] in place (0
+  /// for keys the row does not see, so that O~ += S V_j follows for the whole tile) and
+  /// r += sum |S|: the tile's partial merged into the row's by kfa::msa::combine. No exp, no
+  /// rescaling: O~ stays unnormalised until the end.
+  KOKKOS_INLINE_FUNCTION void msa_row(const member_t& team, int h, int r, int i, int k0, int cb,
+                                      int ce, acc_t* s, acc_t* l) const {
+    const int lo = mask.lo(i) - k0, hi = mask.hi(i) + 1 - k0;
+    int c0 = lo > cb ? lo : cb, c1 = hi < ce ? hi : ce;
+    if (c0 >= c1) c0 = c1 = ce;  // sees none of [cb, ce): the first loop below zeroes them all
+    acc_t* srow = s + r * ldc;
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, cb, c0), [&](int c) { srow[c] = 0; });
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c1, ce), [&](int c) { srow[c] = 0; });
+    acc_t tile_r = 0;
+    if (rule.has_mask)
+      Kokkos::parallel_reduce(
+          Kokkos::ThreadVectorRange(team, c0, c1),
+          [&](int c, acc_t& acc) {
+            const acc_t x = srow[c] * rule.weight(h, i, k0 + c);
+            srow[c] = x;
+            acc += backends::abs(x);
+          },
+          tile_r);
+    else
+      Kokkos::parallel_reduce(
+          Kokkos::ThreadVectorRange(team, c0, c1),
+          [&](int c, acc_t& acc) { acc += backends::abs(srow[c]); }, tile_r);
+    Kokkos::single(Kokkos::PerThread(team), [&]() {
+      l[r] = msa::combine(msa::Partial<acc_t>{l[r]}, msa::Partial<acc_t>{tile_r}).r;
+    });
   }
 
   /// Online-softmax step of query row r (global index i) of head (b, h) against the key tile

@@ -11,6 +11,7 @@
 /// chunk order, so the result is bitwise repeatable for a given split count.
 
 #include <kfa/combine.hpp>
+#include <kfa/impl/rule.hpp>
 
 #include <Kokkos_Core.hpp>
 
@@ -71,10 +72,13 @@ struct SplitPartials {
 };
 
 /// Merges the partials of every (batch, head, query, d) over the splits in split order and
-/// writes O = O~ / l and LSE = m + log l (O = 0, LSE = -inf where no split saw a key).
+/// writes O = O~ / l and LSE = m + log l (O = 0, LSE = -inf where no split saw a key); under
+/// MultiScaleRule the partials are (r, O~) (r in ml's first column) merged by
+/// kfa::msa::combine_into (r in ml's second column, where the forward keeps it in l's place),
+/// and it writes O = O~ / max(r, 1) and r.
 /// One work item per output element: the (m, l) merge is repeated per d, which is cheaper
-/// than a barrier, and each item is exactly kfa::combine_into on one element.
-template <class ExecSpace, class Acc, class O, class Lse>
+/// than a barrier, and each item is exactly the combiner on one element.
+template <class ExecSpace, class Acc, class O, class Lse, class Rule = SoftmaxRule>
 struct SplitMerge {
   SplitPartials<Acc, typename ExecSpace::memory_space> part;
   O o;
@@ -96,6 +100,17 @@ struct SplitMerge {
     rest /= part.seqlen_q;
     const int h = static_cast<int>(rest % part.heads);
     const int b = static_cast<int>(rest / part.heads);
+    if constexpr (!Rule::softmax) {
+      msa::Partial<Acc> acc;  // the identity
+      Acc out = Acc(0);
+      for (int s = 0; s < part.splits; ++s) {
+        const std::size_t r = part.row(s, b, h, i);
+        msa::combine_into(acc, &out, msa::Partial<Acc>{part.ml(r, 1)}, &part.o(r, d), 1);
+      }
+      o(b, h, i, d) = typename O::value_type(out / msa::denominator(acc));
+      if (d == 0) lse(b, h, i) = acc.r;
+      return;
+    }
     Partial<Acc> acc;  // empty: the combiner's identity
     Acc out = Acc(0);
     for (int s = 0; s < part.splits; ++s) {

@@ -141,10 +141,10 @@ void validate_params(const char* pass, const Params& p) {
 }
 
 /// Shapes shared by forward and backward: q (B,Hq,Nq,D), k and v (B,Hk,Nk,D), o like q,
-/// lse (B,Hq,Nq).
+/// lse (B,Hq,Nq), named lse_name in messages (the row statistic of another rule: rsum).
 template <class Q, class K, class V, class O, class Lse>
 void validate_shapes(const char* pass, const Q& q, const K& k, const V& v, const O& o,
-                     const Lse& lse) {
+                     const Lse& lse, const char* lse_name = "lse") {
   const int d = static_cast<int>(q.extent(3));
   if (d < 1 || d > max_head_dim)
     fail(pass, "head_dim = ", d, " (q.extent(3)) is unsupported: must be in [1, ", max_head_dim,
@@ -165,7 +165,7 @@ void validate_shapes(const char* pass, const Q& q, const K& k, const V& v, const
   }
   for (int dim = 0; dim < 3; ++dim) {
     static const char* what[] = {"batch", "heads", "seqlen"};
-    expect_extent(pass, "lse", lse, dim, what[dim], q.extent(dim), "q");
+    expect_extent(pass, lse_name, lse, dim, what[dim], q.extent(dim), "q");
   }
   expect_unit_stride(pass, "q", q);
   expect_unit_stride(pass, "k", k);
@@ -184,8 +184,8 @@ template <class Q, class K, class V, class O, class Lse, class DO, class DLse, c
           class DV>
 void validate_backward(const char* pass, const Q& q, const K& k, const V& v, const O& o,
                        const Lse& lse, const DO& dout, const DLse* dlse, const DQ& dq, const DK& dk,
-                       const DV& dv) {
-  validate_shapes(pass, q, k, v, o, lse);
+                       const DV& dv, const char* lse_name = "lse") {
+  validate_shapes(pass, q, k, v, o, lse, lse_name);
   for (int dim = 0; dim < 4; ++dim) {
     static const char* what[] = {"batch", "heads", "seqlen", "head_dim"};
     expect_extent(pass, "dout", dout, dim, what[dim], q.extent(dim), "q");
