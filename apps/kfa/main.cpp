@@ -20,7 +20,6 @@
 #include <kfa/kfa.hpp>
 #include <kfa/reference.hpp>
 
-#include <unistd.h>
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
@@ -28,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <new>
 #include <optional>
@@ -118,6 +118,8 @@ Options parse(int argc, char** argv) {
   if (o.command == "dropout-mask") {
     if (o.shape.empty()) throw InputError("dropout-mask needs --shape B,H,NQ,NK");
     if (o.out.empty()) throw InputError("dropout-mask needs --out MASK.h5");
+    kfa_apps::check_output_path(o.out);
+    kfa_apps::check_dropout_seed(o);
     return o;
   }
   kfa_apps::check_sources(o);
@@ -164,6 +166,17 @@ void check_backward_shapes(const Problem& p) {
                        name(p.q.dtype) + "; all inputs must share one type");
 }
 
+// NaN or Inf in an input would come out as a wrong answer that --check blames on the kernel
+// (and a non-finite k or v spreads to every row sharing its key tile): refused, unless
+// --allow-nonfinite.
+void refuse_non_finite(const Dataset& d, const std::string& where) {
+  const kfa_apps::NonFinite nf = kfa_apps::find_non_finite(d);
+  if (nf.count > 0)
+    throw InputError(where + " holds " + std::to_string(nf.count) + " non-finite value" +
+                     (nf.count == 1 ? "" : "s") + ", the first at " + kfa_apps::shape_of(nf.first) +
+                     "; pass --allow-nonfinite to run anyway");
+}
+
 Dataset random_tensor(std::vector<hsize_t> dims, DType t, std::mt19937_64& gen) {
   Dataset d;
   d.dims = std::move(dims);
@@ -175,25 +188,14 @@ Dataset random_tensor(std::vector<hsize_t> dims, DType t, std::mt19937_64& gen) 
   return d;
 }
 
-// Refuses a run whose `what` needs more than 90 % of this machine's memory, before allocating.
-void require_memory(double bytes, const char* what) {
-  const double phys = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-  if (phys > 0 && bytes > 0.9 * phys) {
-    std::ostringstream os;
-    os.precision(3);
-    os << what << " needs about " << bytes / (1 << 30) << " GiB but this machine has "
-       << phys / (1 << 30) << " GiB of memory";
-    throw InputError(os.str());
-  }
-}
-
-// Refuses a random problem that cannot fit in this machine's memory before allocating anything.
-void check_memory(DType dtype, double q_elems, double kv_elems, double head_dim, bool backward) {
-  const double elem = kfa_apps::is_16bit(dtype) ? 2 : dtype == DType::f32 ? 4 : 8;
+// Refuses a problem that cannot fit in this machine's memory before allocating anything.
+void check_memory(DType dtype, double q_elems, double kv_elems, double head_dim, bool backward,
+                  const std::string& what) {
+  const double elem = double(kfa_apps::element_bytes(dtype));
   // q, o, k, v in the kernel's type plus the double copies the program keeps, and the LSE;
   // the backward adds dout, dq, dk, dv.
   const double tensors = backward ? 4 * q_elems + 4 * kv_elems : 2 * q_elems + 2 * kv_elems;
-  require_memory(tensors * (elem + 8) + q_elems / head_dim * 24, "the problem");
+  kfa_apps::require_memory(tensors * (elem + 8) + q_elems / head_dim * 24, what);
 }
 
 template <class T>
@@ -408,7 +410,7 @@ int run_dropout_mask(const Options& o) {
     if (n > 2147483647LL)
       throw InputError("--shape values must fit in int, got " + std::to_string(n));
   // The mask on the device and its host copy (one buffer when they share memory).
-  require_memory(2.0 * double(B) * double(H) * double(Nq) * double(Nk), "the mask");
+  kfa_apps::require_memory(2.0 * double(B) * double(H) * double(Nq) * double(Nk), "the mask");
   Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, Exec::memory_space> keep(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::keep")), B, H, Nq, Nk);
   kfa::dropout_mask(Exec(), keep, o.params);
@@ -448,24 +450,45 @@ int main_pass(Options o) {
     const hsize_t Hk = o.heads_kv.value_or(H), Nk = o.seqlen_k.value_or(N);
     std::mt19937_64 gen(o.data_seed);
     const bool bwd = o.command == "backward";
-    check_memory(o.dtype, double(B) * H * N * D, double(B) * Hk * Nk * D, double(D), bwd);
+    check_memory(o.dtype, double(B) * H * N * D, double(B) * Hk * Nk * D, double(D), bwd,
+                 "the problem");
     p.q = random_tensor({B, H, N, D}, o.dtype, gen);
     p.k = random_tensor({B, Hk, Nk, D}, o.dtype, gen);
     p.v = random_tensor({B, Hk, Nk, D}, o.dtype, gen);
     if (bwd) p.dout = random_tensor({B, H, N, D}, o.dtype, gen);
   } else {
     kfa_apps::H5File in(o.in);
+    kfa_apps::check_known_datasets(in.names(), o.in);
+    // Every header first: shapes, types and the memory they need are checked before anything
+    // is allocated or read.
+    const bool bwd = o.command == "backward";
+    p.q = in.header("/q", 4);
+    p.k = in.header("/k", 4);
+    p.v = in.header("/v", 4);
+    check_file_shapes(p);
+    if (bwd) {
+      p.o = in.header("/o", 4);
+      p.lse = in.header("/lse", 3);
+      p.dout = in.header("/do", 4);
+      if (in.has("/dlse")) p.dlse = in.header("/dlse", 3);
+      check_backward_shapes(p);
+    }
+    check_memory(p.q.dtype, double(p.q.size()), double(p.k.size()), double(p.q.dims[3]), bwd,
+                 "dataset /q " + kfa_apps::shape_of(p.q.dims) + " with /k " +
+                     kfa_apps::shape_of(p.k.dims) + " (" + name(p.q.dtype) + ") in '" + o.in + "'");
     p.q = in.read("/q", 4);
     p.k = in.read("/k", 4);
     p.v = in.read("/v", 4);
-    check_file_shapes(p);
-    if (o.command == "backward") {
+    if (bwd) {
       p.o = in.read("/o", 4);
       p.lse = in.read("/lse", 3);
       p.dout = in.read("/do", 4);
       if (in.has("/dlse")) p.dlse = in.read("/dlse", 3);
-      check_backward_shapes(p);
     }
+    if (!o.allow_nonfinite)
+      for (const auto& [d, ds] :
+           {std::pair{&p.q, "/q"}, {&p.k, "/k"}, {&p.v, "/v"}, {&p.dout, "/do"}})
+        refuse_non_finite(*d, std::string("dataset ") + ds + " in '" + o.in + "'");
     o.dtype = p.q.dtype;
   }
   return kfa_apps::with_value_type(o.dtype, [&](auto v) {
@@ -497,9 +520,21 @@ int main(int argc, char** argv) {
     std::cout << kfa_apps::version_text("kfa");
     return 0;
   }
-  Kokkos::ScopeGuard kokkos(argc, argv);
+  std::optional<Kokkos::ScopeGuard> kokkos;
+  try {
+    kokkos.emplace(argc, argv);
+  } catch (const std::exception& e) {
+    fail(std::string("cannot initialise Kokkos: ") + e.what());
+    return 2;
+  }
   try {
     return main_pass(opts);
+  } catch (const kfa_apps::WriteError& e) {
+    // The temporary file is gone; end here. HDF5 1.10's exit handler can crash after a failed
+    // write (SIGSEGV), so neither it nor Kokkos' finalisation runs: nothing is left to save.
+    fail(e.what());
+    std::fflush(stderr);
+    std::_Exit(2);
   } catch (const kfa::Error& e) {
     fail(kfa_apps::message_of(e));
   } catch (const InputError& e) {
