@@ -183,6 +183,26 @@ TEST(Validation, ForwardOutputsOverlappingInputs) {
   // lse inside o: two outputs sharing memory.
   const U3 lse_in_o(a.o.data(), 2, 4, 10);
   expect_forward_overlap(a, a.o, lse_in_o, {"outputs o and lse overlap"});
+  // Apart: o as rows [0, 10) of a (1, 2, 20, 32) buffer, k in the rows [10, 20) of its first
+  // head, between o's two heads.
+  {
+    Args c;
+    c.q = V4("q", 1, 2, 10, 32);
+    c.lse = V3("lse", 1, 2, 10);
+    V4 buf("buf", 1, 2, 20, 32);
+    const auto o_rows =
+        Kokkos::subview(buf, Kokkos::ALL, Kokkos::ALL, std::make_pair(0, 10), Kokkos::ALL);
+    const U4 k_mid(buf.data() + 10 * 32, 1, 1, 10, 32);
+    EXPECT_NO_THROW(kfa::forward(Exec(), c.q, k_mid, k_mid, o_rows, c.lse, c.p));
+    // and k over o's second head is refused.
+    const U4 k_over(buf.data() + 25 * 32, 1, 1, 10, 32);
+    try {
+      kfa::forward(Exec(), c.q, k_over, k_over, o_rows, c.lse, c.p);
+      ADD_FAILURE() << "no kfa::Error for k over o's second head";
+    } catch (const kfa::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("o overlaps input k"), std::string::npos) << e.what();
+    }
+  }
   // Apart: o right after k in one buffer is fine.
   V4 two("two", 4, 4, 10, 32);
   const U4 k2(two.data(), 2, 4, 10, 32), o2(two.data() + 2 * 4 * 10 * 32, 2, 4, 10, 32);

@@ -395,7 +395,6 @@ void check_sources(const RunOptions& o) {
   if (file_mode && std::filesystem::equivalent(o.in, o.out, ec))
     throw InputError("--out " + o.out + " is the input file " + o.in +
                      " (the output would replace it); choose another --out");
-  if (file_mode) check_input_path(o.in);
   if (file_mode) check_output_path(o.out);
   check_dropout_seed(o);
   if (file_mode && (o.heads_kv || o.seqlen_k))

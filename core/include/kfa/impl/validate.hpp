@@ -209,8 +209,15 @@ template <class View>
 Footprint footprint_of(const View& v) {
   Footprint f;
   const std::size_t elem = sizeof(typename View::value_type);
+  // One past the last element, from the extents and strides: Kokkos' span() of a strided
+  // subview may reach past its last element (to the end of the parent's rows).
+  std::size_t last = 0;
+  for (int r = 0; r < static_cast<int>(View::rank); ++r) {
+    if (v.extent(r) == 0) return f;
+    last += (v.extent(r) - 1) * static_cast<std::size_t>(v.stride(r));
+  }
   f.begin = reinterpret_cast<std::uintptr_t>(v.data());
-  f.end = f.begin + v.span() * elem;
+  f.end = f.begin + (last + 1) * elem;
   // Dimensions of extent > 1 by increasing stride: the innermost ones that tile each other
   // without gaps make the block; the gcd of the rest's strides is the period.
   std::size_t stride[8] = {}, extent[8] = {};
@@ -238,10 +245,21 @@ Footprint footprint_of(const View& v) {
   return f;
 }
 
+/// Whether the bytes [lo, hi) meet a block of the strided footprint f (period > 0).
+inline bool meets(const Footprint& f, std::uintptr_t lo, std::uintptr_t hi) {
+  lo = lo > f.begin ? lo : f.begin;
+  hi = hi < f.end ? hi : f.end;
+  if (lo >= hi) return false;
+  const std::size_t into = (lo - f.begin) % f.period;
+  return into < f.block || lo + (f.period - into) < hi;  // in a block, or one starts before hi
+}
+
 /// Whether two footprints share a byte (conservatively: true unless shown apart).
 inline bool overlap(const Footprint& a, const Footprint& b) {
   if (a.begin == a.end || b.begin == b.end || a.end <= b.begin || b.end <= a.begin) return false;
-  if (a.period == 0 || b.period == 0) return true;
+  if (a.period == 0 && b.period == 0) return true;
+  if (a.period == 0) return meets(b, a.begin, a.end);
+  if (b.period == 0) return meets(a, b.begin, b.end);
   // Both lie in blocks repeating at multiples of p: apart when their blocks are apart mod p.
   const std::size_t p = std::gcd(a.period, b.period);
   if (a.block + b.block > p) return true;
