@@ -703,6 +703,25 @@ TEST(Cli, OutputPaths) {
     EXPECT_EQ(e.path().filename().string().find("kept.h5.tmp"), std::string::npos);
 }
 
+// What a newcomer reads: --help explains the problem's letters, --check, --json, the exit
+// status and Kokkos' flags; the description says "none" for an unbounded window and counts
+// runs in the singular when there is one.
+TEST(Cli, Wording) {
+  const CliRun h = run_cli("--help");
+  ASSERT_EQ(h.status, 0) << h.err;
+  for (const char* s : {"batch B, H query heads, sequence length N", "--check:", "--json:",
+                        "exit status: 0 success, 1 --check failed, 2 bad input",
+                        "--kokkos-FLAG=VALUE", "--allow-nonfinite"})
+    EXPECT_NE(h.out.find(s), std::string::npos) << s << " missing from:\n" << h.out;
+  const CliRun r = run_cli("forward --random 1,1,8,8");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("window_left=none window_right=none"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("over 1 run;"), std::string::npos) << r.out;
+  const CliRun w = run_cli("forward --random 1,1,8,8 --window 3,-1 --repeat 2");
+  EXPECT_NE(w.out.find("window_left=3 window_right=none"), std::string::npos) << w.out;
+  EXPECT_NE(w.out.find("over 2 runs;"), std::string::npos) << w.out;
+}
+
 // --version: kfa's version from <kfa/config.hpp>, and a line on the Kokkos it was compiled
 // with (the version of KOKKOS_VERSION, the default execution space); usage text mentions it.
 TEST(Cli, Version) {

@@ -64,6 +64,10 @@ TEST(SeqParCli, RandomCheckPassesInEveryModeAndLayout) {
     SCOPED_TRACE(run.args + " on " + std::to_string(run.ranks) + " ranks");
     const ProgramRun r = seqpar(run.ranks, run.args + " --check --json --repeat 2");
     EXPECT_EQ(r.status, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("GFLOP/s (all " + std::to_string(run.ranks) + " ranks together)"),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("align="), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("PASS"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("\"ranks\":" + std::to_string(run.ranks)), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("\"comm_s\":["), std::string::npos) << r.out;
@@ -292,7 +296,8 @@ TEST(SeqParCli, BadInputEndsEveryRankWithOneLine) {
       " -n 2 sh -c 'if [ \"${OMPI_COMM_WORLD_RANK:-$PMI_RANK}\" = 1 ]; then cd r1; fi; exec " +
       KFA_SEQPAR_PATH + " forward --in sp_good.h5 --out " + out.string() + "'");
   EXPECT_EQ(m.status, 2) << m.out << m.err;
-  EXPECT_NE(m.err.find("rank 1: cannot open input file 'sp_good.h5'"), std::string::npos)
+  EXPECT_NE(m.err.find("kfa-seqpar: error: rank 1: cannot open input file 'sp_good.h5'"),
+            std::string::npos)
       << m.err;
 }
 

@@ -417,9 +417,8 @@ void require_memory(double bytes, const std::string& what, double available) {
     std::ostringstream os;
     os.precision(3);
     os << what << " needs about " << bytes / (1 << 30) << " GiB but this machine has "
-       << available / (1 << 30) << " GiB of memory ("
-       << static_cast<unsigned long long>(bytes) << " bytes needed, "
-       << static_cast<unsigned long long>(available) << " there)";
+       << available / (1 << 30) << " GiB of memory (" << static_cast<unsigned long long>(bytes)
+       << " bytes needed, " << static_cast<unsigned long long>(available) << " there)";
     throw InputError(os.str());
   }
 }

@@ -359,7 +359,7 @@ std::string first_error(const std::string& err, MPI_Comm comm) {
   MPI_Bcast(&len, 1, MPI_INT, first, comm);
   msg.resize(static_cast<std::size_t>(len));
   MPI_Bcast(msg.data(), len, MPI_CHAR, first, comm);
-  return size > 1 ? "on rank " + std::to_string(first) + ": " + msg : msg;
+  return size > 1 ? "rank " + std::to_string(first) + ": " + msg : msg;
 }
 
 }  // namespace
@@ -375,7 +375,7 @@ ParallelH5File::ParallelH5File(const std::string& path, MPI_Comm comm) : path_(p
     err = e.what();
   }
   err = first_error(err, comm);
-  if (!err.empty()) throw InputError(err);
+  if (!err.empty()) throw SameOnEveryRank(err);
   const Handle fapl = mpio_access(comm);
   id_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.id);
   if (id_ < 0) throw InputError("cannot open '" + path + "' as HDF5 (corrupted?)");

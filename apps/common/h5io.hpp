@@ -33,6 +33,12 @@ struct InputError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// An InputError that a collective step raised alike on every rank, its message already
+/// naming the rank it concerns: kfa-seqpar reports it as it is.
+struct SameOnEveryRank : InputError {
+  using InputError::InputError;
+};
+
 /// A failure to write the output (a full disk, a file-size limit): the temporary file is
 /// already removed. The programs end at once on it (std::_Exit), skipping HDF5's exit handlers,
 /// which HDF5 1.10 can crash in after a failed write.

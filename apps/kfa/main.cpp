@@ -55,7 +55,7 @@ using Exec = Kokkos::DefaultExecutionSpace;
 const char* kUsage =
     "usage: kfa forward|backward (--in IN.h5 --out OUT.h5 | --random B,H,N,D [--heads-kv H]\n"
     "                   [--seqlen-k N] [--dtype float|double|bf16|half] [--data-seed S])\n"
-    "                   [--repeat R] [--json] [--check] [pass flags]\n"
+    "                   [--repeat R] [--json] [--check] [--allow-nonfinite] [pass flags]\n"
     "       kfa dropout-mask --shape B,H,NQ,NK --dropout P --seed N [--offset N] --out MASK.h5\n"
     "                   [--json]\n"
     "       kfa --version\n"
@@ -67,7 +67,14 @@ const char* kUsage =
     "  --dtype: the tensors' type; bf16 and half are kfa::bf16 and kfa::half (16-bit on every\n"
     "           build), lse float32. Files give their own type (float32, float64, bfloat16,\n"
     "           float16)\n"
+    "  --random B,H,N,D: a random problem of batch B, H query heads, sequence length N and\n"
+    "           head dimension D (--heads-kv: key/value heads, --seqlen-k: key length)\n"
+    "  --check: compare with the float64 reference under the tolerance rule (exit 1 if broken)\n"
+    "  --json: one JSON object of the run on the last line of stdout\n"
+    "  --allow-nonfinite: run on inputs holding NaN or Inf (refused otherwise)\n"
     "  --version: kfa's version and options, the Kokkos it was compiled with\n"
+    "  --kokkos-FLAG=VALUE: passed to Kokkos (e.g. --kokkos-threads=N), after a check\n"
+    "exit status: 0 success, 1 --check failed, 2 bad input or usage (one line on stderr)\n"
     "pass flags:\n";
 
 // ---- Command line -------------------------------------------------------------------------
@@ -284,8 +291,8 @@ int report(const Options& o, const Dims& d, DType t, const Timing& tm,
            const std::optional<Verdict>& verdict, const char* written) {
   const double gflops = kfa_apps::pass_flops(o, d) / tm.median_s * 1e-9;
   std::printf("%s\n", kfa_apps::describe("kfa", o, d, t, "").c_str());
-  std::printf("time: median %.6f s, min %.6f s over %lld runs; %.2f GFLOP/s\n", tm.median_s,
-              tm.min_s, o.repeat, gflops);
+  std::printf("time: median %.6f s, min %.6f s over %lld run%s; %.2f GFLOP/s\n", tm.median_s,
+              tm.min_s, o.repeat, o.repeat == 1 ? "" : "s", gflops);
   if (verdict) std::printf("%s\n", kfa_apps::summary("the float64 reference", *verdict).c_str());
   if (!o.out.empty()) std::printf("wrote %s to %s\n", written, o.out.c_str());
   if (o.json) {

@@ -68,8 +68,17 @@ const char* kUsage =
     "         (--in IN.h5 --out OUT.h5 | --random B,H,N,D [--heads-kv H] [--seqlen-k N]\n"
     "          [--dtype float|double] [--data-seed S] [--check])\n"
     "         [--mode ring|tree] [--layout contiguous|zigzag] [--repeat R] [--json]\n"
+    "         [--allow-nonfinite]\n"
     "         [pass flags]\n"
     "       kfa-seqpar --version: kfa's version and options, the Kokkos it was compiled with\n"
+    "  B,H,N,D: batch, query heads, sequence length, head dimension\n"
+    "  --check: each rank's rows against a single-rank computation of the whole problem\n"
+    "           (float64 and the run's precision), under the tolerance rule; exit 1 if broken\n"
+    "  --json: one JSON object of the run on the last line of rank 0's stdout\n"
+    "  --allow-nonfinite: run on inputs holding NaN or Inf (refused otherwise)\n"
+    "  --kokkos-FLAG=VALUE: passed to Kokkos (e.g. --kokkos-threads=N), after a check\n"
+    "  GFLOP/s are those of the whole problem, all ranks together\n"
+    "exit status: 0 success, 1 --check failed, 2 bad input or usage (one line from rank 0)\n"
     "pass flags, as kfa's:\n";
 
 struct Options : kfa_apps::RunOptions {
@@ -489,8 +498,10 @@ int report(const Options& o, const Problem& p, const Timing& tm,
   const std::string extra = "ranks=" + std::to_string(P) + " mode=" + kfa::name_of(o.mode) +
                             " layout=" + kfa::name_of(o.layout);
   std::printf("%s\n", kfa_apps::describe("kfa-seqpar", o, p.dims(), p.q.dtype, extra).c_str());
-  std::printf("time: median %.6f s over %lld runs (slowest rank); %.2f GFLOP/s\n", tm.median_s,
-              o.repeat, gflops);
+  std::printf(
+      "time: median %.6f s over %lld run%s (slowest rank); %.2f GFLOP/s (all %d ranks "
+      "together)\n",
+      tm.median_s, o.repeat, o.repeat == 1 ? "" : "s", gflops, P);
   std::vector<double> columns[3];
   for (std::size_t r = 0; r < std::size_t(P); ++r) {
     for (int c = 0; c < 3; ++c)
@@ -608,6 +619,8 @@ auto collectively(const F& f) {
   decltype(f()) result{};
   try {
     result = f();
+  } catch (const kfa_apps::SameOnEveryRank&) {
+    throw;  // every rank is here with the same message: nothing to agree on
   } catch (const InputError& e) {
     err = e.what();
   }
