@@ -613,7 +613,7 @@ TEST(Cli, KokkosFlags) {
 // A file whose headers declare the given dims for /q /k /v, with no data written (HDF5
 // allocates a dataset's storage at its first write).
 fs::path header_only(const std::string& name, std::vector<hsize_t> dims) {
-  const fs::path p = work_dir() / name;
+  fs::path p = work_dir() / name;
   const hid_t f = H5Fcreate(p.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   const hid_t space = H5Screate_simple(4, dims.data(), nullptr);
   const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);

@@ -6,6 +6,7 @@
 
 #include <kfa/config.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <random>
@@ -367,6 +368,34 @@ TEST(SeqParCli, ReportsEveryPassField) {
   const ProgramRun v = seqpar(1, "--version");
   EXPECT_EQ(v.status, 0) << v.out << v.err;
   EXPECT_EQ(v.out.rfind(std::string("kfa-seqpar ") + KFA_VERSION_STRING + "\n", 0), 0u) << v.out;
+}
+
+// A rank killed mid-run (SIGKILL, as a node failure would): the whole job ends within 10 s with
+// a non-zero status, and no output file appears.
+TEST(SeqParCli, KilledRankEndsTheJob) {
+  Problem pb({1, 2, 2, 512, 512, 64}, 12);
+  const Dataset q = from_tensor(pb.q, DType::f32), k = from_tensor(pb.k, DType::f32),
+                v = from_tensor(pb.v, DType::f32);
+  const fs::path in = work_dir() / "sp_kill_in.h5", out = work_dir() / "sp_kill_out.h5";
+  kfa_apps::write_atomic(in.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}});
+  fs::remove(out);
+  // Rank 1 runs the program in the background and kills it after a second; the others run it
+  // for far longer than the test waits (--repeat).
+  const std::string run = std::string(KFA_SEQPAR_PATH) + " forward --in " + in.string() +
+                          " --out " + out.string() + " --repeat 1000000";
+  const auto t0 = std::chrono::steady_clock::now();
+  const ProgramRun r = run_program(
+      "timeout 60 " + std::string(KFA_MPIEXEC) +
+      " -n 2 sh -c 'if [ \"${OMPI_COMM_WORLD_RANK:-$PMI_RANK}\" = 1 ]; then " + run +
+      " & pid=$!; sleep 1; kill -9 $pid; wait $pid; exit 137; else exec " + run + "; fi'");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.status, 124) << "the job outlived the kill by a minute: " << r.err;
+  EXPECT_LT(seconds, 1 + 10) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  for (const auto& e : fs::directory_iterator(work_dir()))
+    EXPECT_EQ(e.path().filename().string().find("sp_kill_out.h5.tmp"), std::string::npos);
 }
 
 }  // namespace

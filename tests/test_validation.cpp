@@ -173,7 +173,8 @@ TEST(Validation, ForwardOutputsOverlappingInputs) {
   expect_forward_overlap(a, alias(a.q), a.lse, {"output o overlaps input q"});
   // A partial overlap: o starting in the last row of k.
   V4 big("big", 4, 4, 10, 32);
-  const U4 kb(big.data(), 2, 4, 10, 32), ob(big.data() + 2 * 4 * 10 * 32 - 32, 2, 4, 10, 32);
+  const U4 kb(big.data(), 2, 4, 10, 32),
+      ob(big.data() + std::ptrdiff_t(2 * 4 * 10 * 32 - 32), 2, 4, 10, 32);
   try {
     kfa::forward(Exec(), a.q, kb, a.v, ob, a.lse, a.p);
     ADD_FAILURE() << "no kfa::Error for o overlapping the last row of k";
@@ -192,10 +193,10 @@ TEST(Validation, ForwardOutputsOverlappingInputs) {
     V4 buf("buf", 1, 2, 20, 32);
     const auto o_rows =
         Kokkos::subview(buf, Kokkos::ALL, Kokkos::ALL, std::make_pair(0, 10), Kokkos::ALL);
-    const U4 k_mid(buf.data() + 10 * 32, 1, 1, 10, 32);
+    const U4 k_mid(buf.data() + std::ptrdiff_t(10 * 32), 1, 1, 10, 32);
     EXPECT_NO_THROW(kfa::forward(Exec(), c.q, k_mid, k_mid, o_rows, c.lse, c.p));
     // and k over o's second head is refused.
-    const U4 k_over(buf.data() + 25 * 32, 1, 1, 10, 32);
+    const U4 k_over(buf.data() + std::ptrdiff_t(25 * 32), 1, 1, 10, 32);
     try {
       kfa::forward(Exec(), c.q, k_over, k_over, o_rows, c.lse, c.p);
       ADD_FAILURE() << "no kfa::Error for k over o's second head";
@@ -205,7 +206,8 @@ TEST(Validation, ForwardOutputsOverlappingInputs) {
   }
   // Apart: o right after k in one buffer is fine.
   V4 two("two", 4, 4, 10, 32);
-  const U4 k2(two.data(), 2, 4, 10, 32), o2(two.data() + 2 * 4 * 10 * 32, 2, 4, 10, 32);
+  const U4 k2(two.data(), 2, 4, 10, 32),
+      o2(two.data() + std::ptrdiff_t(2 * 4 * 10 * 32), 2, 4, 10, 32);
   EXPECT_NO_THROW(kfa::forward(Exec(), a.q, k2, k2, o2, a.lse, a.p));
 }
 
@@ -239,7 +241,8 @@ TEST(Validation, BackwardOutputsOverlapping) {
   kfa::backward(Exec(), q, k, v, o, lse, dout, dq, dk, dv, p);
   Kokkos::View<float*, Device> packed("packed", std::size_t(B) * N * 3 * H * D);
   const auto slice = [&](int c) {
-    const Kokkos::LayoutStride layout(B, std::size_t(N) * 3 * H * D, H, D, N, 3 * H * D, D, 1);
+    const Kokkos::LayoutStride layout(B, std::size_t(N) * 3 * H * D, H, D, N,
+                                      std::size_t(3) * H * D, D, 1);
     return S4(packed.data() + std::size_t(c) * H * D, layout);
   };
   ASSERT_NO_THROW(kfa::backward(Exec(), q, k, v, o, lse, dout, slice(0), slice(1), slice(2), p));

@@ -108,10 +108,16 @@ void check_known_datasets(const std::vector<std::string>& names, const std::stri
   static const char* const known[] = {"/q",  "/k",    "/v",  "/o",  "/lse",
                                       "/do", "/dlse", "/dq", "/dk", "/dv"};
   for (const std::string& n : names)
-    if (std::find(std::begin(known), std::end(known), n) == std::end(known))
-      throw InputError("'" + path + "' holds " + n +
-                       ", which kfa does not read (forward reads /q /k /v; backward also /o "
-                       "/lse /do and /dlse): remove it, or it would be silently ignored");
+    if (std::find(std::begin(known), std::end(known), n) == std::end(known)) {
+      std::string msg = "'";
+      msg += path;
+      msg += "' holds ";
+      msg += n;
+      msg +=
+          ", which kfa does not read (forward reads /q /k /v; backward also /o /lse /do and "
+          "/dlse): remove it, or it would be silently ignored";
+      throw InputError(msg);
+    }
 }
 
 H5File::H5File(const std::string& path) : path_(path) {

@@ -40,6 +40,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <limits>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -787,6 +788,14 @@ int main(int argc, char** argv) {
       MPI_Abort(MPI_COMM_WORLD, 2);
     } catch (const InputError& e) {  // raised on every rank alike (see collectively)
       print_error(e.what());
+    } catch (const std::bad_alloc&) {
+      // Past the memory check (memory taken by something else meanwhile), maybe on this rank
+      // only: end the job with a sentence rather than a bare std::bad_alloc.
+      std::fprintf(stderr,
+                   "kfa-seqpar: error on rank %d: out of memory (the node's memory is short of "
+                   "what this rank's rows need)\n",
+                   comm_rank());
+      MPI_Abort(MPI_COMM_WORLD, 2);
     } catch (const std::exception& e) {
       // Unexpected, maybe on this rank only: end the whole job rather than leave ranks waiting.
       std::fprintf(stderr, "kfa-seqpar: error on rank %d: %s\n", comm_rank(), e.what());
