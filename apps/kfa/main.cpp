@@ -15,6 +15,10 @@
 // backward --random times the backward alone: the forward it needs runs once, untimed.
 // A backward from a file must be given the --dropout, --seed and --offset of its forward.
 //
+// Inputs are checked before any compute: file headers (shapes, int extents, the memory the run
+// needs), NaN/Inf in /q /k /v /do (refused unless --allow-nonfinite), datasets no pass reads,
+// OUT's folder and name; free space before writing.
+//
 // Exit status: 0 success; 1 when --check finds the tolerance rule broken; 2 bad input or usage
 // (one line "kfa: error: ..." on stderr). The output file appears only when the run succeeds.
 #include <kfa/kfa.hpp>
