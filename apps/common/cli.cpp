@@ -274,26 +274,30 @@ struct KokkosFlag {
   const char* name;
   KokkosValue value;
 };
+// Kokkos 3.7 renamed --kokkos-threads, --kokkos-device and --kokkos-ndevices; 4.x no longer
+// reads the old names (4.6 warns and ignores them), nor --kokkos-numa.
 constexpr KokkosFlag kKokkosFlags[] = {
     {"--kokkos-help", KokkosValue::none},
     {"--kokkos-disable-warnings", KokkosValue::none},
     {"--kokkos-tune-internals", KokkosValue::none},
-    {"--kokkos-threads", KokkosValue::count},
-    {"--kokkos-numa", KokkosValue::count},
     {"--kokkos-tools-library", KokkosValue::text},
     {"--kokkos-tools-args", KokkosValue::text},
 #if KOKKOS_VERSION < 40000
+    {"--kokkos-threads", KokkosValue::count},
+    {"--kokkos-numa", KokkosValue::count},
     {"--kokkos-device", KokkosValue::index},
     {"--kokkos-ndevices", KokkosValue::text},
 #endif
 #if KOKKOS_VERSION >= 30700
     {"--kokkos-num-threads", KokkosValue::count},
     {"--kokkos-device-id", KokkosValue::index},
-    {"--kokkos-num-devices", KokkosValue::text},
     {"--kokkos-map-device-id-by", KokkosValue::text},
     {"--kokkos-print-configuration", KokkosValue::none},
     {"--kokkos-tools-libs", KokkosValue::text},
     {"--kokkos-tools-help", KokkosValue::none},
+#endif
+#if KOKKOS_VERSION >= 30700 && KOKKOS_VERSION < 40000
+    {"--kokkos-num-devices", KokkosValue::text},
 #endif
 };
 

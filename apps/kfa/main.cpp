@@ -77,7 +77,8 @@ const char* kUsage =
     "  --json: one JSON object of the run on the last line of stdout\n"
     "  --allow-nonfinite: run on inputs holding NaN or Inf (refused otherwise)\n"
     "  --version: kfa's version and options, the Kokkos it was compiled with\n"
-    "  --kokkos-FLAG=VALUE: passed to Kokkos (e.g. --kokkos-threads=N), after a check\n"
+    "  --kokkos-FLAG=VALUE: passed to Kokkos after a check (threads: --kokkos-threads=N on\n"
+    "           Kokkos 3.4, --kokkos-num-threads=N from 3.7)\n"
     "exit status: 0 success, 1 --check failed, 2 bad input or usage (one line on stderr)\n"
     "pass flags:\n";
 

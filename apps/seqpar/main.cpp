@@ -77,7 +77,8 @@ const char* kUsage =
     "           (float64 and the run's precision), under the tolerance rule; exit 1 if broken\n"
     "  --json: one JSON object of the run on the last line of rank 0's stdout\n"
     "  --allow-nonfinite: run on inputs holding NaN or Inf (refused otherwise)\n"
-    "  --kokkos-FLAG=VALUE: passed to Kokkos (e.g. --kokkos-threads=N), after a check\n"
+    "  --kokkos-FLAG=VALUE: passed to Kokkos after a check (threads: --kokkos-threads=N on\n"
+    "           Kokkos 3.4, --kokkos-num-threads=N from 3.7)\n"
     "  GFLOP/s are those of the whole problem, all ranks together\n"
     "exit status: 0 success, 1 --check failed, 2 bad input or usage (one line from rank 0)\n"
     "pass flags, as kfa's:\n";
