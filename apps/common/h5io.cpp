@@ -275,6 +275,7 @@ void write_atomic(const std::string& path,
   check_free_space(path, bytes);
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
   bool ok = false;
+  errno = 0;  // what the system said of a failed write, if anything
   {
     Handle file{H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose};
     if (file.id < 0)
@@ -300,10 +301,10 @@ void write_atomic(const std::string& path,
     if (H5Fclose(std::exchange(file.id, -1)) < 0) ok = false;
   }
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
+    const std::string why = errno != 0 ? std::string(" (") + std::strerror(errno) + ")" : "";
     std::remove(tmp.c_str());
-    throw WriteError("cannot write output file '" + path + "' (" + why +
-                     "); nothing was written, an existing file is left as it was");
+    throw WriteError("cannot write output file '" + path + "'" + why +
+                     "; nothing was written, an existing file is left as it was");
   }
 }
 
