@@ -395,7 +395,7 @@ TEST(Cli, BadFiles) {
         run_cli("forward --in " + good + " --out " + (work_dir() / "good_out.h5").string()).status,
         0);
   }
-  expect_bad("forward --in " + work_dir().string(), "is not a readable HDF5 file");
+  expect_bad("forward --in " + work_dir().string(), "is a directory, not an HDF5 file");
 
   {  // corrupted: garbage, and a real file cut in half
     std::ofstream(work_dir() / "garbage.h5") << "this is not HDF5 at all";
@@ -576,10 +576,155 @@ TEST(Cli, BadFlags) {
   expect_bad("dropout-mask --shape 1,1,4,4 --dropout 1" + bad_out, "--dropout must be in [0, 1)");
   expect_bad("dropout-mask --dropout 0.1" + bad_out, "dropout-mask needs --shape");
   expect_bad("dropout-mask --shape 1,1,4,4 --dropout 0.1", "dropout-mask needs --out");
-  expect_bad("dropout-mask --shape 100000,1000,1000,1000" + bad_out, "GiB but this machine has");
+  expect_bad("dropout-mask --shape 100000,1000,1000,1000 --dropout 0.1 --seed 1" + bad_out,
+             "GiB but this machine has");
+  // A 20-digit size or count is out of range, not "not an integer".
+  expect_bad(in + " --repeat 123456789012345678901", "--repeat is out of range, got 1234");
+  expect_bad("forward --random 1,2,123456789012345678901,16", "--random seqlen is out of range");
+  expect_bad(in + " --seed 123456789012345678901", "--seed must be < 2^64");
+  // --seed takes the whole uint64 range.
+  EXPECT_EQ(run_cli("forward --random 1,1,8,8 --dropout 0.5 --seed 18446744073709551615").status,
+            0);
+  // Dropout without a seed: an error, not a silent seed 0.
+  expect_bad(in + " --dropout 0.1", "--dropout needs --seed");
+  expect_bad("dropout-mask --shape 1,1,4,4 --dropout 0.1" + bad_out, "--dropout needs --seed");
   const CliRun none = run_cli("");
   EXPECT_EQ(none.status, 2);
   EXPECT_EQ(none.err.rfind("kfa: error: missing command", 0), 0u) << none.err;
+}
+
+// Kokkos' own flags: checked before Kokkos reads them (Kokkos 3.4 aborted on
+// --kokkos-threads=abc and ignored flags it did not know).
+TEST(Cli, KokkosFlags) {
+  // The thread-count flag of this Kokkos (renamed in 3.7; 4.x reads only the new name).
+#if KOKKOS_VERSION >= 40000
+  const std::string threads = "--kokkos-num-threads";
+#else
+  const std::string threads = "--kokkos-threads";
+#endif
+  const std::string run = "forward --random 1,1,8,8 ";
+  expect_bad(run + threads + "=abc", threads + " expects an integer, got 'abc'");
+  expect_bad(run + "--kokkos-frobnicate=1", "unknown option '--kokkos-frobnicate=1' (this Kokkos");
+  expect_bad(run + threads, threads + " expects a value");
+  EXPECT_EQ(run_cli(run + threads + "=1").status, 0);
+#if defined(KOKKOS_ENABLE_OPENMP) || defined(KOKKOS_ENABLE_THREADS) || \
+    defined(KOKKOS_ENABLE_PTHREAD) || defined(KOKKOS_ENABLE_HPX)
+  EXPECT_EQ(run_cli(run + threads + "=2").status, 0);
+#else
+  expect_bad(run + threads + "=2", "no threaded host backend");
+#endif
+}
+
+// A file whose headers declare the given dims for /q /k /v, with no data written (HDF5
+// allocates a dataset's storage at its first write).
+fs::path header_only(const std::string& name, std::vector<hsize_t> dims) {
+  fs::path p = work_dir() / name;
+  const hid_t f = H5Fcreate(p.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  const hid_t space = H5Screate_simple(4, dims.data(), nullptr);
+  const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  std::vector<hsize_t> chunk(4, 1);
+  chunk[3] = dims[3];
+  H5Pset_chunk(dcpl, 4, chunk.data());
+  for (const char* n : {"/q", "/k", "/v"})
+    H5Dclose(H5Dcreate2(f, n, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT));
+  H5Pclose(dcpl);
+  H5Sclose(space);
+  H5Fclose(f);
+  return p;
+}
+
+// Inputs the programs cannot take, found from the file's headers, before anything is allocated:
+// a problem beyond this machine's memory (named with the dataset, bytes needed and bytes
+// there; it once gave "out of memory" with no size), extents beyond int.
+TEST(Cli, FileHeadersBeyondLimits) {
+  expect_bad("forward --in " + header_only("huge.h5", {1, 64, 1000000, 128}).string(),
+             "dataset /q (1,64,1000000,128) with /k (1,64,1000000,128) (float32) in '");
+  expect_bad("forward --in " + header_only("huge2.h5", {1, 64, 1000000, 128}).string(),
+             "bytes needed");
+  expect_bad("forward --in " + header_only("wide.h5", {1, 1, 2147483648ULL, 16}).string(),
+             "declares shape (1,1,2147483648,16): extent 2147483648 (dimension 2)");
+}
+
+// NaN or Inf in the inputs: refused with the count and the first position, or run with
+// --allow-nonfinite; datasets the passes do not read: refused rather than ignored.
+TEST(Cli, NonFiniteAndUnknownInputs) {
+  Problem pb({1, 2, 2, 10, 12, 16}, 3);
+  const Dataset q = from_tensor(pb.q, DType::f32), v = from_tensor(pb.v, DType::f32);
+  Dataset k = from_tensor(pb.k, DType::f32);
+  k.data[((0 * 2 + 1) * 12 + 5) * 16 + 3] = std::nan("");
+  k.data[((0 * 2 + 1) * 12 + 7) * 16 + 0] = INFINITY;
+  const std::string nan_in = write_inputs("nan_in.h5", q, k, v).string();
+  expect_bad("forward --in " + nan_in,
+             "dataset /k in '" + nan_in + "' holds 2 non-finite values, the first at (0,1,5,3)");
+  const fs::path out = work_dir() / "nan_out.h5";
+  EXPECT_EQ(
+      run_cli("forward --in " + nan_in + " --out " + out.string() + " --allow-nonfinite").status,
+      0);
+  EXPECT_TRUE(fs::exists(out));
+  const fs::path masked = work_dir() / "masked.h5";
+  const Dataset good_k = from_tensor(pb.k, DType::f32);
+  kfa_apps::write_atomic(masked.string(), {{"/q", &q}, {"/k", &good_k}, {"/v", &v}, {"/mask", &q}});
+  expect_bad("forward --in " + masked.string(), "holds /mask, which kfa does not read");
+}
+
+// The output's folder and name, checked before any compute with the OS's reason and the path
+// as given; a write that fails (here a file-size limit) removes its temporary file, keeps an
+// existing OUT and exits 2 with one line (HDF5 1.10 crashed with SIGSEGV in its exit handler).
+TEST(Cli, OutputPaths) {
+  Problem pb({1, 2, 2, 64, 64, 64}, 4);
+  const std::string in = write_inputs("out_in.h5", from_tensor(pb.q, DType::f32),
+                                      from_tensor(pb.k, DType::f32), from_tensor(pb.v, DType::f32))
+                             .string();
+  const auto bad = [&](const std::string& out, const std::string& expect) {
+    SCOPED_TRACE(out);
+    const CliRun r = run_cli("forward --in " + in + " --out " + out);
+    EXPECT_EQ(r.status, 2) << r.out << r.err;
+    EXPECT_EQ(r.err.rfind("kfa: error: ", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty()) << "computed before the check: " << r.out;
+  };
+  bad(work_dir().string(), "--out '" + work_dir().string() + "' is a directory");
+  bad((work_dir() / "no_such_dir" / "o.h5").string(),
+      "folder '" + (work_dir() / "no_such_dir").string() + "' does not exist");
+  bad(in + "/o.h5", "'" + in + "' is not a folder");
+  const CliRun m =
+      run_cli("dropout-mask --shape 1,1,4,4 --dropout 0.1 --seed 1 --out " + work_dir().string());
+  EXPECT_EQ(m.status, 2);
+  EXPECT_NE(m.err.find("is a directory"), std::string::npos) << m.err;
+
+  const fs::path out = work_dir() / "kept.h5";
+  std::ofstream(out) << "an older output";
+  // 64 KiB at most per file, and SIGXFSZ ignored so that the write fails with EFBIG.
+  const CliRun r = run_program("(ulimit -f 64; trap '' XFSZ; " + std::string(KFA_CLI_PATH) +
+                               " forward --in " + in + " --out " + out.string() + ")");
+  EXPECT_EQ(r.status, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("kfa: error: cannot write output file '" + out.string() + "'"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(slurp(out), "an older output");
+  for (const auto& e : fs::directory_iterator(work_dir()))
+    EXPECT_EQ(e.path().filename().string().find("kept.h5.tmp"), std::string::npos);
+}
+
+// What a newcomer reads: --help explains the problem's letters, --check, --json, the exit
+// status and Kokkos' flags; the description says "none" for an unbounded window and counts
+// runs in the singular when there is one.
+TEST(Cli, Wording) {
+  const CliRun h = run_cli("--help");
+  ASSERT_EQ(h.status, 0) << h.err;
+  for (const char* s : {"batch B, H query heads, sequence length N", "--check:", "--json:",
+                        "exit status: 0 success, 1 --check failed, 2 bad input",
+                        "--kokkos-FLAG=VALUE", "--allow-nonfinite"})
+    EXPECT_NE(h.out.find(s), std::string::npos) << s << " missing from:\n" << h.out;
+  const CliRun r = run_cli("forward --random 1,1,8,8");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("window_left=none window_right=none"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("over 1 run;"), std::string::npos) << r.out;
+  const CliRun w = run_cli("forward --random 1,1,8,8 --window 3,-1 --repeat 2");
+  EXPECT_NE(w.out.find("window_left=3 window_right=none"), std::string::npos) << w.out;
+  EXPECT_NE(w.out.find("over 2 runs;"), std::string::npos) << w.out;
 }
 
 // --version: kfa's version from <kfa/config.hpp>, and a line on the Kokkos it was compiled

@@ -1,5 +1,6 @@
 // Checks the oracle itself, on tiny sizes, against things it did not compute: central finite
 // differences of its LSE, closed forms, and the mask definitions written out by hand.
+#include <kfa/dropout.hpp>
 #include <kfa/flops.hpp>
 #include <kfa/reference.hpp>
 
@@ -52,14 +53,33 @@ TEST(Reference, LseGradientMatchesFiniteDifferences) {
 // L = sum(O * G) + sum(LSE * g), for every element of q, k and v, with masks, softcap and a
 // shared kv head (so dK and dV sum over the group).
 TEST(Reference, GradientsMatchFiniteDifferences) {
-  std::vector<kfa::Params> cases(3);
+  std::vector<kfa::Params> cases(4);
   cases[1].causal = true;
   cases[1].window_left = 2;
   cases[2].softcap = 0.7;  // tight cap: tanh far from linear
   cases[2].align = kfa::Align::top_left;
   cases[2].causal = true;
+  // Dropout: the gradient of O = (softmax(S) * Z) V with Z = keep / (1 - p) for a fixed mask,
+  // against differences of the forward with that mask (which shares no code with the
+  // backward's dropout terms).
+  cases[3].dropout = 0.3;
+  cases[3].seed = 5;
+  cases[3].offset = 2;
+  cases[3].causal = true;
   for (const auto& p : cases) {
     const int B = 1, Hq = 2, Hk = 1, Nq = 4, Nk = 6, D = 3;
+    Keep4 keep;
+    if (p.dropout > 0) {
+      Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, Kokkos::HostSpace> mask("keep", B, Hq, Nq,
+                                                                                  Nk);
+      kfa::dropout_mask(Kokkos::DefaultHostExecutionSpace(), mask, p);
+      Kokkos::fence();
+      keep = mask;
+      int dropped = 0;
+      for (std::size_t e = 0; e < mask.span(); ++e)
+        dropped += mask.data()[e] == 0;
+      ASSERT_GT(dropped, 0) << "a mask that drops nothing checks nothing";
+    }
     Problem pb({B, Hq, Hk, Nq, Nk, D}, 99, 2.0);
     std::mt19937_64 gen(100);
     const Tensor4 G = random_tensor("G", B, Hq, Nq, D, gen);
@@ -70,7 +90,7 @@ TEST(Reference, GradientsMatchFiniteDifferences) {
     auto loss = [&]() {
       Tensor4 o(std::string("o"), B, Hq, Nq, D);
       Tensor3 lse(std::string("lse"), B, Hq, Nq);
-      ref::forward<double>(pb.q, pb.k, pb.v, p, o, lse);
+      ref::forward<double>(pb.q, pb.k, pb.v, p, o, lse, keep);
       double l = 0;
       for (std::size_t e = 0; e < o.span(); ++e)
         l += o.data()[e] * G.data()[e];
@@ -80,7 +100,7 @@ TEST(Reference, GradientsMatchFiniteDifferences) {
     };
     Tensor4 dq(std::string("dq"), B, Hq, Nq, D), dk(std::string("dk"), B, Hk, Nk, D),
         dv(std::string("dv"), B, Hk, Nk, D);
-    ref::backward<double>(pb.q, pb.k, pb.v, p, G, g, dq, dk, dv);
+    ref::backward<double>(pb.q, pb.k, pb.v, p, G, g, dq, dk, dv, keep);
     const double h = 1e-6;
     for (const auto& [x, grad] : {std::pair{pb.q, dq}, std::pair{pb.k, dk}, std::pair{pb.v, dv}})
       for (std::size_t e = 0; e < x.span(); ++e) {

@@ -6,6 +6,8 @@
 
 #include <kfa/config.hpp>
 
+#include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -63,6 +65,10 @@ TEST(SeqParCli, RandomCheckPassesInEveryModeAndLayout) {
     SCOPED_TRACE(run.args + " on " + std::to_string(run.ranks) + " ranks");
     const ProgramRun r = seqpar(run.ranks, run.args + " --check --json --repeat 2");
     EXPECT_EQ(r.status, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("GFLOP/s (all " + std::to_string(run.ranks) + " ranks together)"),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("align="), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("PASS"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("\"ranks\":" + std::to_string(run.ranks)), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("\"comm_s\":["), std::string::npos) << r.out;
@@ -201,10 +207,35 @@ TEST(SeqParCli, BadInputEndsEveryRankWithOneLine) {
                 vh = from_tensor(pb.v, DType::f16);
   const fs::path half = work_dir() / "sp_half.h5";
   kfa_apps::write_atomic(half.string(), {{"/q", &qh}, {"/k", &kh}, {"/v", &vh}});
+  // NaN in /k, an unknown dataset, a header beyond memory.
+  Dataset k_nan = k;
+  k_nan.data[((0 * 2 + 1) * 40 + 33) * 16 + 2] = std::nan("");
+  const fs::path nan = work_dir() / "sp_nan.h5", mask = work_dir() / "sp_mask.h5",
+                 huge = work_dir() / "sp_huge.h5";
+  kfa_apps::write_atomic(nan.string(), {{"/q", &q}, {"/k", &k_nan}, {"/v", &v}});
+  kfa_apps::write_atomic(mask.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/mask", &v}});
+  {
+    const hid_t f = H5Fcreate(huge.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    const hsize_t dims[4] = {1, 64, 1000000, 128}, chunk[4] = {1, 1, 1, 128};
+    const hid_t space = H5Screate_simple(4, dims, nullptr), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(dcpl, 4, chunk);
+    for (const char* n : {"/q", "/k", "/v"})
+      H5Dclose(H5Dcreate2(f, n, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT));
+    H5Pclose(dcpl);
+    H5Sclose(space);
+    H5Fclose(f);
+  }
   struct Case {
     std::string args, want;
   };
   const Case cases[] = {
+      {"forward --in " + nan.string() + " --out " + out.string(),
+       "holds 1 non-finite value in rank 2's rows, the first at (0,1,33,2)"},
+      {"forward --in " + mask.string() + " --out " + out.string(), "holds /mask"},
+      {"forward --in " + work_dir().string() + " --out " + out.string(), "is a directory"},
+      {"forward --in " + huge.string() + " --out " + out.string(),
+       "dataset /q (1,64,1000000,128) with /k (1,64,1000000,128) (float32) in"},
+      {"forward --in " + good.string() + " --out " + work_dir().string(), "is a directory"},
       {"forward --in " + (work_dir() / "missing.h5").string() + " --out " + out.string(),
        "cannot open input file"},
       {"forward --in " + bad.string() + " --out " + out.string(), "dataset /v has shape"},
@@ -236,7 +267,39 @@ TEST(SeqParCli, BadInputEndsEveryRankWithOneLine) {
   const ProgramRun r = seqpar(2, "forward --in " + good.string() + " --out " +
                                      (work_dir() / "no" / "such" / "dir.h5").string());
   EXPECT_EQ(r.status, 2) << r.out << r.err;
-  EXPECT_NE(r.err.find("cannot create output file"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("does not exist"), std::string::npos) << r.err;
+
+  // A write that fails on every rank (a file-size limit on each): one line, the existing OUT
+  // kept, no temporary file, exit 2 (HDF5's exit handlers skipped).
+  Problem big({1, 2, 2, 256, 256, 64}, 9);
+  const Dataset bq = from_tensor(big.q, DType::f32), bk = from_tensor(big.k, DType::f32),
+                bv = from_tensor(big.v, DType::f32);
+  const fs::path big_in = work_dir() / "sp_big.h5", kept = work_dir() / "sp_kept.h5";
+  kfa_apps::write_atomic(big_in.string(), {{"/q", &bq}, {"/k", &bk}, {"/v", &bv}});
+  std::ofstream(kept) << "an older output";
+  const ProgramRun w = run_program(
+      "timeout 60 " + std::string(KFA_MPIEXEC) + " -n 2 sh -c \"ulimit -f 64; trap '' XFSZ; exec " +
+      KFA_SEQPAR_PATH + " forward --in " + big_in.string() + " --out " + kept.string() + "\"");
+  EXPECT_EQ(w.status, 2) << w.out << w.err;
+  EXPECT_NE(w.err.find("kfa-seqpar: error: cannot write output file '" + kept.string() + "'"),
+            std::string::npos)
+      << w.err;
+  EXPECT_EQ(w.err.find("kfa-seqpar: error: "), w.err.rfind("kfa-seqpar: error: ")) << w.err;
+  EXPECT_EQ(slurp(kept), "an older output");
+  for (const auto& e : fs::directory_iterator(work_dir()))
+    EXPECT_EQ(e.path().filename().string().find("sp_kept.h5.tmp"), std::string::npos);
+
+  // An input missing on rank 1 alone (its own relative path, from another folder): named with
+  // that rank's path.
+  fs::create_directories(work_dir() / "r1");
+  const ProgramRun m = run_program(
+      "cd " + work_dir().string() + " && timeout 60 " + std::string(KFA_MPIEXEC) +
+      " -n 2 sh -c 'if [ \"${OMPI_COMM_WORLD_RANK:-$PMI_RANK}\" = 1 ]; then cd r1; fi; exec " +
+      KFA_SEQPAR_PATH + " forward --in sp_good.h5 --out " + out.string() + "'");
+  EXPECT_EQ(m.status, 2) << m.out << m.err;
+  EXPECT_NE(m.err.find("kfa-seqpar: error: rank 1: cannot open input file 'sp_good.h5'"),
+            std::string::npos)
+      << m.err;
 }
 
 // Options that differ between ranks, which left ranks waiting in different collectives (or
@@ -305,6 +368,34 @@ TEST(SeqParCli, ReportsEveryPassField) {
   const ProgramRun v = seqpar(1, "--version");
   EXPECT_EQ(v.status, 0) << v.out << v.err;
   EXPECT_EQ(v.out.rfind(std::string("kfa-seqpar ") + KFA_VERSION_STRING + "\n", 0), 0u) << v.out;
+}
+
+// A rank killed mid-run (SIGKILL, as a node failure would): the whole job ends within 10 s with
+// a non-zero status, and no output file appears.
+TEST(SeqParCli, KilledRankEndsTheJob) {
+  Problem pb({1, 2, 2, 512, 512, 64}, 12);
+  const Dataset q = from_tensor(pb.q, DType::f32), k = from_tensor(pb.k, DType::f32),
+                v = from_tensor(pb.v, DType::f32);
+  const fs::path in = work_dir() / "sp_kill_in.h5", out = work_dir() / "sp_kill_out.h5";
+  kfa_apps::write_atomic(in.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}});
+  fs::remove(out);
+  // Rank 1 runs the program in the background and kills it after a second; the others run it
+  // for far longer than the test waits (--repeat).
+  const std::string run = std::string(KFA_SEQPAR_PATH) + " forward --in " + in.string() +
+                          " --out " + out.string() + " --repeat 1000000";
+  const auto t0 = std::chrono::steady_clock::now();
+  const ProgramRun r = run_program(
+      "timeout 60 " + std::string(KFA_MPIEXEC) +
+      " -n 2 sh -c 'if [ \"${OMPI_COMM_WORLD_RANK:-$PMI_RANK}\" = 1 ]; then " + run +
+      " & pid=$!; sleep 1; kill -9 $pid; wait $pid; exit 137; else exec " + run + "; fi'");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.status, 124) << "the job outlived the kill by a minute: " << r.err;
+  EXPECT_LT(seconds, 1 + 10) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  for (const auto& e : fs::directory_iterator(work_dir()))
+    EXPECT_EQ(e.path().filename().string().find("sp_kill_out.h5.tmp"), std::string::npos);
 }
 
 }  // namespace

@@ -1,5 +1,8 @@
 #include "cli.hpp"
 
+#include <unistd.h>
+#include <Kokkos_Macros.hpp>
+
 #include <charconv>
 #include <climits>
 #include <cmath>
@@ -19,6 +22,9 @@ long long parse_int(const std::string& flag, const std::string& text, long long 
   long long v = 0;
   try {
     v = std::stoll(text, &used);
+  } catch (const std::out_of_range&) {
+    // An integer, too long for any size or count the programs take.
+    throw InputError(flag + " is out of range, got " + text);
   } catch (const std::exception&) {
     used = 0;
   }
@@ -251,10 +257,85 @@ bool parse_run_flag(const std::string& flag, const FlagValue& value, RunOptions&
     o.json = true;
   } else if (flag == "--check") {
     o.check = true;
+  } else if (flag == "--allow-nonfinite") {
+    o.allow_nonfinite = true;
   } else {
+    o.seed_given = o.seed_given || flag == "--seed";
     return parse_pass_flag(flag, value, o.params, o.pass());
   }
   return true;
+}
+
+// Kokkos' own flags, by the Kokkos the programs were built with, and what their values must
+// be. Kokkos reads them itself, but 3.4 aborts on --kokkos-threads=abc (an exception from its
+// initialisation) and ignores a flag it does not know, so the programs check them first.
+enum class KokkosValue { none, count, index, text };
+struct KokkosFlag {
+  const char* name;
+  KokkosValue value;
+};
+// Kokkos 3.7 renamed --kokkos-threads, --kokkos-device and --kokkos-ndevices; 4.x no longer
+// reads the old names (4.6 warns and ignores them), nor --kokkos-numa.
+constexpr KokkosFlag kKokkosFlags[] = {
+    {"--kokkos-help", KokkosValue::none},
+    {"--kokkos-disable-warnings", KokkosValue::none},
+    {"--kokkos-tune-internals", KokkosValue::none},
+    {"--kokkos-tools-library", KokkosValue::text},
+    {"--kokkos-tools-args", KokkosValue::text},
+#if KOKKOS_VERSION < 40000
+    {"--kokkos-threads", KokkosValue::count},
+    {"--kokkos-numa", KokkosValue::count},
+    {"--kokkos-device", KokkosValue::index},
+    {"--kokkos-ndevices", KokkosValue::text},
+#endif
+#if KOKKOS_VERSION >= 30700
+    {"--kokkos-num-threads", KokkosValue::count},
+    {"--kokkos-device-id", KokkosValue::index},
+    {"--kokkos-map-device-id-by", KokkosValue::text},
+    {"--kokkos-print-configuration", KokkosValue::none},
+    {"--kokkos-tools-libs", KokkosValue::text},
+    {"--kokkos-tools-help", KokkosValue::none},
+#endif
+#if KOKKOS_VERSION >= 30700 && KOKKOS_VERSION < 40000
+    {"--kokkos-num-devices", KokkosValue::text},
+#endif
+};
+
+#if defined(KOKKOS_ENABLE_OPENMP) || defined(KOKKOS_ENABLE_THREADS) || \
+    defined(KOKKOS_ENABLE_PTHREAD) || defined(KOKKOS_ENABLE_HPX)
+constexpr bool kThreadedHost = true;
+#else
+constexpr bool kThreadedHost = false;
+#endif
+
+void check_kokkos_flag(const std::string& arg, const char* program) {
+  const std::size_t eq = arg.find('=');
+  const std::string name = arg.substr(0, eq);
+  const KokkosFlag* found = nullptr;
+  for (const KokkosFlag& f : kKokkosFlags)
+    if (name == f.name) found = &f;
+  if (!found) {
+    std::string known;
+    for (const KokkosFlag& f : kKokkosFlags)
+      known += (known.empty() ? "" : ", ") + std::string(f.name);
+    throw InputError("unknown option '" + arg + "' (this Kokkos " +
+                     std::to_string(KOKKOS_VERSION / 10000) + "." +
+                     std::to_string(KOKKOS_VERSION / 100 % 100) + " takes " + known + "; see " +
+                     program + " --help)");
+  }
+  if (found->value == KokkosValue::none) {
+    if (eq != std::string::npos) throw InputError(name + " takes no value, got '" + arg + "'");
+    return;
+  }
+  if (eq == std::string::npos) throw InputError(name + " expects a value: " + name + "=VALUE");
+  const std::string text = arg.substr(eq + 1);
+  if (found->value == KokkosValue::text) return;
+  const long long v = parse_int(name, text, found->value == KokkosValue::count ? 1 : 0);
+  if (v > INT_MAX) throw InputError(name + " must fit in int, got " + text);
+  const bool threads = name == "--kokkos-threads" || name == "--kokkos-num-threads";
+  if (threads && v > 1 && !kThreadedHost)
+    throw InputError(arg + ": this build's Kokkos has no threaded host backend (OpenMP or " +
+                     "Threads), so it runs on one thread; leave the flag out");
 }
 
 InputError unknown_option(const std::string& flag, const char* program) {
@@ -283,7 +364,10 @@ void parse_command_line(int argc, char** argv, const char* program,
     throw InputError("unknown command '" + o.command + "' (expected: " + one_of(commands) + ")");
   for (int a = 2; a < argc; ++a) {
     const std::string flag = argv[a];
-    if (flag.rfind("--kokkos-", 0) == 0) continue;  // Kokkos' own flags, read by Kokkos
+    if (flag.rfind("--kokkos-", 0) == 0) {  // Kokkos' own flags, read by Kokkos
+      check_kokkos_flag(flag, program);
+      continue;
+    }
     o.action = action_of(flag);
     if (o.action != Action::run) return;
     const FlagValue value = [&]() -> std::string {
@@ -292,6 +376,13 @@ void parse_command_line(int argc, char** argv, const char* program,
     };
     if (!own(flag, value) && !parse_run_flag(flag, value, o)) throw unknown_option(flag, program);
   }
+}
+
+void check_dropout_seed(const RunOptions& o) {
+  if (o.params.dropout > 0 && !o.seed_given)
+    throw InputError(
+        "--dropout needs --seed N: the mask is a function of the seed (give the "
+        "backward the forward's --seed and --offset)");
 }
 
 void check_sources(const RunOptions& o) {
@@ -308,6 +399,8 @@ void check_sources(const RunOptions& o) {
   if (file_mode && std::filesystem::equivalent(o.in, o.out, ec))
     throw InputError("--out " + o.out + " is the input file " + o.in +
                      " (the output would replace it); choose another --out");
+  if (file_mode) check_output_path(o.out);
+  check_dropout_seed(o);
   if (file_mode && (o.heads_kv || o.seqlen_k))
     throw InputError("--heads-kv and --seqlen-k apply to --random only");
   if (!o.random.empty() && o.heads_kv && o.random[1] % *o.heads_kv != 0)
@@ -316,6 +409,22 @@ void check_sources(const RunOptions& o) {
   for (long long n : o.random)
     if (n > INT_MAX) throw InputError("--random values must fit in int");
   if (o.seqlen_k && *o.seqlen_k > INT_MAX) throw InputError("--seqlen-k must fit in int");
+}
+
+double physical_memory() {
+  const double pages = double(sysconf(_SC_PHYS_PAGES)), page = double(sysconf(_SC_PAGE_SIZE));
+  return pages > 0 && page > 0 ? pages * page : 0;
+}
+
+void require_memory(double bytes, const std::string& what, double available) {
+  if (available > 0 && bytes > 0.9 * available) {
+    std::ostringstream os;
+    os.precision(3);
+    os << what << " needs about " << bytes / (1 << 30) << " GiB but this machine has "
+       << available / (1 << 30) << " GiB of memory (" << static_cast<unsigned long long>(bytes)
+       << " bytes needed, " << static_cast<unsigned long long>(available) << " there)";
+    throw InputError(os.str());
+  }
 }
 
 std::string exact(double x) {

@@ -73,6 +73,10 @@ struct RunOptions {
   std::uint64_t data_seed = 0;
   long long repeat = 1;
   bool json = false, check = false;
+  /// --allow-nonfinite: NaN and Inf in the inputs are passed to the kernels (refused otherwise).
+  bool allow_nonfinite = false;
+  /// Whether --seed was given (--dropout needs it).
+  bool seed_given = false;
   kfa::Params params;
   /// The pass the command runs; Passes::both for a command that is neither.
   kfa::Passes pass() const;
@@ -83,15 +87,27 @@ using FlagReader = std::function<bool(const std::string& flag, const FlagValue& 
 
 /// Parses `PROGRAM COMMAND [flags]` into o: COMMAND is one of `commands`, --help or --version
 /// (either may also come among the flags, which ends the parse). Each flag goes to `own`
-/// first, then to the shared ones; Kokkos' own (--kokkos-...) are left to Kokkos. Throws
-/// InputError for anything else. Leaves the rules between flags to check_sources.
+/// first, then to the shared ones; Kokkos' own (--kokkos-...) are checked against the flags
+/// this Kokkos takes and left to Kokkos. Throws InputError for anything else. Leaves the rules
+/// between flags to check_sources.
 void parse_command_line(int argc, char** argv, const char* program,
                         const std::vector<std::string>& commands, const FlagReader& own,
                         RunOptions& o);
 
 /// The rules between the shared flags of a pass: files or --random, not both, sizes that the
-/// programs' int indices hold; throws InputError.
+/// programs' int indices hold, an input that is a file and an OUT that can be written, a
+/// --seed for --dropout; throws InputError.
 void check_sources(const RunOptions& o);
+
+/// Throws InputError when --dropout is given without --seed.
+void check_dropout_seed(const RunOptions& o);
+
+/// This machine's memory in bytes (0 when unknown).
+double physical_memory();
+
+/// Throws InputError when `bytes` is more than 90 % of `available` bytes of memory (this
+/// machine's, by default), naming `what`, the bytes needed and the bytes there are.
+void require_memory(double bytes, const std::string& what, double available = physical_memory());
 
 /// The shortest decimal that reads back as exactly x, so a JSON line reproduces the run.
 std::string exact(double x);

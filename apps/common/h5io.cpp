@@ -1,11 +1,17 @@
 #include "h5io.hpp"
 
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <utility>
 
 namespace kfa_apps {
@@ -28,10 +34,100 @@ struct Handle {
 
 }  // namespace
 
-H5File::H5File(const std::string& path) : path_(path) {
-  silence_hdf5();
+void check_input_path(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw InputError("input '" + path + "' is a directory, not an HDF5 file");
   if (!std::ifstream(path).good())
     throw InputError("cannot open input file '" + path + "': " + std::strerror(errno));
+}
+
+namespace {
+
+// The folder OUT is written in, as the user named it ("." for a bare name).
+std::filesystem::path folder_of(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  return parent.empty() ? std::filesystem::path(".") : parent;
+}
+
+}  // namespace
+
+void check_output_path(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw InputError("--out '" + path + "' is a directory; give a file name");
+  const std::filesystem::path dir = folder_of(path);
+  if (!std::filesystem::exists(dir, ec))
+    throw InputError("cannot write '" + path + "': folder '" + dir.string() + "' does not exist");
+  if (!std::filesystem::is_directory(dir, ec))
+    throw InputError("cannot write '" + path + "': '" + dir.string() + "' is not a folder");
+  // The output is written beside OUT under a temporary name, then renamed over it.
+  if (access(dir.c_str(), W_OK | X_OK) != 0)
+    throw InputError("cannot write '" + path + "': folder '" + dir.string() +
+                     "': " + std::strerror(errno));
+}
+
+void check_free_space(const std::string& path, double bytes) {
+  const std::filesystem::path dir = folder_of(path);
+  struct statvfs fs {};
+  if (statvfs(dir.c_str(), &fs) != 0) return;  // unknown: the write itself will tell
+  const double free = double(fs.f_bavail) * double(fs.f_frsize);
+  // HDF5's own metadata: a few KiB a dataset; 1 MiB covers it.
+  const double need = bytes + double(1 << 20);
+  if (need > free) {
+    std::ostringstream os;
+    os << "not enough free space to write '" << path << "': it needs about "
+       << static_cast<unsigned long long>(need) << " bytes, and the file system of '"
+       << dir.string() << "' has " << static_cast<unsigned long long>(free) << " free";
+    throw InputError(os.str());
+  }
+}
+
+std::string shape_of(const std::vector<hsize_t>& dims) {
+  std::string out = "(";
+  for (std::size_t i = 0; i < dims.size(); ++i)
+    out += (i ? "," : "") + std::to_string(dims[i]);
+  return out + ")";
+}
+
+NonFinite find_non_finite(const Dataset& d) {
+  NonFinite nf;
+  std::size_t first = 0;
+  for (std::size_t e = 0; e < d.data.size(); ++e)
+    if (!std::isfinite(d.data[e]) && nf.count++ == 0) first = e;
+  if (nf.count == 0) return nf;
+  nf.first.resize(d.dims.size());
+  for (std::size_t r = d.dims.size(); r-- > 0;) {
+    nf.first[r] = first % d.dims[r];
+    first /= d.dims[r];
+  }
+  return nf;
+}
+
+void check_known_datasets(const std::vector<std::string>& names, const std::string& path,
+                          bool multiscale) {
+  static const char* const known[] = {"/q",  "/k",    "/v",  "/o",  "/lse",
+                                      "/do", "/dlse", "/dq", "/dk", "/dv"};
+  static const char* const known_msa[] = {"/mask", "/rsum"};  // --multiscale's own
+  for (const std::string& n : names)
+    if (std::find(std::begin(known), std::end(known), n) == std::end(known) &&
+        (!multiscale ||
+         std::find(std::begin(known_msa), std::end(known_msa), n) == std::end(known_msa))) {
+      std::string msg = "'";
+      msg += path;
+      msg += "' holds ";
+      msg += n;
+      msg +=
+          ", which kfa does not read (forward reads /q /k /v; backward also /o /lse /do and "
+          "/dlse; --multiscale also /mask, and /rsum instead of /lse): remove it, or it would "
+          "be silently ignored";
+      throw InputError(msg);
+    }
+}
+
+H5File::H5File(const std::string& path) : path_(path) {
+  silence_hdf5();
+  check_input_path(path);
   if (H5Fis_hdf5(path.c_str()) <= 0)
     throw InputError("input file '" + path + "' is not a readable HDF5 file (corrupted?)");
   id_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -44,6 +140,26 @@ H5File::~H5File() {
 
 bool H5File::has(const std::string& dataset) const {
   return H5Lexists(id_, dataset.c_str(), H5P_DEFAULT) > 0;
+}
+
+namespace {
+
+herr_t collect_name(hid_t, const char* name, const H5L_info_t*, void* out) {
+  static_cast<std::vector<std::string>*>(out)->push_back(std::string("/") + name);
+  return 0;
+}
+
+std::vector<std::string> names_in(hid_t file) {
+  std::vector<std::string> out;
+  hsize_t at = 0;
+  H5Literate(file, H5_INDEX_NAME, H5_ITER_NATIVE, &at, collect_name, &out);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> H5File::names() const {
+  return names_in(id_);
 }
 
 namespace {
@@ -97,6 +213,20 @@ Dataset read_header(hid_t ds, const std::string& where, int rank) {
                      std::to_string(rank));
   out.dims.resize(rank);
   H5Sget_simple_extent_dims(space.id, out.dims.data(), nullptr);
+  // The programs index each extent with int and hold the elements in memory: a header
+  // declaring more is refused here, before anything is allocated.
+  double elements = 1;
+  for (int i = 0; i < rank; ++i) {
+    if (out.dims[i] > hsize_t(INT_MAX))
+      throw InputError(where + " declares shape " + shape_of(out.dims) + ": extent " +
+                       std::to_string(out.dims[i]) + " (dimension " + std::to_string(i) +
+                       ") is more than the kernels' int indices hold (" + std::to_string(INT_MAX) +
+                       ")");
+    elements *= double(out.dims[i]);
+  }
+  if (elements * 8 > double(SIZE_MAX) / 2)
+    throw InputError(where + " declares shape " + shape_of(out.dims) +
+                     ": its element count overflows this machine's sizes");
   return out;
 }
 
@@ -120,6 +250,14 @@ Handle file_type(DType t) {
 
 }  // namespace
 
+Dataset H5File::header(const std::string& name, int rank) const {
+  const std::string where = "dataset " + name + " in '" + path_ + "'";
+  if (!has(name)) throw InputError("missing " + where);
+  Handle ds{H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose};
+  if (ds.id < 0) throw InputError("cannot open " + where);
+  return read_header(ds.id, where, rank);
+}
+
 Dataset H5File::read(const std::string& name, int rank) const {
   const std::string where = "dataset " + name + " in '" + path_ + "'";
   if (!has(name)) throw InputError("missing " + where);
@@ -136,11 +274,17 @@ Dataset H5File::read(const std::string& name, int rank) const {
 void write_atomic(const std::string& path,
                   const std::vector<std::pair<std::string, const Dataset*>>& datasets) {
   silence_hdf5();
+  double bytes = 0;
+  for (const auto& [name, d] : datasets)
+    bytes += double(d->size()) * double(element_bytes(d->dtype));
+  check_free_space(path, bytes);
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
   bool ok = false;
+  errno = 0;  // what the system said of a failed write, if anything
   {
     Handle file{H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose};
-    if (file.id < 0) throw InputError("cannot create output file '" + tmp + "'");
+    if (file.id < 0)
+      throw WriteError("cannot create output file '" + path + "' (as '" + tmp + "')");
     ok = true;
     for (const auto& [name, d] : datasets) {
       Handle space{H5Screate_simple(int(d->dims.size()), d->dims.data(), nullptr), H5Sclose};
@@ -158,10 +302,14 @@ void write_atomic(const std::string& path,
       }
     }
     if (ok && H5Fflush(file.id, H5F_SCOPE_GLOBAL) < 0) ok = false;
+    // The close writes what the flush left (a failure there is a failed write too).
+    if (H5Fclose(std::exchange(file.id, -1)) < 0) ok = false;
   }
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = errno != 0 ? std::string(" (") + std::strerror(errno) + ")" : "";
     std::remove(tmp.c_str());
-    throw InputError("cannot write output file '" + path + "'");
+    throw WriteError("cannot write output file '" + path + "'" + why +
+                     "; nothing was written, an existing file is left as it was");
   }
 }
 
@@ -208,17 +356,38 @@ bool all_ok(bool ok, MPI_Comm comm) {
   return v == 1;
 }
 
+// "" on every rank when `err` is empty on every rank; otherwise the lowest failing rank's
+// message, naming that rank, on every rank (its path may differ from rank 0's: another
+// working folder, another node's file system).
+std::string first_error(const std::string& err, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  int first = err.empty() ? size : rank;
+  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (first == size) return "";
+  std::string msg = err;
+  int len = static_cast<int>(msg.size());
+  MPI_Bcast(&len, 1, MPI_INT, first, comm);
+  msg.resize(static_cast<std::size_t>(len));
+  MPI_Bcast(msg.data(), len, MPI_CHAR, first, comm);
+  return size > 1 ? "rank " + std::to_string(first) + ": " + msg : msg;
+}
+
 }  // namespace
 
 ParallelH5File::ParallelH5File(const std::string& path, MPI_Comm comm) : path_(path) {
   silence_hdf5();
   std::string err;
-  if (!std::ifstream(path).good())
-    err = "cannot open input file '" + path + "': " + std::strerror(errno);
-  else if (H5Fis_hdf5(path.c_str()) <= 0)
-    err = "input file '" + path + "' is not a readable HDF5 file (corrupted?)";
-  if (!all_ok(err.empty(), comm))
-    throw InputError(err.empty() ? "cannot open input file '" + path + "' on another rank" : err);
+  try {
+    check_input_path(path);
+    if (H5Fis_hdf5(path.c_str()) <= 0)
+      err = "input file '" + path + "' is not a readable HDF5 file (corrupted?)";
+  } catch (const InputError& e) {
+    err = e.what();
+  }
+  err = first_error(err, comm);
+  if (!err.empty()) throw SameOnEveryRank(err);
   const Handle fapl = mpio_access(comm);
   id_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.id);
   if (id_ < 0) throw InputError("cannot open '" + path + "' as HDF5 (corrupted?)");
@@ -230,6 +399,10 @@ ParallelH5File::~ParallelH5File() {
 
 bool ParallelH5File::has(const std::string& dataset) const {
   return H5Lexists(id_, dataset.c_str(), H5P_DEFAULT) > 0;
+}
+
+std::vector<std::string> ParallelH5File::names() const {
+  return names_in(id_);
 }
 
 Dataset ParallelH5File::header(const std::string& name, int rank) const {
@@ -282,13 +455,29 @@ void write_rows_atomic(const std::string& path, const std::vector<RowSlab>& slab
   long long pid = getpid();
   MPI_Bcast(&pid, 1, MPI_LONG_LONG, 0, comm);
   const std::string tmp = path + ".tmp." + std::to_string(pid);
+  // The whole file's size, on rank 0, which renames it.
+  std::string space_err;
+  if (rank == 0) try {
+      double bytes = 0;
+      for (const RowSlab& s : slabs) {
+        double n = 1;
+        for (hsize_t d : s.global_dims)
+          n *= double(d);
+        bytes += n * double(element_bytes(s.local->dtype));
+      }
+      check_free_space(path, bytes);
+    } catch (const InputError& e) {
+      space_err = e.what();
+    }
+  space_err = first_error(space_err, comm);
+  if (!space_err.empty()) throw InputError(space_err);
   int ok = 1;
   {
     const Handle fapl = mpio_access(comm);
     Handle file{H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id), H5Fclose};
     if (!all_ok(file.id >= 0, comm)) {
       if (rank == 0) std::remove(tmp.c_str());
-      throw InputError("cannot create output file '" + tmp + "'");
+      throw WriteError("cannot create output file '" + path + "' (as '" + tmp + "')");
     }
     const Handle dxpl = collective_transfer();
     for (const RowSlab& s : slabs) {
@@ -321,7 +510,9 @@ void write_rows_atomic(const std::string& path, const std::vector<RowSlab>& slab
     std::remove(tmp.c_str());
   }
   MPI_Bcast(&ok, 1, MPI_INT, 0, comm);
-  if (!ok) throw InputError("cannot write output file '" + path + "'");
+  if (!ok)
+    throw WriteError("cannot write output file '" + path +
+                     "'; nothing was written, an existing file is left as it was");
 }
 #endif
 

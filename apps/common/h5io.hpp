@@ -33,6 +33,19 @@ struct InputError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// An InputError that a collective step raised alike on every rank, its message already
+/// naming the rank it concerns: kfa-seqpar reports it as it is.
+struct SameOnEveryRank : InputError {
+  using InputError::InputError;
+};
+
+/// A failure to write the output (a full disk, a file-size limit): the temporary file is
+/// already removed. The programs end at once on it (std::_Exit), skipping HDF5's exit handlers,
+/// which HDF5 1.10 can crash in after a failed write.
+struct WriteError : InputError {
+  using InputError::InputError;
+};
+
 enum class DType { f32, f64, u8, bf16, f16 };
 inline const char* name(DType t) {
   switch (t) {
@@ -76,16 +89,54 @@ class H5File {
   H5File& operator=(const H5File&) = delete;
 
   bool has(const std::string& dataset) const;
+  /// Global dims and type of a float dataset of the given rank (no data), as read checks them.
+  Dataset header(const std::string& dataset, int rank) const;
   /// Reads a float32, float64, bfloat16 or float16 dataset of the given rank; throws
   /// InputError otherwise.
   Dataset read(const std::string& dataset, int rank) const;
+  /// The names of the file's top-level objects ("/q", ...).
+  std::vector<std::string> names() const;
 
  private:
   std::string path_;
   hid_t id_ = -1;
 };
 
-/// Writes the datasets to path atomically (temporary file, then rename).
+/// Bytes of one element of a dataset of type t.
+inline std::size_t element_bytes(DType t) {
+  return t == DType::u8 ? 1 : is_16bit(t) ? 2 : t == DType::f32 ? 4 : 8;
+}
+
+/// Throws InputError, naming `path` as the user gave it and the OS's reason, unless the input
+/// file is something other than a directory that can be opened.
+void check_input_path(const std::string& path);
+
+/// Throws InputError, naming `path` and the OS's reason, unless OUT can be created: its folder
+/// exists and is writable and OUT is not a folder. Checked before any compute.
+void check_output_path(const std::string& path);
+
+/// Throws InputError when the file system of OUT's folder has less than `bytes` free.
+void check_free_space(const std::string& path, double bytes);
+
+/// The elements of the dataset that are NaN or infinite: their count and the first one's
+/// index (row-major, in the dataset's dims).
+struct NonFinite {
+  std::size_t count = 0;
+  std::vector<hsize_t> first;
+};
+NonFinite find_non_finite(const Dataset& d);
+
+/// "(1,2,3)".
+std::string shape_of(const std::vector<hsize_t>& dims);
+
+/// Throws InputError for a top-level object of the file that no kfa pass reads or writes
+/// (a /mask the passes would silently not apply).
+void check_known_datasets(const std::vector<std::string>& names, const std::string& path,
+                          bool multiscale = false);
+
+/// Writes the datasets to path atomically (temporary file, then rename). Throws WriteError
+/// (temporary file removed) when writing fails, InputError when the disk has too little free
+/// space for them.
 void write_atomic(const std::string& path,
                   const std::vector<std::pair<std::string, const Dataset*>>& datasets);
 
@@ -107,6 +158,8 @@ class ParallelH5File {
   bool has(const std::string& dataset) const;
   /// Global dims and type of a float dataset of the given rank (no data), as H5File::read.
   Dataset header(const std::string& dataset, int rank) const;
+  /// The names of the file's top-level objects ("/q", ...).
+  std::vector<std::string> names() const;
   /// This rank's rows of the dataset, in the order given: dims are (B, H, rows[, D]).
   Dataset read_rows(const std::string& dataset, int rank, const std::vector<RowRange>& rows) const;
 

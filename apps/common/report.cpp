@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <sstream>
+#include <string_view>
 
 namespace kfa_apps {
 
@@ -18,7 +19,13 @@ FieldFilter read_by(kfa::Passes pass) {
 std::string describe_params(const kfa::Params& p, const FieldFilter& show) {
   std::string s;
   kfa::for_each_field(p, [&](const kfa::Field& f, const auto& m) {
-    if (show(f)) s += (s.empty() ? "" : " ") + std::string(f.name) + "=" + text_of(m);
+    if (!show(f)) return;
+    // The description is for people: an unbounded window side reads "none", not -1 (the JSON
+    // line keeps the field's value).
+    const std::string_view name = f.name;
+    std::string value = text_of(m);
+    if ((name == "window_left" || name == "window_right") && value == "-1") value = "none";
+    s += (s.empty() ? "" : " ") + std::string(f.name) + "=" + value;
   });
   return s;
 }

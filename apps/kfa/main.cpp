@@ -20,12 +20,15 @@
 // backward --random times the backward alone: the forward it needs runs once, untimed.
 // A backward from a file must be given the --dropout, --seed and --offset of its forward.
 //
+// Inputs are checked before any compute: file headers (shapes, int extents, the memory the run
+// needs), NaN/Inf in /q /k /v /do (refused unless --allow-nonfinite), datasets no pass reads,
+// OUT's folder and name; free space before writing.
+//
 // Exit status: 0 success; 1 when --check finds the tolerance rule broken; 2 bad input or usage
 // (one line "kfa: error: ..." on stderr). The output file appears only when the run succeeds.
 #include <kfa/kfa.hpp>
 #include <kfa/reference.hpp>
 
-#include <unistd.h>
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
@@ -33,6 +36,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <new>
 #include <optional>
@@ -60,7 +64,7 @@ using Exec = Kokkos::DefaultExecutionSpace;
 const char* kUsage =
     "usage: kfa forward|backward (--in IN.h5 --out OUT.h5 | --random B,H,N,D [--heads-kv H]\n"
     "                   [--seqlen-k N] [--dtype float|double|bf16|half] [--data-seed S])\n"
-    "                   [--repeat R] [--json] [--check] [pass flags]\n"
+    "                   [--repeat R] [--json] [--check] [--allow-nonfinite] [pass flags]\n"
     "       kfa forward|backward --multiscale ... (same flags): multi-scale attention\n"
     "       kfa dropout-mask --shape B,H,NQ,NK --dropout P --seed N [--offset N] --out MASK.h5\n"
     "                   [--json]\n"
@@ -78,7 +82,15 @@ const char* kUsage =
     "  --dtype: the tensors' type; bf16 and half are kfa::bf16 and kfa::half (16-bit on every\n"
     "           build), lse float32. Files give their own type (float32, float64, bfloat16,\n"
     "           float16)\n"
+    "  --random B,H,N,D: a random problem of batch B, H query heads, sequence length N and\n"
+    "           head dimension D (--heads-kv: key/value heads, --seqlen-k: key length)\n"
+    "  --check: compare with the float64 reference under the tolerance rule (exit 1 if broken)\n"
+    "  --json: one JSON object of the run on the last line of stdout\n"
+    "  --allow-nonfinite: run on inputs holding NaN or Inf (refused otherwise)\n"
     "  --version: kfa's version and options, the Kokkos it was compiled with\n"
+    "  --kokkos-FLAG=VALUE: passed to Kokkos after a check (threads: --kokkos-threads=N on\n"
+    "           Kokkos 3.4, --kokkos-num-threads=N from 3.7)\n"
+    "exit status: 0 success, 1 --check failed, 2 bad input or usage (one line on stderr)\n"
     "pass flags:\n";
 
 // ---- Command line -------------------------------------------------------------------------
@@ -135,6 +147,8 @@ Options parse(int argc, char** argv) {
   if (o.command == "dropout-mask") {
     if (o.shape.empty()) throw InputError("dropout-mask needs --shape B,H,NQ,NK");
     if (o.out.empty()) throw InputError("dropout-mask needs --out MASK.h5");
+    kfa_apps::check_output_path(o.out);
+    kfa_apps::check_dropout_seed(o);
     return o;
   }
   kfa_apps::check_sources(o);
@@ -201,6 +215,17 @@ void check_backward_shapes(const Problem& p) {
                        name(p.q.dtype) + "; all inputs must share one type");
 }
 
+// NaN or Inf in an input would come out as a wrong answer that --check blames on the kernel
+// (and a non-finite k or v spreads to every row sharing its key tile): refused, unless
+// --allow-nonfinite.
+void refuse_non_finite(const Dataset& d, const std::string& where) {
+  const kfa_apps::NonFinite nf = kfa_apps::find_non_finite(d);
+  if (nf.count > 0)
+    throw InputError(where + " holds " + std::to_string(nf.count) + " non-finite value" +
+                     (nf.count == 1 ? "" : "s") + ", the first at " + kfa_apps::shape_of(nf.first) +
+                     "; pass --allow-nonfinite to run anyway");
+}
+
 Dataset random_tensor(std::vector<hsize_t> dims, DType t, std::mt19937_64& gen) {
   Dataset d;
   d.dims = std::move(dims);
@@ -229,25 +254,14 @@ Dataset decay_mask(hsize_t H, hsize_t Nq, hsize_t Nk, DType t) {
   return d;
 }
 
-// Refuses a run whose `what` needs more than 90 % of this machine's memory, before allocating.
-void require_memory(double bytes, const char* what) {
-  const double phys = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-  if (phys > 0 && bytes > 0.9 * phys) {
-    std::ostringstream os;
-    os.precision(3);
-    os << what << " needs about " << bytes / (1 << 30) << " GiB but this machine has "
-       << phys / (1 << 30) << " GiB of memory";
-    throw InputError(os.str());
-  }
-}
-
-// Refuses a random problem that cannot fit in this machine's memory before allocating anything.
-void check_memory(DType dtype, double q_elems, double kv_elems, double head_dim, bool backward) {
-  const double elem = kfa_apps::is_16bit(dtype) ? 2 : dtype == DType::f32 ? 4 : 8;
+// Refuses a problem that cannot fit in this machine's memory before allocating anything.
+void check_memory(DType dtype, double q_elems, double kv_elems, double head_dim, bool backward,
+                  const std::string& what) {
+  const double elem = double(kfa_apps::element_bytes(dtype));
   // q, o, k, v in the kernel's type plus the double copies the program keeps, and the LSE;
   // the backward adds dout, dq, dk, dv.
   const double tensors = backward ? 4 * q_elems + 4 * kv_elems : 2 * q_elems + 2 * kv_elems;
-  require_memory(tensors * (elem + 8) + q_elems / head_dim * 24, "the problem");
+  kfa_apps::require_memory(tensors * (elem + 8) + q_elems / head_dim * 24, what);
 }
 
 template <class T>
@@ -336,8 +350,8 @@ int report(const Options& o, const Dims& d, DType t, const Timing& tm,
            const std::optional<Verdict>& verdict, const char* written) {
   const double gflops = kfa_apps::pass_flops(o, d) / tm.median_s * 1e-9;
   std::printf("%s\n", kfa_apps::describe("kfa", o, d, t, o.multiscale ? "multiscale" : "").c_str());
-  std::printf("time: median %.6f s, min %.6f s over %lld runs; %.2f GFLOP/s\n", tm.median_s,
-              tm.min_s, o.repeat, gflops);
+  std::printf("time: median %.6f s, min %.6f s over %lld run%s; %.2f GFLOP/s\n", tm.median_s,
+              tm.min_s, o.repeat, o.repeat == 1 ? "" : "s", gflops);
   if (verdict) std::printf("%s\n", kfa_apps::summary("the float64 reference", *verdict).c_str());
   if (!o.out.empty()) std::printf("wrote %s to %s\n", written, o.out.c_str());
   if (o.json) {
@@ -557,7 +571,7 @@ int run_dropout_mask(const Options& o) {
     if (n > 2147483647LL)
       throw InputError("--shape values must fit in int, got " + std::to_string(n));
   // The mask on the device and its host copy (one buffer when they share memory).
-  require_memory(2.0 * double(B) * double(H) * double(Nq) * double(Nk), "the mask");
+  kfa_apps::require_memory(2.0 * double(B) * double(H) * double(Nq) * double(Nk), "the mask");
   Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, Exec::memory_space> keep(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::keep")), B, H, Nq, Nk);
   kfa::dropout_mask(Exec(), keep, o.params);
@@ -597,37 +611,56 @@ int main_pass(Options o) {
     const hsize_t Hk = o.heads_kv.value_or(H), Nk = o.seqlen_k.value_or(N);
     std::mt19937_64 gen(o.data_seed);
     const bool bwd = o.command == "backward";
-    check_memory(o.dtype, double(B) * H * N * D, double(B) * Hk * Nk * D, double(D), bwd);
+    check_memory(o.dtype, double(B) * H * N * D, double(B) * Hk * Nk * D, double(D), bwd,
+                 "the problem");
     p.q = random_tensor({B, H, N, D}, o.dtype, gen);
     p.k = random_tensor({B, Hk, Nk, D}, o.dtype, gen);
     p.v = random_tensor({B, Hk, Nk, D}, o.dtype, gen);
     if (bwd) p.dout = random_tensor({B, H, N, D}, o.dtype, gen);
     if (o.multiscale) {
-      require_memory(16.0 * double(H) * double(N) * double(Nk), "the --multiscale mask");
+      kfa_apps::require_memory(16.0 * double(H) * double(N) * double(Nk), "the --multiscale mask");
       p.mask = decay_mask(H, N, Nk, o.dtype);
     }
   } else {
     kfa_apps::H5File in(o.in);
+    kfa_apps::check_known_datasets(in.names(), o.in, o.multiscale);
+    if (o.multiscale) p.stat = "/rsum";
+    // Every header first: shapes, types and the memory they need are checked before anything
+    // is allocated or read.
+    const bool bwd = o.command == "backward";
+    p.q = in.header("/q", 4);
+    p.k = in.header("/k", 4);
+    p.v = in.header("/v", 4);
+    check_file_shapes(p);
+    if (bwd) {
+      p.o = in.header("/o", 4);
+      p.lse = in.header(p.stat, 3);
+      p.dout = in.header("/do", 4);
+      if (in.has("/dlse")) p.dlse = in.header("/dlse", 3);
+      check_backward_shapes(p);
+    }
+    check_memory(p.q.dtype, double(p.q.size()), double(p.k.size()), double(p.q.dims[3]), bwd,
+                 "dataset /q " + kfa_apps::shape_of(p.q.dims) + " with /k " +
+                     kfa_apps::shape_of(p.k.dims) + " (" + name(p.q.dtype) + ") in '" + o.in + "'");
     p.q = in.read("/q", 4);
     p.k = in.read("/k", 4);
     p.v = in.read("/v", 4);
-    check_file_shapes(p);
-    if (o.multiscale) {
-      p.stat = "/rsum";
-      if (in.has("/mask")) {
-        p.mask = in.read("/mask", 3);
-        if (p.mask.dtype != p.q.dtype)
-          throw InputError(std::string("dataset /mask is ") + name(p.mask.dtype) + " but /q is " +
-                           name(p.q.dtype) + "; all inputs must share one type");
-      }
+    if (o.multiscale && in.has("/mask")) {
+      p.mask = in.read("/mask", 3);
+      if (p.mask.dtype != p.q.dtype)
+        throw InputError(std::string("dataset /mask is ") + name(p.mask.dtype) + " but /q is " +
+                         name(p.q.dtype) + "; all inputs must share one type");
     }
-    if (o.command == "backward") {
+    if (bwd) {
       p.o = in.read("/o", 4);
       p.lse = in.read(p.stat, 3);
       p.dout = in.read("/do", 4);
       if (in.has("/dlse")) p.dlse = in.read("/dlse", 3);
-      check_backward_shapes(p);
     }
+    if (!o.allow_nonfinite)
+      for (const auto& [d, ds] :
+           {std::pair{&p.q, "/q"}, {&p.k, "/k"}, {&p.v, "/v"}, {&p.dout, "/do"}})
+        refuse_non_finite(*d, std::string("dataset ") + ds + " in '" + o.in + "'");
     o.dtype = p.q.dtype;
   }
   return kfa_apps::with_value_type(o.dtype, [&](auto v) {
@@ -661,9 +694,21 @@ int main(int argc, char** argv) {
     std::cout << kfa_apps::version_text("kfa");
     return 0;
   }
-  Kokkos::ScopeGuard kokkos(argc, argv);
+  std::optional<Kokkos::ScopeGuard> kokkos;
+  try {
+    kokkos.emplace(argc, argv);
+  } catch (const std::exception& e) {
+    fail(std::string("cannot initialise Kokkos: ") + e.what());
+    return 2;
+  }
   try {
     return main_pass(opts);
+  } catch (const kfa_apps::WriteError& e) {
+    // The temporary file is gone; end here. HDF5 1.10's exit handler can crash after a failed
+    // write (SIGSEGV), so neither it nor Kokkos' finalisation runs: nothing is left to save.
+    fail(e.what());
+    std::fflush(stderr);
+    std::_Exit(2);
   } catch (const kfa::Error& e) {
     fail(kfa_apps::message_of(e));
   } catch (const InputError& e) {

@@ -37,9 +37,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <limits>
+#include <new>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -66,8 +69,18 @@ const char* kUsage =
     "         (--in IN.h5 --out OUT.h5 | --random B,H,N,D [--heads-kv H] [--seqlen-k N]\n"
     "          [--dtype float|double] [--data-seed S] [--check])\n"
     "         [--mode ring|tree] [--layout contiguous|zigzag] [--repeat R] [--json]\n"
+    "         [--allow-nonfinite]\n"
     "         [pass flags]\n"
     "       kfa-seqpar --version: kfa's version and options, the Kokkos it was compiled with\n"
+    "  B,H,N,D: batch, query heads, sequence length, head dimension\n"
+    "  --check: each rank's rows against a single-rank computation of the whole problem\n"
+    "           (float64 and the run's precision), under the tolerance rule; exit 1 if broken\n"
+    "  --json: one JSON object of the run on the last line of rank 0's stdout\n"
+    "  --allow-nonfinite: run on inputs holding NaN or Inf (refused otherwise)\n"
+    "  --kokkos-FLAG=VALUE: passed to Kokkos after a check (threads: --kokkos-threads=N on\n"
+    "           Kokkos 3.4, --kokkos-num-threads=N from 3.7)\n"
+    "  GFLOP/s are those of the whole problem, all ranks together\n"
+    "exit status: 0 success, 1 --check failed, 2 bad input or usage (one line from rank 0)\n"
     "pass flags, as kfa's:\n";
 
 struct Options : kfa_apps::RunOptions {
@@ -158,13 +171,6 @@ std::vector<RowRange> all_rows(hsize_t n) {
   return {{0, n}};
 }
 
-std::string shape_of(const std::vector<hsize_t>& dims) {
-  std::string out = "(";
-  for (std::size_t i = 0; i < dims.size(); ++i)
-    out += (i ? "," : "") + std::to_string(dims[i]);
-  return out + ")";
-}
-
 struct Problem {
   long long B = 0, Hq = 0, Hk = 0, Nq = 0, Nk = 0, D = 0;
   Dataset q, k, v, o, lse, dout, dlse;  // this rank's rows
@@ -175,6 +181,59 @@ struct Problem {
   kfa_apps::Dims dims() const { return {B, Hq, Hk, Nq, Nk, D}; }
 };
 
+// Refuses, on every rank, a problem whose rows do not fit in memory: each rank's tensors
+// (its rows of q, o, k, v, and dout, dq, dk, dv in the backward, in the kernel's type and the
+// program's double copies; the whole problem twice more under --check), summed over the ranks
+// that share this node's memory, against that memory. Collective; before anything is allocated.
+void check_memory(const Options& o, const Problem& p, DType t, const std::string& source) {
+  const auto rows = [&](long long n) {
+    double r = 0;
+    for (const RowRange& x : my_rows(o, n))
+      r += double(x.size);
+    return r;
+  };
+  const bool bwd = o.command == "backward";
+  const double q = double(p.B) * double(p.Hq) * double(p.D),
+               k = double(p.B) * double(p.Hk) * double(p.D);
+  const double per = double(kfa_apps::element_bytes(t)) + 8, tensors = bwd ? 4 : 2;
+  double mine = tensors * per * (rows(p.Nq) * q + rows(p.Nk) * k);
+  if (o.check) mine += 2 * tensors * per * (double(p.Nq) * q + double(p.Nk) * k);
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, comm_rank(), MPI_INFO_NULL, &node);
+  double on_node = mine;
+  int ranks_here = 1;
+  MPI_Allreduce(&mine, &on_node, 1, MPI_DOUBLE, MPI_SUM, node);
+  MPI_Comm_size(node, &ranks_here);
+  MPI_Comm_free(&node);
+  std::ostringstream what;
+  what.precision(3);
+  what << source << ", on rank " << comm_rank() << "'s node (" << ranks_here << " rank"
+       << (ranks_here == 1 ? "" : "s") << "; this rank's rows about " << mine / (1 << 30)
+       << " GiB),";
+  kfa_apps::require_memory(on_node, what.str());
+}
+
+// NaN or Inf in this rank's rows of an input: refused (unless --allow-nonfinite) with the
+// count on this rank and the first one's global position.
+void refuse_non_finite(const Options& o, const Dataset& d, const char* name,
+                       const std::vector<RowRange>& rows) {
+  if (o.allow_nonfinite) return;
+  kfa_apps::NonFinite nf = kfa_apps::find_non_finite(d);
+  if (nf.count == 0) return;
+  hsize_t local = nf.first[2];
+  for (const RowRange& r : rows) {
+    if (local < r.size) {
+      nf.first[2] = r.begin + local;
+      break;
+    }
+    local -= r.size;
+  }
+  throw InputError(std::string("dataset ") + name + " in '" + o.in + "' holds " +
+                   std::to_string(nf.count) + " non-finite value" + (nf.count == 1 ? "" : "s") +
+                   " in rank " + std::to_string(comm_rank()) + "'s rows, the first at " +
+                   kfa_apps::shape_of(nf.first) + "; pass --allow-nonfinite to run anyway");
+}
+
 Problem load(const Options& o) {
   Problem p;
   if (!o.random.empty()) {
@@ -184,6 +243,7 @@ Problem load(const Options& o) {
     p.D = o.random[3];
     p.Hk = o.heads_kv.value_or(p.Hq);
     p.Nk = o.seqlen_k.value_or(p.Nq);
+    check_memory(o, p, o.dtype, "the problem");
     const auto qr = my_rows(o, p.Nq), kr = my_rows(o, p.Nk);
     const std::vector<hsize_t> qd = p.q_dims(), kd = p.k_dims();
     p.q = random_rows(o, 0, qd, qr);
@@ -193,6 +253,7 @@ Problem load(const Options& o) {
     return p;
   }
   kfa_apps::ParallelH5File in(o.in, MPI_COMM_WORLD);
+  kfa_apps::check_known_datasets(in.names(), o.in);
   // Every header first (every rank reads the same ones, so all agree), then the rows: a
   // dataset whose shape disagrees must fail on every rank before any collective read.
   const bool bwd = o.command == "backward";
@@ -210,8 +271,8 @@ Problem load(const Options& o) {
   auto expect = [&](const char* name, const Dataset& h, const std::vector<hsize_t>& want,
                     const char* like) {
     if (h.dims != want)
-      throw InputError(std::string("dataset ") + name + " has shape " + shape_of(h.dims) + " but " +
-                       like + " gives " + shape_of(want));
+      throw InputError(std::string("dataset ") + name + " has shape " + kfa_apps::shape_of(h.dims) +
+                       " but " + like + " gives " + kfa_apps::shape_of(want));
     if (h.dtype != qh.dtype)
       throw InputError(std::string("dataset ") + name + " is " + kfa_apps::name(h.dtype) +
                        " but /q is " + kfa_apps::name(qh.dtype) +
@@ -221,8 +282,8 @@ Problem load(const Options& o) {
     if (b == 0) throw InputError("datasets /q and /k must not be empty");
   expect("/v", vh, kd, "/k");
   if (kh.dims[0] != qh.dims[0] || kh.dims[3] != qh.dims[3])
-    throw InputError("dataset /k has shape " + shape_of(kd) + " but /q has " + shape_of(qd) +
-                     " (batch and head_dim must match)");
+    throw InputError("dataset /k has shape " + kfa_apps::shape_of(kd) + " but /q has " +
+                     kfa_apps::shape_of(qd) + " (batch and head_dim must match)");
   const bool has_dlse = bwd && in.has("/dlse");
   if (bwd) {
     expect("/o", in.header("/o", 4), qd, "/q");
@@ -230,6 +291,9 @@ Problem load(const Options& o) {
     expect("/lse", in.header("/lse", 3), rows3, "/q");
     if (has_dlse) expect("/dlse", in.header("/dlse", 3), rows3, "/q");
   }
+  check_memory(o, p, qh.dtype,
+               "dataset /q " + kfa_apps::shape_of(qd) + " with /k " + kfa_apps::shape_of(kd) +
+                   " (" + kfa_apps::name(qh.dtype) + ") in '" + o.in + "'");
   const auto qr = my_rows(o, p.Nq), kr = my_rows(o, p.Nk);
   p.q = in.read_rows("/q", 4, qr);
   p.k = in.read_rows("/k", 4, kr);
@@ -240,6 +304,10 @@ Problem load(const Options& o) {
     p.dout = in.read_rows("/do", 4, qr);
     if (has_dlse) p.dlse = in.read_rows("/dlse", 3, qr);
   }
+  refuse_non_finite(o, p.q, "/q", qr);
+  refuse_non_finite(o, p.k, "/k", kr);
+  refuse_non_finite(o, p.v, "/v", kr);
+  if (bwd) refuse_non_finite(o, p.dout, "/do", qr);
   return p;
 }
 
@@ -432,8 +500,10 @@ int report(const Options& o, const Problem& p, const Timing& tm,
   const std::string extra = "ranks=" + std::to_string(P) + " mode=" + kfa::name_of(o.mode) +
                             " layout=" + kfa::name_of(o.layout);
   std::printf("%s\n", kfa_apps::describe("kfa-seqpar", o, p.dims(), p.q.dtype, extra).c_str());
-  std::printf("time: median %.6f s over %lld runs (slowest rank); %.2f GFLOP/s\n", tm.median_s,
-              o.repeat, gflops);
+  std::printf(
+      "time: median %.6f s over %lld run%s (slowest rank); %.2f GFLOP/s (all %d ranks "
+      "together)\n",
+      tm.median_s, o.repeat, o.repeat == 1 ? "" : "s", gflops, P);
   std::vector<double> columns[3];
   for (std::size_t r = 0; r < std::size_t(P); ++r) {
     for (int c = 0; c < 3; ++c)
@@ -551,6 +621,8 @@ auto collectively(const F& f) {
   decltype(f()) result{};
   try {
     result = f();
+  } catch (const kfa_apps::SameOnEveryRank&) {
+    throw;  // every rank is here with the same message: nothing to agree on
   } catch (const InputError& e) {
     err = e.what();
   }
@@ -692,9 +764,23 @@ int main(int argc, char** argv) {
   }
   int status = 2;
   {
-    Kokkos::ScopeGuard kokkos(argc, argv);
+    std::optional<Kokkos::ScopeGuard> kokkos;
+    try {
+      kokkos.emplace(argc, argv);
+    } catch (const std::exception& e) {  // every rank reads the same (agreed) flags
+      print_error(std::string("cannot initialise Kokkos: ") + e.what());
+      MPI_Finalize();
+      return 2;
+    }
     try {
       status = main_pass(opts);
+    } catch (const kfa_apps::WriteError& e) {  // raised on every rank alike
+      // The temporary file is gone. HDF5 1.10's exit handlers (at exit and in MPI_Finalize)
+      // can crash after a failed write, so every rank ends here without them, together.
+      print_error(e.what());
+      std::fflush(stderr);
+      MPI_Barrier(MPI_COMM_WORLD);
+      std::_Exit(2);
     } catch (const kmpi::CollectiveError& e) {  // raised on every rank alike
       print_error(kfa_apps::message_of(e));
     } catch (const kfa::Error& e) {
@@ -703,6 +789,14 @@ int main(int argc, char** argv) {
       MPI_Abort(MPI_COMM_WORLD, 2);
     } catch (const InputError& e) {  // raised on every rank alike (see collectively)
       print_error(e.what());
+    } catch (const std::bad_alloc&) {
+      // Past the memory check (memory taken by something else meanwhile), maybe on this rank
+      // only: end the job with a sentence rather than a bare std::bad_alloc.
+      std::fprintf(stderr,
+                   "kfa-seqpar: error on rank %d: out of memory (the node's memory is short of "
+                   "what this rank's rows need)\n",
+                   comm_rank());
+      MPI_Abort(MPI_COMM_WORLD, 2);
     } catch (const std::exception& e) {
       // Unexpected, maybe on this rank only: end the whole job rather than leave ranks waiting.
       std::fprintf(stderr, "kfa-seqpar: error on rank %d: %s\n", comm_rank(), e.what());

@@ -91,7 +91,7 @@ void msa_forward(const ExecSpace& space, const Q& q, const K& k, const V& v, con
   static_check_mask<ExecSpace, M>();
   ScopedRegion region("kfa::msa::forward");
   msa_validate<typename Q::non_const_value_type>("msa::forward", params);
-  validate_shapes("msa::forward", q, k, v, o, rsum, "rsum");
+  validate_forward("msa::forward", q, k, v, o, rsum, "rsum");
   if (has_mask) msa_validate_mask("msa::forward", q, k, mask);
   const auto rule = msa_rule<ExecSpace, Q>(mask, has_mask, params);
   ForwardKernel<ExecSpace, Q, K, V, O, R, decltype(rule)>(space, q, k, v, o, rsum, masks_of(params),

@@ -144,7 +144,7 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
   const impl::Call call = impl::call_of<T>("mpi::forward", Passes::forward, q, k, false);
   impl::check_collectively(call, sp, params, [&] {
     impl::check_locally(call, params, sp, rank, P, q, k);
-    kfa::impl::validate_shapes(call.name, q, k, v, o, lse);
+    kfa::impl::validate_forward(call.name, q, k, v, o, lse);
   });
   impl::with_mode(sp.mode,
                   [&](auto mode) { mode.forward(space, q, k, v, o, lse, params, sp, rank, P); });

@@ -607,7 +607,7 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
              const Params& params, const Origin& at) {
   ScopedRegion region("kfa::forward");
   validate_params<typename Q::non_const_value_type>("forward", params);
-  validate_shapes("forward", q, k, v, o, lse);
+  validate_forward("forward", q, k, v, o, lse);
   ForwardKernel<ExecSpace, Q, K, V, O, Lse>(space, q, k, v, o, lse, params, at).launch(space);
 }
 

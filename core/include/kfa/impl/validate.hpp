@@ -8,7 +8,10 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <climits>
 #include <cmath>
+#include <cstdint>
+#include <numeric>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -140,42 +143,169 @@ void validate_params(const char* pass, const Params& p) {
   }
 }
 
+/// The largest extent the kernels index with int: batch, heads, seqlen and head_dim each, and
+/// batch * heads (one team index per (batch, head) pair).
+inline constexpr long long max_extent = INT_MAX;
+
+/// Checks that extent `dim` (named `what`) of view `name` fits the kernels' int indices,
+/// printing its true value.
+template <class View>
+void expect_int_extent(const char* pass, const char* name, const View& v, int dim,
+                       const char* what) {
+  if (v.extent(dim) > static_cast<std::size_t>(max_extent))
+    fail(pass, name, " has ", what, " = ", v.extent(dim), " (", name, ".extent(", dim,
+         ")), more than the kernels' int indices hold (", max_extent, ")");
+}
+
 /// Shapes shared by forward and backward: q (B,Hq,Nq,D), k and v (B,Hk,Nk,D), o like q,
-/// lse (B,Hq,Nq), named lse_name in messages (the row statistic of another rule: rsum).
+/// lse (B,Hq,Nq), named lse_name in messages (the row statistic of another rule: rsum); every
+/// extent, and batch * heads, within int (the kernels' index type).
 template <class Q, class K, class V, class O, class Lse>
 void validate_shapes(const char* pass, const Q& q, const K& k, const V& v, const O& o,
                      const Lse& lse, const char* lse_name = "lse") {
-  const int d = static_cast<int>(q.extent(3));
-  if (d < 1 || d > max_head_dim)
+  // Read as size_t: a head_dim of 2^32 + 5 cut to int would pass as 5.
+  const std::size_t d = q.extent(3);
+  if (d < 1 || d > static_cast<std::size_t>(max_head_dim))
     fail(pass, "head_dim = ", d, " (q.extent(3)) is unsupported: must be in [1, ", max_head_dim,
          "]");
+  static const char* what[] = {"batch", "heads", "seqlen", "head_dim"};
+  for (int dim = 0; dim < 3; ++dim) {
+    expect_int_extent(pass, "q", q, dim, what[dim]);
+    expect_int_extent(pass, "k", k, dim, what[dim]);
+  }
+  if (static_cast<double>(q.extent(0)) * static_cast<double>(q.extent(1)) >
+      static_cast<double>(max_extent))
+    fail(pass, "batch * heads = ", q.extent(0), " * ", q.extent(1),
+         " (q) is more than the kernels' int indices hold (", max_extent, ")");
   for (int dim : {0, 3}) {
-    const char* what = dim == 0 ? "batch" : "head_dim";
-    expect_extent(pass, "k", k, dim, what, q.extent(dim), "q");
-    expect_extent(pass, "v", v, dim, what, q.extent(dim), "q");
+    expect_extent(pass, "k", k, dim, what[dim], q.extent(dim), "q");
+    expect_extent(pass, "v", v, dim, what[dim], q.extent(dim), "q");
   }
   expect_extent(pass, "v", v, 1, "heads", k.extent(1), "k");
   expect_extent(pass, "v", v, 2, "seqlen", k.extent(2), "k");
   if (k.extent(1) == 0 || q.extent(1) % k.extent(1) != 0)
     fail(pass, "heads of q (", q.extent(1), ") must be a positive multiple of heads of k and v (",
          k.extent(1), ")");
-  for (int dim = 0; dim < 4; ++dim) {
-    static const char* what[] = {"batch", "heads", "seqlen", "head_dim"};
+  for (int dim = 0; dim < 4; ++dim)
     expect_extent(pass, "o", o, dim, what[dim], q.extent(dim), "q");
-  }
-  for (int dim = 0; dim < 3; ++dim) {
-    static const char* what[] = {"batch", "heads", "seqlen"};
+  for (int dim = 0; dim < 3; ++dim)
     expect_extent(pass, lse_name, lse, dim, what[dim], q.extent(dim), "q");
-  }
   expect_unit_stride(pass, "q", q);
   expect_unit_stride(pass, "k", k);
   expect_unit_stride(pass, "v", v);
   expect_unit_stride(pass, "o", o);
-  constexpr long long int_max = 2147483647;
-  if (static_cast<long long>(q.extent(2)) > int_max ||
-      static_cast<long long>(k.extent(2)) > int_max)
-    fail(pass, "seqlen must fit in int, got seqlen_q = ", q.extent(2),
-         ", seqlen_k = ", k.extent(2));
+}
+
+/// The bytes a View may touch, as a kernel sees them: every element lies in [begin, end), and,
+/// when period > 0, at (address - begin) mod period in [0, block). A contiguous View is one
+/// block (period 0); a strided one, such as q sliced out of a packed (B, N, 3, H, D) QKV
+/// buffer, is a contiguous block of its innermost dimensions repeated at multiples of the gcd
+/// of the other strides.
+struct Footprint {
+  std::uintptr_t begin = 0, end = 0;
+  std::size_t block = 0, period = 0;
+};
+
+template <class View>
+Footprint footprint_of(const View& v) {
+  Footprint f;
+  const std::size_t elem = sizeof(typename View::value_type);
+  // One past the last element, from the extents and strides: Kokkos' span() of a strided
+  // subview may reach past its last element (to the end of the parent's rows).
+  std::size_t last = 0;
+  for (int r = 0; r < static_cast<int>(View::rank); ++r) {
+    if (v.extent(r) == 0) return f;
+    last += (v.extent(r) - 1) * static_cast<std::size_t>(v.stride(r));
+  }
+  f.begin = reinterpret_cast<std::uintptr_t>(v.data());
+  f.end = f.begin + (last + 1) * elem;
+  // Dimensions of extent > 1 by increasing stride: the innermost ones that tile each other
+  // without gaps make the block; the gcd of the rest's strides is the period.
+  std::size_t stride[8] = {}, extent[8] = {};
+  int n = 0;
+  for (int r = 0; r < static_cast<int>(View::rank); ++r)
+    if (v.extent(r) > 1) {
+      int at = n++;
+      for (; at > 0 && stride[at - 1] > static_cast<std::size_t>(v.stride(r)); --at) {
+        stride[at] = stride[at - 1];
+        extent[at] = extent[at - 1];
+      }
+      stride[at] = static_cast<std::size_t>(v.stride(r));
+      extent[at] = v.extent(r);
+    }
+  std::size_t block = elem, period = 0;
+  int r = 0;
+  for (; r < n && stride[r] * elem == block; ++r)
+    block *= extent[r];
+  for (; r < n; ++r)
+    period = std::gcd(period, stride[r] * elem);
+  if (period > 0 && block <= period) {
+    f.block = block;
+    f.period = period;
+  }
+  return f;
+}
+
+/// Whether the bytes [lo, hi) meet a block of the strided footprint f (period > 0).
+inline bool meets(const Footprint& f, std::uintptr_t lo, std::uintptr_t hi) {
+  lo = lo > f.begin ? lo : f.begin;
+  hi = hi < f.end ? hi : f.end;
+  if (lo >= hi) return false;
+  const std::size_t into = (lo - f.begin) % f.period;
+  return into < f.block || lo + (f.period - into) < hi;  // in a block, or one starts before hi
+}
+
+/// Whether two footprints share a byte (conservatively: true unless shown apart).
+inline bool overlap(const Footprint& a, const Footprint& b) {
+  if (a.begin == a.end || b.begin == b.end || a.end <= b.begin || b.end <= a.begin) return false;
+  if (a.period == 0 && b.period == 0) return true;
+  if (a.period == 0) return meets(b, a.begin, a.end);
+  if (b.period == 0) return meets(a, b.begin, b.end);
+  // Both lie in blocks repeating at multiples of p: apart when their blocks are apart mod p.
+  const std::size_t p = std::gcd(a.period, b.period);
+  if (a.block + b.block > p) return true;
+  const std::size_t am = a.begin % p, bm = b.begin % p;
+  const std::size_t ab = (bm + p - am) % p,
+                    ba = (am + p - bm) % p;  // each block's start from the other's
+  return ab < a.block || ba < b.block;
+}
+
+/// A View and its name, for the overlap checks.
+struct Named {
+  const char* name;
+  Footprint f;
+};
+template <class View>
+Named named(const char* name, const View& v) {
+  return {name, footprint_of(v)};
+}
+
+/// Outputs must not share memory with the inputs or with each other: a kernel that writes o
+/// while other teams still read k (o = k) or reads q after writing dq (dq = q) would silently
+/// compute something else. o = q is refused too: whether a team reads its q rows after another
+/// team's writes depends on the backend and the split, so no backend promises it.
+template <std::size_t NOut, std::size_t NIn>
+void expect_disjoint(const char* pass, const Named (&out)[NOut], const Named (&in)[NIn]) {
+  for (std::size_t i = 0; i < NOut; ++i) {
+    for (std::size_t j = 0; j < NIn; ++j)
+      if (overlap(out[i].f, in[j].f))
+        fail(pass, "output ", out[i].name, " overlaps input ", in[j].name,
+             " in memory; outputs must not share memory with inputs");
+    for (std::size_t j = 0; j < i; ++j)
+      if (overlap(out[i].f, out[j].f))
+        fail(pass, "outputs ", out[j].name, " and ", out[i].name,
+             " overlap in memory; each output needs memory of its own");
+  }
+}
+
+/// The forward's checks: validate_shapes, then o and lse (named lse_name) apart from q, k, v
+/// and each other.
+template <class Q, class K, class V, class O, class Lse>
+void validate_forward(const char* pass, const Q& q, const K& k, const V& v, const O& o,
+                      const Lse& lse, const char* lse_name = "lse") {
+  validate_shapes(pass, q, k, v, o, lse, lse_name);
+  expect_disjoint(pass, {named("o", o), named(lse_name, lse)},
+                  {named("q", q), named("k", k), named("v", v)});
 }
 
 /// The extents of a backward's tensors against q and k (forward's checks included), for
@@ -202,6 +332,10 @@ void validate_backward(const char* pass, const Q& q, const K& k, const V& v, con
   expect_unit_stride(pass, "dq", dq);
   expect_unit_stride(pass, "dk", dk);
   expect_unit_stride(pass, "dv", dv);
+  const Named none{"dlse", {}};
+  expect_disjoint(pass, {named("dq", dq), named("dk", dk), named("dv", dv)},
+                  {named("q", q), named("k", k), named("v", v), named("o", o), named("lse", lse),
+                   named("dout", dout), dlse ? named("dlse", *dlse) : none});
 }
 
 }  // namespace kfa::impl
