@@ -5,6 +5,8 @@
 // caught here and turned into a status code and a thread-local message.
 #include <kfa/kfa.h>
 
+#include "params.hpp"
+
 #include <kfa/backward.hpp>
 #include <kfa/forward.hpp>
 #include <kfa/params.hpp>
@@ -73,24 +75,14 @@ kfa_status guarded(F&& f) noexcept {
   return status;
 }
 
-kfa::Params to_params(const char* fn, const kfa_params* c) {
-  if (c == nullptr) fail(KFA_ERROR_NULL_POINTER, fn, "params is NULL (use kfa_params_default())");
-  if (c->align != KFA_ALIGN_BOTTOM_RIGHT && c->align != KFA_ALIGN_TOP_LEFT)
-    fail(KFA_ERROR_INVALID_ARGUMENT, fn, "params.align = ", c->align,
+/// params as kfa::Params; the C++ layer checks the values, this the pointer and the enum.
+kfa::Params params_of(const char* fn, const kfa_params* params) {
+  if (params == nullptr)
+    fail(KFA_ERROR_NULL_POINTER, fn, "params is NULL (use kfa_params_default())");
+  if (params->align != KFA_ALIGN_BOTTOM_RIGHT && params->align != KFA_ALIGN_TOP_LEFT)
+    fail(KFA_ERROR_INVALID_ARGUMENT, fn, "params.align = ", params->align,
          " is neither KFA_ALIGN_BOTTOM_RIGHT (0) nor KFA_ALIGN_TOP_LEFT (1)");
-  kfa::Params p;
-  p.scale = c->scale;
-  p.causal = c->causal != 0;
-  p.align = c->align == KFA_ALIGN_TOP_LEFT ? kfa::Align::top_left : kfa::Align::bottom_right;
-  p.window_left = c->window_left;
-  p.window_right = c->window_right;
-  p.softcap = c->softcap;
-  p.dropout = c->dropout;
-  p.seed = c->seed;
-  p.offset = c->offset;
-  p.deterministic = c->deterministic != 0;
-  p.num_splits = c->num_splits;
-  return p;
+  return kfa::c_api::to_params(*params);
 }
 
 /// One tensor argument: its name in messages and its rank (4, or 3 for lse and dlse).
@@ -200,7 +192,7 @@ kfa_status forward(const char* fn, const kfa_tensor* q, const kfa_tensor* k, con
                    const kfa_tensor* o, const kfa_tensor* lse, const kfa_params* params,
                    kfa_memory memory) {
   return guarded([&] {
-    const kfa::Params p = to_params(fn, params);
+    const kfa::Params p = params_of(fn, params);
     dispatch(fn, {{q, "q", 4}, {k, "k", 4}, {v, "v", 4}, {o, "o", 4}, {lse, "lse", 3}}, memory,
              [&](auto exec, auto mem, auto layout) {
                using M = decltype(mem);
@@ -218,7 +210,7 @@ kfa_status backward(const char* fn, const kfa_tensor* q, const kfa_tensor* k, co
                     const kfa_tensor* dlse, const kfa_tensor* dq, const kfa_tensor* dk,
                     const kfa_tensor* dv, const kfa_params* params, kfa_memory memory) {
   return guarded([&] {
-    const kfa::Params p = to_params(fn, params);
+    const kfa::Params p = params_of(fn, params);
     // dlse is optional: rank 0 skips its check when it is NULL.
     dispatch(fn,
              {{q, "q", 4},
@@ -252,20 +244,7 @@ kfa_status backward(const char* fn, const kfa_tensor* q, const kfa_tensor* k, co
 extern "C" {
 
 kfa_params kfa_params_default(void) {
-  const kfa::Params d;
-  kfa_params c{};
-  c.scale = d.scale;
-  c.causal = d.causal ? 1 : 0;
-  c.align = d.align == kfa::Align::top_left ? KFA_ALIGN_TOP_LEFT : KFA_ALIGN_BOTTOM_RIGHT;
-  c.window_left = d.window_left;
-  c.window_right = d.window_right;
-  c.softcap = d.softcap;
-  c.dropout = d.dropout;
-  c.seed = d.seed;
-  c.offset = d.offset;
-  c.deterministic = d.deterministic ? 1 : 0;
-  c.num_splits = d.num_splits;
-  return c;
+  return kfa::c_api::from_params(kfa::Params{});
 }
 
 kfa_tensor kfa_tensor_contiguous(void* data, int64_t batch, int64_t heads, int64_t seqlen,
