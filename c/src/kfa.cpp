@@ -10,6 +10,9 @@
 #include <kfa/backward.hpp>
 #include <kfa/forward.hpp>
 #include <kfa/params.hpp>
+#ifdef KFA_C_WITH_MPI
+#include <kfa/distributed.hpp>
+#endif
 
 #include <Kokkos_Core.hpp>
 
@@ -154,65 +157,111 @@ Unmanaged<T, Rank, Layout, Mem> view_of(const kfa_tensor& t) {
   }
 }
 
-/// Calls f(exec space, memory space tag, layout tag) for the call's memory and layout, after
-/// the checks common to every pass.
-template <class F>
-void dispatch(const char* fn, std::initializer_list<Arg> args, kfa_memory memory, F&& f) {
+/// The checks common to every pass that only C can fail (Kokkos started, the tensors, the memory
+/// flag); returns whether every tensor is contiguous.
+bool check_call(const char* fn, std::initializer_list<Arg> args, kfa_memory memory) {
   if (!Kokkos::is_initialized())
     fail(KFA_ERROR_NOT_INITIALIZED, fn, "Kokkos is not initialized: call kfa_initialize() first");
   bool contiguous = true;
   for (const Arg& a : args)
     if (a.rank > 0) contiguous = check_tensor(fn, a) && contiguous;
+  if (memory != KFA_MEMORY_HOST && memory != KFA_MEMORY_DEVICE)
+    fail(KFA_ERROR_INVALID_ARGUMENT, fn, "memory = ", static_cast<int>(memory),
+         " is neither KFA_MEMORY_HOST (0) nor KFA_MEMORY_DEVICE (1)");
+  using Device = Kokkos::DefaultExecutionSpace;
+  if (memory == KFA_MEMORY_DEVICE && std::is_same_v<Device, Kokkos::DefaultHostExecutionSpace>)
+    fail(KFA_ERROR_UNSUPPORTED, fn,
+         "memory = KFA_MEMORY_DEVICE but this kfa's Kokkos has no device backend (", Device::name(),
+         " only); pass host memory with KFA_MEMORY_HOST");
+  return contiguous;
+}
+
+/// Calls f(exec space, memory space tag, layout tag) for the call's memory and layout (after
+/// check_call), then fences: the C caller reads the results on return.
+template <class F>
+void run(bool contiguous, kfa_memory memory, F&& f) {
   const auto with_layout = [&](auto exec) {
     using Exec = decltype(exec);
     if (contiguous)
       f(exec, typename Exec::memory_space{}, Kokkos::LayoutRight{});
     else
       f(exec, typename Exec::memory_space{}, Kokkos::LayoutStride{});
-    exec.fence();  // the C caller reads the results on return
+    exec.fence();
   };
-  if (memory == KFA_MEMORY_HOST) {
-    with_layout(Kokkos::DefaultHostExecutionSpace{});
-  } else if (memory == KFA_MEMORY_DEVICE) {
-    using Device = Kokkos::DefaultExecutionSpace;
-    if constexpr (std::is_same_v<Device, Kokkos::DefaultHostExecutionSpace>)
-      fail(KFA_ERROR_UNSUPPORTED, fn,
-           "memory = KFA_MEMORY_DEVICE but this kfa's Kokkos has no device backend (",
-           Device::name(), " only); pass host memory with KFA_MEMORY_HOST");
-    else
-      with_layout(Device{});
-  } else {
-    fail(KFA_ERROR_INVALID_ARGUMENT, fn, "memory = ", static_cast<int>(memory),
-         " is neither KFA_MEMORY_HOST (0) nor KFA_MEMORY_DEVICE (1)");
-  }
+  using Device = Kokkos::DefaultExecutionSpace;
+  if constexpr (!std::is_same_v<Device, Kokkos::DefaultHostExecutionSpace>)
+    if (memory == KFA_MEMORY_DEVICE) return with_layout(Device{});
+  with_layout(Kokkos::DefaultHostExecutionSpace{});
 }
 
+#ifdef KFA_C_WITH_MPI
+using SeqPar = kfa::mpi::SeqPar;
+#else
+struct SeqPar {};  // never made: the kfa_mpi_ functions fail first
+#endif
+
+/// The params and tensors of a call, checked; then f(params, exec, memory space, layout). With
+/// sp (kfa::mpi), the checks are agreed across sp->comm first, so a NULL pointer on one rank
+/// fails every rank's call instead of leaving the others waiting in a collective.
+template <class F>
+void dispatch(const char* fn, const kfa_params* params, const SeqPar* sp,
+              std::initializer_list<Arg> args, kfa_memory memory, F&& f) {
+  if (sp == nullptr) {
+    const kfa::Params p = params_of(fn, params);
+    return run(check_call(fn, args, memory), memory, [&](auto... tags) { f(p, tags...); });
+  }
+#ifdef KFA_C_WITH_MPI
+  kfa::Params p;
+  bool contiguous = false;
+  Failure local{KFA_OK, ""};
+  try {
+    p = params_of(fn, params);
+    contiguous = check_call(fn, args, memory);
+  } catch (const Failure& e) {
+    local = e;
+  }
+  try {
+    // agree() prefixes "kfa: rank R: " itself.
+    kfa::mpi::agree(sp->comm, local.message.empty() ? "" : local.message.substr(5));
+  } catch (const kfa::Error& e) {
+    if (local.status != KFA_OK) throw Failure{local.status, e.what()};
+    throw;
+  }
+  run(contiguous, memory, [&](auto... tags) { f(p, tags...); });
+#endif
+}
+
+/// kfa::forward, or kfa::mpi::forward with sp.
 template <class T>
 kfa_status forward(const char* fn, const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
                    const kfa_tensor* o, const kfa_tensor* lse, const kfa_params* params,
-                   kfa_memory memory) {
+                   const SeqPar* sp, kfa_memory memory) {
   return guarded([&] {
-    const kfa::Params p = params_of(fn, params);
-    dispatch(fn, {{q, "q", 4}, {k, "k", 4}, {v, "v", 4}, {o, "o", 4}, {lse, "lse", 3}}, memory,
-             [&](auto exec, auto mem, auto layout) {
+    dispatch(fn, params, sp, {{q, "q", 4}, {k, "k", 4}, {v, "v", 4}, {o, "o", 4}, {lse, "lse", 3}},
+             memory, [&](const kfa::Params& p, auto exec, auto mem, auto layout) {
                using M = decltype(mem);
                using L = decltype(layout);
-               kfa::forward(exec, view_of<const T, 4, L, M>(*q), view_of<const T, 4, L, M>(*k),
-                            view_of<const T, 4, L, M>(*v), view_of<T, 4, L, M>(*o),
-                            view_of<T, 3, L, M>(*lse), p);
+               const auto in4 = [](const kfa_tensor* t) { return view_of<const T, 4, L, M>(*t); };
+               const auto o4 = view_of<T, 4, L, M>(*o);
+               const auto lse3 = view_of<T, 3, L, M>(*lse);
+#ifdef KFA_C_WITH_MPI
+               if (sp) return kfa::mpi::forward(exec, in4(q), in4(k), in4(v), o4, lse3, p, *sp);
+#endif
+               kfa::forward(exec, in4(q), in4(k), in4(v), o4, lse3, p);
              });
   });
 }
 
+/// kfa::backward, or kfa::mpi::backward with sp; dlse may be NULL.
 template <class T>
 kfa_status backward(const char* fn, const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
                     const kfa_tensor* o, const kfa_tensor* lse, const kfa_tensor* dout,
                     const kfa_tensor* dlse, const kfa_tensor* dq, const kfa_tensor* dk,
-                    const kfa_tensor* dv, const kfa_params* params, kfa_memory memory) {
+                    const kfa_tensor* dv, const kfa_params* params, const SeqPar* sp,
+                    kfa_memory memory) {
   return guarded([&] {
-    const kfa::Params p = params_of(fn, params);
     // dlse is optional: rank 0 skips its check when it is NULL.
-    dispatch(fn,
+    dispatch(fn, params, sp,
              {{q, "q", 4},
               {k, "k", 4},
               {v, "v", 4},
@@ -223,20 +272,58 @@ kfa_status backward(const char* fn, const kfa_tensor* q, const kfa_tensor* k, co
               {dq, "dq", 4},
               {dk, "dk", 4},
               {dv, "dv", 4}},
-             memory, [&](auto exec, auto mem, auto layout) {
+             memory, [&](const kfa::Params& p, auto exec, auto mem, auto layout) {
                using M = decltype(mem);
                using L = decltype(layout);
                const auto in4 = [](const kfa_tensor* t) { return view_of<const T, 4, L, M>(*t); };
                const auto out4 = [](const kfa_tensor* t) { return view_of<T, 4, L, M>(*t); };
-               const auto lse_v = view_of<const T, 3, L, M>(*lse);
+               const auto in3 = [](const kfa_tensor* t) { return view_of<const T, 3, L, M>(*t); };
+               const auto pass = [&](const auto&... dl) {
+#ifdef KFA_C_WITH_MPI
+                 if (sp)
+                   return kfa::mpi::backward(exec, in4(q), in4(k), in4(v), in4(o), in3(lse),
+                                             in4(dout), dl..., out4(dq), out4(dk), out4(dv), p,
+                                             *sp);
+#endif
+                 kfa::backward(exec, in4(q), in4(k), in4(v), in4(o), in3(lse), in4(dout), dl...,
+                               out4(dq), out4(dk), out4(dv), p);
+               };
                if (dlse)
-                 kfa::backward(exec, in4(q), in4(k), in4(v), in4(o), lse_v, in4(dout),
-                               view_of<const T, 3, L, M>(*dlse), out4(dq), out4(dk), out4(dv), p);
+                 pass(in3(dlse));
                else
-                 kfa::backward(exec, in4(q), in4(k), in4(v), in4(o), lse_v, in4(dout), out4(dq),
-                               out4(dk), out4(dv), p);
+                 pass();
              });
   });
+}
+
+/// The kfa_mpi_ functions: sp from the C struct, then the pass.
+template <class Pass>
+kfa_status collective(const char* fn, const kfa_seqpar* seqpar, Pass&& pass) {
+#ifdef KFA_C_WITH_MPI
+  static_assert(std::is_same_v<MPI_Fint, int>, "kfa_seqpar.comm is an int: MPI_Fint must be");
+  SeqPar sp;
+  const kfa_status status = guarded([&] {
+    int mpi_started = 0;
+    MPI_Initialized(&mpi_started);
+    if (!mpi_started) fail(KFA_ERROR_NOT_INITIALIZED, fn, "MPI is not initialized");
+    if (seqpar == nullptr) fail(KFA_ERROR_NULL_POINTER, fn, "seqpar is NULL");
+    sp.comm = MPI_Comm_f2c(seqpar->comm);
+    if (sp.comm == MPI_COMM_NULL)
+      fail(KFA_ERROR_INVALID_ARGUMENT, fn, "seqpar.comm is MPI_COMM_NULL");
+    sp.seqlen_q = seqpar->seqlen_q;
+    sp.seqlen_k = seqpar->seqlen_k;
+    // Out-of-range enum values go through as they are; kfa::mpi's agreed checks reject them.
+    sp.layout = static_cast<kfa::mpi::Layout>(seqpar->layout);
+    sp.mode = static_cast<kfa::mpi::Mode>(seqpar->mode);
+  });
+  return status != KFA_OK ? status : pass(&sp);
+#else
+  (void)seqpar;
+  (void)pass;
+  return guarded([&] {
+    fail(KFA_ERROR_UNSUPPORTED, fn, "this kfa was built without MPI (KFA_ENABLE_MPI=OFF)");
+  });
+#endif
 }
 
 }  // namespace
@@ -286,13 +373,13 @@ const char* kfa_last_error(void) {
 kfa_status kfa_forward_f32(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
                            const kfa_tensor* o, const kfa_tensor* lse, const kfa_params* params,
                            kfa_memory memory) {
-  return forward<float>("kfa_forward_f32", q, k, v, o, lse, params, memory);
+  return forward<float>("kfa_forward_f32", q, k, v, o, lse, params, nullptr, memory);
 }
 
 kfa_status kfa_forward_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
                            const kfa_tensor* o, const kfa_tensor* lse, const kfa_params* params,
                            kfa_memory memory) {
-  return forward<double>("kfa_forward_f64", q, k, v, o, lse, params, memory);
+  return forward<double>("kfa_forward_f64", q, k, v, o, lse, params, nullptr, memory);
 }
 
 kfa_status kfa_backward_f32(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
@@ -300,7 +387,7 @@ kfa_status kfa_backward_f32(const kfa_tensor* q, const kfa_tensor* k, const kfa_
                             const kfa_tensor* dlse, const kfa_tensor* dq, const kfa_tensor* dk,
                             const kfa_tensor* dv, const kfa_params* params, kfa_memory memory) {
   return backward<float>("kfa_backward_f32", q, k, v, o, lse, dout, dlse, dq, dk, dv, params,
-                         memory);
+                         nullptr, memory);
 }
 
 kfa_status kfa_backward_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
@@ -308,7 +395,47 @@ kfa_status kfa_backward_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_
                             const kfa_tensor* dlse, const kfa_tensor* dq, const kfa_tensor* dk,
                             const kfa_tensor* dv, const kfa_params* params, kfa_memory memory) {
   return backward<double>("kfa_backward_f64", q, k, v, o, lse, dout, dlse, dq, dk, dv, params,
-                          memory);
+                          nullptr, memory);
+}
+
+kfa_status kfa_mpi_forward_f32(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
+                               const kfa_tensor* o, const kfa_tensor* lse, const kfa_params* params,
+                               const kfa_seqpar* seqpar, kfa_memory memory) {
+  const char* fn = "kfa_mpi_forward_f32";
+  return collective(fn, seqpar, [&](const SeqPar* sp) {
+    return forward<float>(fn, q, k, v, o, lse, params, sp, memory);
+  });
+}
+
+kfa_status kfa_mpi_forward_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
+                               const kfa_tensor* o, const kfa_tensor* lse, const kfa_params* params,
+                               const kfa_seqpar* seqpar, kfa_memory memory) {
+  const char* fn = "kfa_mpi_forward_f64";
+  return collective(fn, seqpar, [&](const SeqPar* sp) {
+    return forward<double>(fn, q, k, v, o, lse, params, sp, memory);
+  });
+}
+
+kfa_status kfa_mpi_backward_f32(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
+                                const kfa_tensor* o, const kfa_tensor* lse, const kfa_tensor* dout,
+                                const kfa_tensor* dlse, const kfa_tensor* dq, const kfa_tensor* dk,
+                                const kfa_tensor* dv, const kfa_params* params,
+                                const kfa_seqpar* seqpar, kfa_memory memory) {
+  const char* fn = "kfa_mpi_backward_f32";
+  return collective(fn, seqpar, [&](const SeqPar* sp) {
+    return backward<float>(fn, q, k, v, o, lse, dout, dlse, dq, dk, dv, params, sp, memory);
+  });
+}
+
+kfa_status kfa_mpi_backward_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
+                                const kfa_tensor* o, const kfa_tensor* lse, const kfa_tensor* dout,
+                                const kfa_tensor* dlse, const kfa_tensor* dq, const kfa_tensor* dk,
+                                const kfa_tensor* dv, const kfa_params* params,
+                                const kfa_seqpar* seqpar, kfa_memory memory) {
+  const char* fn = "kfa_mpi_backward_f64";
+  return collective(fn, seqpar, [&](const SeqPar* sp) {
+    return backward<double>(fn, q, k, v, o, lse, dout, dlse, dq, dk, dv, params, sp, memory);
+  });
 }
 
 }  // extern "C"

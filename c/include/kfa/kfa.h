@@ -68,6 +68,30 @@ typedef struct kfa_tensor {
   int64_t stride[4];  ///< In elements; all 0 = contiguous row-major.
 } kfa_tensor;
 
+/// How kfa::mpi splits the sequence across ranks (kfa::mpi::Layout).
+typedef enum kfa_mpi_layout {
+  KFA_MPI_LAYOUT_CONTIGUOUS = 0,  ///< One block of rows per rank.
+  KFA_MPI_LAYOUT_ZIGZAG = 1       ///< Chunks r and 2P - 1 - r of 2P chunks (balances causal).
+} kfa_mpi_layout;
+
+/// How kfa::mpi's partial results meet (kfa::mpi::Mode).
+typedef enum kfa_mpi_mode {
+  KFA_MPI_MODE_RING = 0,  ///< K/V shards travel around the ring.
+  KFA_MPI_MODE_TREE = 1   ///< Queries gathered, partials reduce-scattered.
+} kfa_mpi_mode;
+
+/// The distributed problem of the kfa_mpi_ functions (kfa::mpi::SeqPar): every rank passes
+/// the same values.
+typedef struct kfa_seqpar {
+  int64_t seqlen_q;  ///< Global number of queries.
+  int64_t seqlen_k;  ///< Global number of keys.
+  /// The communicator's Fortran handle (an MPI_Fint): MPI_Comm_c2f(comm) in C, the integer
+  /// communicator in Fortran (comm%MPI_VAL with mpi_f08). Keeps this header free of mpi.h.
+  int comm;
+  int layout;  ///< A kfa_mpi_layout value.
+  int mode;    ///< A kfa_mpi_mode value.
+} kfa_seqpar;
+
 /// The defaults of kfa::Params (scale 1/sqrt(head_dim), no mask, no dropout).
 kfa_params kfa_params_default(void);
 
@@ -112,6 +136,35 @@ kfa_status kfa_backward_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_
                             const kfa_tensor* o, const kfa_tensor* lse, const kfa_tensor* dout,
                             const kfa_tensor* dlse, const kfa_tensor* dq, const kfa_tensor* dk,
                             const kfa_tensor* dv, const kfa_params* params, kfa_memory memory);
+
+/// Sequence-parallel forward in float (kfa::mpi::forward): each rank passes its rows
+/// (kfa::mpi::owned_rows of seqpar's layout) of q, k and v and receives its rows of o and lse.
+/// Collective over seqpar->comm; an invalid argument on any rank fails every rank's call (with
+/// the message of the lowest failing rank). Returns KFA_ERROR_UNSUPPORTED when kfa was built
+/// without MPI.
+kfa_status kfa_mpi_forward_f32(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
+                               const kfa_tensor* o, const kfa_tensor* lse, const kfa_params* params,
+                               const kfa_seqpar* seqpar, kfa_memory memory);
+
+/// kfa_mpi_forward_f32 in double.
+kfa_status kfa_mpi_forward_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
+                               const kfa_tensor* o, const kfa_tensor* lse, const kfa_params* params,
+                               const kfa_seqpar* seqpar, kfa_memory memory);
+
+/// Sequence-parallel backward in float (kfa::mpi::backward), on each rank's rows, collective as
+/// kfa_mpi_forward_f32; dlse may be NULL.
+kfa_status kfa_mpi_backward_f32(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
+                                const kfa_tensor* o, const kfa_tensor* lse, const kfa_tensor* dout,
+                                const kfa_tensor* dlse, const kfa_tensor* dq, const kfa_tensor* dk,
+                                const kfa_tensor* dv, const kfa_params* params,
+                                const kfa_seqpar* seqpar, kfa_memory memory);
+
+/// kfa_mpi_backward_f32 in double.
+kfa_status kfa_mpi_backward_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
+                                const kfa_tensor* o, const kfa_tensor* lse, const kfa_tensor* dout,
+                                const kfa_tensor* dlse, const kfa_tensor* dq, const kfa_tensor* dk,
+                                const kfa_tensor* dv, const kfa_params* params,
+                                const kfa_seqpar* seqpar, kfa_memory memory);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,142 @@
+// The C interface's kfa_mpi_ functions against kfa::mpi on the same rows, bitwise, at any rank
+// count (ctest runs 1 and 2): forward and backward, float and double, both layouts and modes,
+// causal, GQA; and an invalid argument on one rank fails every rank's call with that rank's
+// message, writing nothing, instead of leaving the others in a collective.
+#include <gtest/gtest.h>
+#include <kfa/kfa.h>
+#include <mpi.h>
+#include <kfa/distributed.hpp>
+
+#include <string>
+#include <type_traits>
+
+#include "../c_arrays.hpp"
+
+namespace {
+
+using kfa_test::Arrays;
+using kfa_test::Dims;
+using kfa_test::same_bits;
+
+int comm_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int comm_size() {
+  int p = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &p);
+  return p;
+}
+
+/// Rank-local arrays of a problem with global lengths nq, nk: any values make a valid global
+/// problem, so each rank draws its own rows.
+template <class T>
+Arrays<T> local(const Dims& global, kfa_mpi_layout layout, unsigned salt) {
+  const auto l =
+      layout == KFA_MPI_LAYOUT_ZIGZAG ? kfa::mpi::Layout::zigzag : kfa::mpi::Layout::contiguous;
+  Dims s = global;
+  s.nq = static_cast<int>(kfa::mpi::owned_count(l, global.nq, comm_rank(), comm_size()));
+  s.nk = static_cast<int>(kfa::mpi::owned_count(l, global.nk, comm_rank(), comm_size()));
+  return Arrays<T>(s, false, 1000 * salt + comm_rank());
+}
+
+template <class T>
+void check_same(const Dims& g, kfa_mpi_layout layout, kfa_mpi_mode mode, int causal) {
+  SCOPED_TRACE(::testing::Message() << "Nq=" << g.nq << " Nk=" << g.nk << " Hq=" << g.hq
+                                    << " Hk=" << g.hk << " layout=" << layout << " mode=" << mode
+                                    << " causal=" << causal << " " << sizeof(T) * 8 << "-bit");
+  Arrays<T> c = local<T>(g, layout, 1), cxx = local<T>(g, layout, 1);
+  const Dims& s = c.s;
+  kfa_params cp = kfa_params_default();
+  cp.causal = causal;
+  const kfa_seqpar seqpar{g.nq, g.nk, static_cast<int>(MPI_Comm_c2f(MPI_COMM_WORLD)), layout, mode};
+  kfa::Params p;
+  p.causal = causal != 0;
+  kfa::mpi::SeqPar sp{MPI_COMM_WORLD, g.nq, g.nk, static_cast<kfa::mpi::Layout>(layout),
+                      static_cast<kfa::mpi::Mode>(mode)};
+  const kfa_tensor q = c.tensor(c.q, s.hq, s.nq), k = c.tensor(c.k, s.hk, s.nk),
+                   v = c.tensor(c.v, s.hk, s.nk), o = c.tensor(c.o, s.hq, s.nq),
+                   lse = c.rows(c.lse), dout = c.tensor(c.dout, s.hq, s.nq), dlse = c.rows(c.dlse),
+                   dq = c.tensor(c.dq, s.hq, s.nq), dk = c.tensor(c.dk, s.hk, s.nk),
+                   dv = c.tensor(c.dv, s.hk, s.nk);
+  const auto fwd = std::is_same_v<T, float> ? kfa_mpi_forward_f32 : kfa_mpi_forward_f64;
+  const auto bwd = std::is_same_v<T, float> ? kfa_mpi_backward_f32 : kfa_mpi_backward_f64;
+  ASSERT_EQ(fwd(&q, &k, &v, &o, &lse, &cp, &seqpar, KFA_MEMORY_HOST), KFA_OK) << kfa_last_error();
+  using Host = Kokkos::DefaultHostExecutionSpace;
+  kfa::mpi::forward(Host(), cxx.view(cxx.q, s.hq, s.nq), cxx.view(cxx.k, s.hk, s.nk),
+                    cxx.view(cxx.v, s.hk, s.nk), cxx.view(cxx.o, s.hq, s.nq), cxx.row_view(cxx.lse),
+                    p, sp);
+  EXPECT_TRUE(same_bits(c.o, cxx.o));
+  EXPECT_TRUE(same_bits(c.lse, cxx.lse));
+  ASSERT_EQ(bwd(&q, &k, &v, &o, &lse, &dout, &dlse, &dq, &dk, &dv, &cp, &seqpar, KFA_MEMORY_HOST),
+            KFA_OK)
+      << kfa_last_error();
+  kfa::mpi::backward(Host(), cxx.view(cxx.q, s.hq, s.nq), cxx.view(cxx.k, s.hk, s.nk),
+                     cxx.view(cxx.v, s.hk, s.nk), cxx.view(cxx.o, s.hq, s.nq),
+                     cxx.row_view(cxx.lse), cxx.view(cxx.dout, s.hq, s.nq), cxx.row_view(cxx.dlse),
+                     cxx.view(cxx.dq, s.hq, s.nq), cxx.view(cxx.dk, s.hk, s.nk),
+                     cxx.view(cxx.dv, s.hk, s.nk), p, sp);
+  EXPECT_TRUE(same_bits(c.dq, cxx.dq));
+  EXPECT_TRUE(same_bits(c.dk, cxx.dk));
+  EXPECT_TRUE(same_bits(c.dv, cxx.dv));
+}
+
+TEST(CApiMpi, SameBitsAsKfaMpi) {
+  check_same<double>({1, 2, 2, 37, 37, 16}, KFA_MPI_LAYOUT_ZIGZAG, KFA_MPI_MODE_RING, 1);
+  check_same<float>({2, 4, 2, 29, 41, 16}, KFA_MPI_LAYOUT_CONTIGUOUS, KFA_MPI_MODE_TREE, 1);
+  check_same<float>({1, 2, 1, 33, 33, 32}, KFA_MPI_LAYOUT_CONTIGUOUS, KFA_MPI_MODE_RING, 0);
+}
+
+// Rank P-1 passes a NULL q: every rank's call fails with that rank's message, and no rank
+// writes anything.
+TEST(CApiMpi, OneRanksErrorFailsEveryRank) {
+  const int P = comm_size(), r = comm_rank();
+  Arrays<float> a = local<float>({1, 2, 2, 16, 16, 16}, KFA_MPI_LAYOUT_CONTIGUOUS, 2);
+  const Dims& s = a.s;
+  const kfa_tensor q = a.tensor(a.q, s.hq, s.nq), k = a.tensor(a.k, s.hk, s.nk),
+                   o = a.tensor(a.o, s.hq, s.nq), lse = a.rows(a.lse);
+  const kfa_params p = kfa_params_default();
+  const kfa_seqpar seqpar{16, 16, static_cast<int>(MPI_Comm_c2f(MPI_COMM_WORLD)),
+                          KFA_MPI_LAYOUT_CONTIGUOUS, KFA_MPI_MODE_RING};
+  const kfa_status st = kfa_mpi_forward_f32(r == P - 1 ? nullptr : &q, &k, &k, &o, &lse, &p,
+                                            &seqpar, KFA_MEMORY_HOST);
+  EXPECT_EQ(st, r == P - 1 ? KFA_ERROR_NULL_POINTER : KFA_ERROR_INVALID_ARGUMENT);
+  const std::string msg = kfa_last_error();
+  EXPECT_NE(msg.find("rank " + std::to_string(P - 1) + ": kfa_mpi_forward_f32: q is NULL"),
+            std::string::npos)
+      << msg;
+  for (float x : a.o)
+    EXPECT_TRUE(x != x) << "o written on error";
+  // Every rank: kfa::mpi's own checks (here a global seqlen that the rows do not add up to).
+  kfa_seqpar wrong = seqpar;
+  wrong.seqlen_q = 17;
+  EXPECT_EQ(kfa_mpi_forward_f32(&q, &k, &k, &o, &lse, &p, &wrong, KFA_MEMORY_HOST),
+            KFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kfa_last_error()).find("seqlen"), std::string::npos) << kfa_last_error();
+  EXPECT_EQ(kfa_mpi_forward_f32(&q, &k, &k, &o, &lse, &p, nullptr, KFA_MEMORY_HOST),
+            KFA_ERROR_NULL_POINTER);
+  EXPECT_NE(std::string(kfa_last_error()).find("seqpar is NULL"), std::string::npos);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (comm_rank() != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  int result = 0;
+  if (kfa_initialize() != KFA_OK) {
+    result = 1;
+  } else {
+    result = RUN_ALL_TESTS();
+    kfa_finalize();
+  }
+  int any = 0;
+  MPI_Allreduce(&result, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any;
+}
