@@ -14,7 +14,7 @@ module kfa
   private
 
   public :: kfa_params, kfa_params_default, kfa_initialize, kfa_finalize, kfa_last_error, &
-            kfa_forward, kfa_backward
+            kfa_forward, kfa_backward, kfa_mpi_forward, kfa_mpi_backward
 
   !> Status codes (kfa_status in kfa.h).
   integer(c_int), parameter, public :: KFA_OK = 0, KFA_ERROR_INVALID_ARGUMENT = 1, &
@@ -23,6 +23,10 @@ module kfa
                                        KFA_ERROR_INTERNAL = 6
   !> Mask alignments (kfa_align), for params%align.
   integer(c_int), parameter, public :: KFA_ALIGN_BOTTOM_RIGHT = 0, KFA_ALIGN_TOP_LEFT = 1
+
+  !> kfa::mpi's sequence layouts and modes (kfa_mpi_layout, kfa_mpi_mode).
+  integer(c_int), parameter, public :: KFA_MPI_LAYOUT_CONTIGUOUS = 0, KFA_MPI_LAYOUT_ZIGZAG = 1, &
+                                       KFA_MPI_MODE_RING = 0, KFA_MPI_MODE_TREE = 1
 
   integer(c_int), parameter :: memory_host = 0
 
@@ -41,6 +45,12 @@ module kfa
     type(c_ptr) :: data = c_null_ptr
     integer(c_int64_t) :: extent(4) = 0, stride(4) = 0
   end type tensor_t
+
+  ! kfa_seqpar in kfa.h.
+  type, bind(c) :: seqpar_t
+    integer(c_int64_t) :: seqlen_q, seqlen_k
+    integer(c_int) :: comm, layout, mode
+  end type seqpar_t
 
   interface
     !> The defaults of kfa::Params.
@@ -107,6 +117,48 @@ module kfa
       integer(c_int), value :: memory
       integer(c_int) :: s
     end function c_backward_f64
+
+    function c_mpi_forward_f32(q, k, v, o, lse, params, seqpar, memory) &
+        bind(c, name='kfa_mpi_forward_f32') result(s)
+      import :: c_int, tensor_t, kfa_params, seqpar_t
+      type(tensor_t), intent(in) :: q, k, v, o, lse
+      type(kfa_params), intent(in) :: params
+      type(seqpar_t), intent(in) :: seqpar
+      integer(c_int), value :: memory
+      integer(c_int) :: s
+    end function c_mpi_forward_f32
+
+    function c_mpi_backward_f32(q, k, v, o, lse, dout, dlse, dq, dk, dv, params, seqpar, &
+                                 memory) bind(c, name='kfa_mpi_backward_f32') result(s)
+      import :: c_int, c_ptr, tensor_t, kfa_params, seqpar_t
+      type(tensor_t), intent(in) :: q, k, v, o, lse, dout, dq, dk, dv
+      type(c_ptr), value :: dlse
+      type(kfa_params), intent(in) :: params
+      type(seqpar_t), intent(in) :: seqpar
+      integer(c_int), value :: memory
+      integer(c_int) :: s
+    end function c_mpi_backward_f32
+
+    function c_mpi_forward_f64(q, k, v, o, lse, params, seqpar, memory) &
+        bind(c, name='kfa_mpi_forward_f64') result(s)
+      import :: c_int, tensor_t, kfa_params, seqpar_t
+      type(tensor_t), intent(in) :: q, k, v, o, lse
+      type(kfa_params), intent(in) :: params
+      type(seqpar_t), intent(in) :: seqpar
+      integer(c_int), value :: memory
+      integer(c_int) :: s
+    end function c_mpi_forward_f64
+
+    function c_mpi_backward_f64(q, k, v, o, lse, dout, dlse, dq, dk, dv, params, seqpar, &
+                                 memory) bind(c, name='kfa_mpi_backward_f64') result(s)
+      import :: c_int, c_ptr, tensor_t, kfa_params, seqpar_t
+      type(tensor_t), intent(in) :: q, k, v, o, lse, dout, dq, dk, dv
+      type(c_ptr), value :: dlse
+      type(kfa_params), intent(in) :: params
+      type(seqpar_t), intent(in) :: seqpar
+      integer(c_int), value :: memory
+      integer(c_int) :: s
+    end function c_mpi_backward_f64
   end interface
 
   !> kfa_forward(q, k, v, o, lse [, params] [, status]): o and lse from q, k, v.
@@ -123,7 +175,36 @@ module kfa
     module procedure backward_f32, backward_f64
   end interface kfa_backward
 
+  !> kfa_mpi_forward(q, k, v, o, lse, comm, seqlen_q, seqlen_k [, params] [, layout] [, mode]
+  !> [, status]): kfa::mpi's sequence-parallel forward. Each rank passes its rows of q, k, v
+  !> (layout's rows of the global seqlen_q queries and seqlen_k keys; KFA_MPI_LAYOUT_CONTIGUOUS
+  !> and KFA_MPI_MODE_RING by default) and receives its rows of o and lse. comm: the integer
+  !> communicator (MPI_COMM_WORLD of `use mpi`, comm%MPI_VAL of `use mpi_f08`). Collective: an
+  !> invalid argument on any rank fails every rank's call.
+  interface kfa_mpi_forward
+    module procedure mpi_forward_f32, mpi_forward_f64
+  end interface kfa_mpi_forward
+
+  !> kfa_mpi_backward(q, k, v, o, lse, dout, dq, dk, dv, comm, seqlen_q, seqlen_k [, params]
+  !> [, layout] [, mode] [, dlse] [, status]): kfa::mpi's backward on each rank's rows.
+  interface kfa_mpi_backward
+    module procedure mpi_backward_f32, mpi_backward_f64
+  end interface kfa_mpi_backward
+
 contains
+
+  function seqpar(comm, seqlen_q, seqlen_k, layout, mode) result(sp)
+    integer, intent(in) :: comm, seqlen_q, seqlen_k
+    integer, intent(in), optional :: layout, mode
+    type(seqpar_t) :: sp
+    sp%comm = comm
+    sp%seqlen_q = seqlen_q
+    sp%seqlen_k = seqlen_k
+    sp%layout = KFA_MPI_LAYOUT_CONTIGUOUS
+    sp%mode = KFA_MPI_MODE_RING
+    if (present(layout)) sp%layout = layout
+    if (present(mode)) sp%mode = mode
+  end function seqpar
 
   !> Initialises Kokkos unless the program has (kfa_initialize in kfa.h).
   subroutine kfa_initialize(status)
@@ -268,5 +349,107 @@ contains
                                tensor(c_loc(dv), shape(dv, c_int64_t)), &
                                params_or_default(params), memory_host), status)
   end subroutine backward_f64
+
+  subroutine mpi_forward_f32(q, k, v, o, lse, comm, seqlen_q, seqlen_k, params, layout, mode, &
+                             status)
+    real(c_float), intent(in), target, contiguous :: q(:, :, :, :), k(:, :, :, :), v(:, :, :, :)
+    real(c_float), intent(inout), target, contiguous :: o(:, :, :, :), lse(:, :, :)
+    integer, intent(in) :: comm, seqlen_q, seqlen_k
+    type(kfa_params), intent(in), optional :: params
+    integer, intent(in), optional :: layout, mode
+    integer, intent(out), optional :: status
+    call finish(c_mpi_forward_f32(tensor(c_loc(q), shape(q, c_int64_t)), &
+                                  tensor(c_loc(k), shape(k, c_int64_t)), &
+                                  tensor(c_loc(v), shape(v, c_int64_t)), &
+                                  tensor(c_loc(o), shape(o, c_int64_t)), &
+                                  tensor(c_loc(lse), shape(lse, c_int64_t)), &
+                                  params_or_default(params), &
+                                  seqpar(comm, seqlen_q, seqlen_k, layout, mode), memory_host), &
+                status)
+  end subroutine mpi_forward_f32
+
+  subroutine mpi_backward_f32(q, k, v, o, lse, dout, dq, dk, dv, comm, seqlen_q, seqlen_k, &
+                              params, layout, mode, dlse, status)
+    real(c_float), intent(in), target, contiguous :: q(:, :, :, :), k(:, :, :, :), &
+                                                 v(:, :, :, :), o(:, :, :, :), lse(:, :, :), &
+                                                 dout(:, :, :, :)
+    real(c_float), intent(inout), target, contiguous :: dq(:, :, :, :), dk(:, :, :, :), &
+                                                    dv(:, :, :, :)
+    integer, intent(in) :: comm, seqlen_q, seqlen_k
+    type(kfa_params), intent(in), optional :: params
+    integer, intent(in), optional :: layout, mode
+    real(c_float), intent(in), target, contiguous, optional :: dlse(:, :, :)
+    integer, intent(out), optional :: status
+    type(tensor_t), target :: tdlse
+    type(c_ptr) :: pdlse
+    pdlse = c_null_ptr
+    if (present(dlse)) then
+      tdlse = tensor(c_loc(dlse), shape(dlse, c_int64_t))
+      pdlse = c_loc(tdlse)
+    end if
+    call finish(c_mpi_backward_f32(tensor(c_loc(q), shape(q, c_int64_t)), &
+                                   tensor(c_loc(k), shape(k, c_int64_t)), &
+                                   tensor(c_loc(v), shape(v, c_int64_t)), &
+                                   tensor(c_loc(o), shape(o, c_int64_t)), &
+                                   tensor(c_loc(lse), shape(lse, c_int64_t)), &
+                                   tensor(c_loc(dout), shape(dout, c_int64_t)), pdlse, &
+                                   tensor(c_loc(dq), shape(dq, c_int64_t)), &
+                                   tensor(c_loc(dk), shape(dk, c_int64_t)), &
+                                   tensor(c_loc(dv), shape(dv, c_int64_t)), &
+                                   params_or_default(params), &
+                                   seqpar(comm, seqlen_q, seqlen_k, layout, mode), memory_host), &
+                status)
+  end subroutine mpi_backward_f32
+
+  subroutine mpi_forward_f64(q, k, v, o, lse, comm, seqlen_q, seqlen_k, params, layout, mode, &
+                             status)
+    real(c_double), intent(in), target, contiguous :: q(:, :, :, :), k(:, :, :, :), v(:, :, :, :)
+    real(c_double), intent(inout), target, contiguous :: o(:, :, :, :), lse(:, :, :)
+    integer, intent(in) :: comm, seqlen_q, seqlen_k
+    type(kfa_params), intent(in), optional :: params
+    integer, intent(in), optional :: layout, mode
+    integer, intent(out), optional :: status
+    call finish(c_mpi_forward_f64(tensor(c_loc(q), shape(q, c_int64_t)), &
+                                  tensor(c_loc(k), shape(k, c_int64_t)), &
+                                  tensor(c_loc(v), shape(v, c_int64_t)), &
+                                  tensor(c_loc(o), shape(o, c_int64_t)), &
+                                  tensor(c_loc(lse), shape(lse, c_int64_t)), &
+                                  params_or_default(params), &
+                                  seqpar(comm, seqlen_q, seqlen_k, layout, mode), memory_host), &
+                status)
+  end subroutine mpi_forward_f64
+
+  subroutine mpi_backward_f64(q, k, v, o, lse, dout, dq, dk, dv, comm, seqlen_q, seqlen_k, &
+                              params, layout, mode, dlse, status)
+    real(c_double), intent(in), target, contiguous :: q(:, :, :, :), k(:, :, :, :), &
+                                                 v(:, :, :, :), o(:, :, :, :), lse(:, :, :), &
+                                                 dout(:, :, :, :)
+    real(c_double), intent(inout), target, contiguous :: dq(:, :, :, :), dk(:, :, :, :), &
+                                                    dv(:, :, :, :)
+    integer, intent(in) :: comm, seqlen_q, seqlen_k
+    type(kfa_params), intent(in), optional :: params
+    integer, intent(in), optional :: layout, mode
+    real(c_double), intent(in), target, contiguous, optional :: dlse(:, :, :)
+    integer, intent(out), optional :: status
+    type(tensor_t), target :: tdlse
+    type(c_ptr) :: pdlse
+    pdlse = c_null_ptr
+    if (present(dlse)) then
+      tdlse = tensor(c_loc(dlse), shape(dlse, c_int64_t))
+      pdlse = c_loc(tdlse)
+    end if
+    call finish(c_mpi_backward_f64(tensor(c_loc(q), shape(q, c_int64_t)), &
+                                   tensor(c_loc(k), shape(k, c_int64_t)), &
+                                   tensor(c_loc(v), shape(v, c_int64_t)), &
+                                   tensor(c_loc(o), shape(o, c_int64_t)), &
+                                   tensor(c_loc(lse), shape(lse, c_int64_t)), &
+                                   tensor(c_loc(dout), shape(dout, c_int64_t)), pdlse, &
+                                   tensor(c_loc(dq), shape(dq, c_int64_t)), &
+                                   tensor(c_loc(dk), shape(dk, c_int64_t)), &
+                                   tensor(c_loc(dv), shape(dv, c_int64_t)), &
+                                   params_or_default(params), &
+                                   seqpar(comm, seqlen_q, seqlen_k, layout, mode), memory_host), &
+                status)
+  end subroutine mpi_backward_f64
 
 end module kfa

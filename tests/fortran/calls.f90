@@ -74,6 +74,38 @@ contains
     status = s
   end subroutine backward_f64
 
+  subroutine mpi_forward_f64(d, nq, hq, nk, hk, b, q, k, v, o, lse, comm, seqlen_q, seqlen_k, &
+                             layout, mode, causal, status) bind(c, name='fortran_mpi_forward_f64')
+    integer(c_int), value :: d, nq, hq, nk, hk, b, comm, seqlen_q, seqlen_k, layout, mode, causal
+    real(c_double), intent(in) :: q(d, nq, hq, b), k(d, nk, hk, b), v(d, nk, hk, b)
+    real(c_double), intent(inout) :: o(d, nq, hq, b), lse(nq, hq, b)
+    integer(c_int), intent(out) :: status
+    type(kfa_params) :: p
+    integer :: s
+    p = kfa_params_default()
+    p%causal = causal
+    call kfa_mpi_forward(q, k, v, o, lse, comm, seqlen_q, seqlen_k, p, layout, mode, s)
+    status = s
+  end subroutine mpi_forward_f64
+
+  subroutine mpi_backward_f32(d, nq, hq, nk, hk, b, q, k, v, o, lse, dout, dlse, dq, dk, dv, &
+                              comm, seqlen_q, seqlen_k, layout, mode, causal, status) &
+      bind(c, name='fortran_mpi_backward_f32')
+    integer(c_int), value :: d, nq, hq, nk, hk, b, comm, seqlen_q, seqlen_k, layout, mode, causal
+    real(c_float), intent(in) :: q(d, nq, hq, b), k(d, nk, hk, b), v(d, nk, hk, b), &
+                                 o(d, nq, hq, b), lse(nq, hq, b), dout(d, nq, hq, b), &
+                                 dlse(nq, hq, b)
+    real(c_float), intent(inout) :: dq(d, nq, hq, b), dk(d, nk, hk, b), dv(d, nk, hk, b)
+    integer(c_int), intent(out) :: status
+    type(kfa_params) :: p
+    integer :: s
+    p = kfa_params_default()
+    p%causal = causal
+    call kfa_mpi_backward(q, k, v, o, lse, dout, dq, dk, dv, comm, seqlen_q, seqlen_k, p, &
+                          layout, mode, dlse=dlse, status=s)
+    status = s
+  end subroutine mpi_backward_f32
+
   ! kfa_last_error() through the module, copied into buf (at most n - 1 characters).
   subroutine last_error(buf, n) bind(c, name='fortran_last_error')
     integer(c_int), value :: n

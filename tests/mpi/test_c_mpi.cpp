@@ -12,6 +12,20 @@
 
 #include "../c_arrays.hpp"
 
+#ifdef KFA_TEST_FORTRAN
+extern "C" {
+void fortran_mpi_forward_f64(int d, int nq, int hq, int nk, int hk, int b, const double* q,
+                             const double* k, const double* v, double* o, double* lse, int comm,
+                             int seqlen_q, int seqlen_k, int layout, int mode, int causal,
+                             int* status);
+void fortran_mpi_backward_f32(int d, int nq, int hq, int nk, int hk, int b, const float* q,
+                              const float* k, const float* v, const float* o, const float* lse,
+                              const float* dout, const float* dlse, float* dq, float* dk, float* dv,
+                              int comm, int seqlen_q, int seqlen_k, int layout, int mode,
+                              int causal, int* status);
+}
+#endif
+
 namespace {
 
 using kfa_test::Arrays;
@@ -87,6 +101,57 @@ TEST(CApiMpi, SameBitsAsKfaMpi) {
   check_same<float>({2, 4, 2, 29, 41, 16}, KFA_MPI_LAYOUT_CONTIGUOUS, KFA_MPI_MODE_TREE, 1);
   check_same<float>({1, 2, 1, 33, 33, 32}, KFA_MPI_LAYOUT_CONTIGUOUS, KFA_MPI_MODE_RING, 0);
 }
+
+#ifdef KFA_TEST_FORTRAN
+// The Fortran module's kfa_mpi_forward (double) and kfa_mpi_backward (float, with dlse), with
+// the communicator's Fortran handle: bitwise the C interface's results on the same rows.
+TEST(CApiMpi, FortranSameBitsAsC) {
+  const Dims g{1, 4, 2, 23, 31, 16};
+  const int comm = static_cast<int>(MPI_Comm_c2f(MPI_COMM_WORLD));
+  const kfa_seqpar seqpar{g.nq, g.nk, comm, KFA_MPI_LAYOUT_ZIGZAG, KFA_MPI_MODE_TREE};
+  kfa_params cp = kfa_params_default();
+  cp.causal = 1;
+  {
+    Arrays<double> f = local<double>(g, KFA_MPI_LAYOUT_ZIGZAG, 3),
+                   c = local<double>(g, KFA_MPI_LAYOUT_ZIGZAG, 3);
+    const Dims& s = c.s;
+    int status = -1;
+    fortran_mpi_forward_f64(s.d, s.nq, s.hq, s.nk, s.hk, s.b, f.q.data(), f.k.data(), f.v.data(),
+                            f.o.data(), f.lse.data(), comm, g.nq, g.nk, KFA_MPI_LAYOUT_ZIGZAG,
+                            KFA_MPI_MODE_TREE, 1, &status);
+    ASSERT_EQ(status, KFA_OK) << kfa_last_error();
+    const kfa_tensor q = c.tensor(c.q, s.hq, s.nq), k = c.tensor(c.k, s.hk, s.nk),
+                     v = c.tensor(c.v, s.hk, s.nk), o = c.tensor(c.o, s.hq, s.nq),
+                     lse = c.rows(c.lse);
+    ASSERT_EQ(kfa_mpi_forward_f64(&q, &k, &v, &o, &lse, &cp, &seqpar, KFA_MEMORY_HOST), KFA_OK);
+    EXPECT_TRUE(same_bits(f.o, c.o));
+    EXPECT_TRUE(same_bits(f.lse, c.lse));
+  }
+  Arrays<float> f = local<float>(g, KFA_MPI_LAYOUT_ZIGZAG, 4),
+                c = local<float>(g, KFA_MPI_LAYOUT_ZIGZAG, 4);
+  const Dims& s = c.s;
+  const kfa_tensor q = c.tensor(c.q, s.hq, s.nq), k = c.tensor(c.k, s.hk, s.nk),
+                   v = c.tensor(c.v, s.hk, s.nk), o = c.tensor(c.o, s.hq, s.nq),
+                   lse = c.rows(c.lse), dout = c.tensor(c.dout, s.hq, s.nq), dlse = c.rows(c.dlse),
+                   dq = c.tensor(c.dq, s.hq, s.nq), dk = c.tensor(c.dk, s.hk, s.nk),
+                   dv = c.tensor(c.dv, s.hk, s.nk);
+  ASSERT_EQ(kfa_mpi_forward_f32(&q, &k, &v, &o, &lse, &cp, &seqpar, KFA_MEMORY_HOST), KFA_OK);
+  f.o = c.o;
+  f.lse = c.lse;
+  int status = -1;
+  fortran_mpi_backward_f32(s.d, s.nq, s.hq, s.nk, s.hk, s.b, f.q.data(), f.k.data(), f.v.data(),
+                           f.o.data(), f.lse.data(), f.dout.data(), f.dlse.data(), f.dq.data(),
+                           f.dk.data(), f.dv.data(), comm, g.nq, g.nk, KFA_MPI_LAYOUT_ZIGZAG,
+                           KFA_MPI_MODE_TREE, 1, &status);
+  ASSERT_EQ(status, KFA_OK) << kfa_last_error();
+  ASSERT_EQ(kfa_mpi_backward_f32(&q, &k, &v, &o, &lse, &dout, &dlse, &dq, &dk, &dv, &cp, &seqpar,
+                                 KFA_MEMORY_HOST),
+            KFA_OK);
+  EXPECT_TRUE(same_bits(f.dq, c.dq));
+  EXPECT_TRUE(same_bits(f.dk, c.dk));
+  EXPECT_TRUE(same_bits(f.dv, c.dv));
+}
+#endif
 
 // Rank P-1 passes a NULL q: every rank's call fails with that rank's message, and no rank
 // writes anything.
