@@ -2,8 +2,9 @@
 // B = 1, H = 4, D = 64) called through kfa::forward / kfa::backward on Views and through
 // kfa_forward_f32 / kfa_backward_f32 on the Views' memory (the Fortran module adds one call
 // per pass to the C one). N = 4096 is the comparison the interface is held to; N = 16 makes
-// the fixed cost of a call (the wrapping and the checks) visible on its own. Run with --benchmark_enable_random_interleaving and repetitions so
-// the two interfaces alternate (perf/results/2026-11-25-c-api.md).
+// the fixed cost of a call (the wrapping and the checks) visible on its own. Run with
+// --benchmark_enable_random_interleaving and repetitions so the two interfaces alternate
+// (perf/results/2026-11-25-c-api.md).
 #include <kfa/kfa.h>
 #include <kfa/kfa.hpp>
 

@@ -159,14 +159,14 @@ Unmanaged<T, Rank, Layout, Mem> view_of(const kfa_tensor& t) {
 
 /// The checks common to every pass that only C can fail (Kokkos started, the tensors, the memory
 /// flag); returns whether every tensor is contiguous.
-bool check_call(const char* fn, std::initializer_list<Arg> args, kfa_memory memory) {
+bool check_call(const char* fn, std::initializer_list<Arg> args, int memory) {
   if (!Kokkos::is_initialized())
     fail(KFA_ERROR_NOT_INITIALIZED, fn, "Kokkos is not initialized: call kfa_initialize() first");
   bool contiguous = true;
   for (const Arg& a : args)
     if (a.rank > 0) contiguous = check_tensor(fn, a) && contiguous;
   if (memory != KFA_MEMORY_HOST && memory != KFA_MEMORY_DEVICE)
-    fail(KFA_ERROR_INVALID_ARGUMENT, fn, "memory = ", static_cast<int>(memory),
+    fail(KFA_ERROR_INVALID_ARGUMENT, fn, "memory = ", memory,
          " is neither KFA_MEMORY_HOST (0) nor KFA_MEMORY_DEVICE (1)");
   using Device = Kokkos::DefaultExecutionSpace;
   if (memory == KFA_MEMORY_DEVICE && std::is_same_v<Device, Kokkos::DefaultHostExecutionSpace>)
@@ -179,7 +179,7 @@ bool check_call(const char* fn, std::initializer_list<Arg> args, kfa_memory memo
 /// Calls f(exec space, memory space tag, layout tag) for the call's memory and layout (after
 /// check_call), then fences: the C caller reads the results on return.
 template <class F>
-void run(bool contiguous, kfa_memory memory, F&& f) {
+void run(bool contiguous, int memory, F&& f) {
   const auto with_layout = [&](auto exec) {
     using Exec = decltype(exec);
     if (contiguous)
@@ -205,7 +205,7 @@ struct SeqPar {};  // never made: the kfa_mpi_ functions fail first
 /// fails every rank's call instead of leaving the others waiting in a collective.
 template <class F>
 void dispatch(const char* fn, const kfa_params* params, const SeqPar* sp,
-              std::initializer_list<Arg> args, kfa_memory memory, F&& f) {
+              std::initializer_list<Arg> args, int memory, F&& f) {
   if (sp == nullptr) {
     const kfa::Params p = params_of(fn, params);
     return run(check_call(fn, args, memory), memory, [&](auto... tags) { f(p, tags...); });
@@ -235,7 +235,7 @@ void dispatch(const char* fn, const kfa_params* params, const SeqPar* sp,
 template <class T>
 kfa_status forward(const char* fn, const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
                    const kfa_tensor* o, const kfa_tensor* lse, const kfa_params* params,
-                   const SeqPar* sp, kfa_memory memory) {
+                   const SeqPar* sp, int memory) {
   return guarded([&] {
     dispatch(fn, params, sp, {{q, "q", 4}, {k, "k", 4}, {v, "v", 4}, {o, "o", 4}, {lse, "lse", 3}},
              memory, [&](const kfa::Params& p, auto exec, auto mem, auto layout) {
@@ -257,8 +257,7 @@ template <class T>
 kfa_status backward(const char* fn, const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
                     const kfa_tensor* o, const kfa_tensor* lse, const kfa_tensor* dout,
                     const kfa_tensor* dlse, const kfa_tensor* dq, const kfa_tensor* dk,
-                    const kfa_tensor* dv, const kfa_params* params, const SeqPar* sp,
-                    kfa_memory memory) {
+                    const kfa_tensor* dv, const kfa_params* params, const SeqPar* sp, int memory) {
   return guarded([&] {
     // dlse is optional: rank 0 skips its check when it is NULL.
     dispatch(fn, params, sp,
@@ -372,20 +371,20 @@ const char* kfa_last_error(void) {
 
 kfa_status kfa_forward_f32(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
                            const kfa_tensor* o, const kfa_tensor* lse, const kfa_params* params,
-                           kfa_memory memory) {
+                           int memory) {
   return forward<float>("kfa_forward_f32", q, k, v, o, lse, params, nullptr, memory);
 }
 
 kfa_status kfa_forward_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
                            const kfa_tensor* o, const kfa_tensor* lse, const kfa_params* params,
-                           kfa_memory memory) {
+                           int memory) {
   return forward<double>("kfa_forward_f64", q, k, v, o, lse, params, nullptr, memory);
 }
 
 kfa_status kfa_backward_f32(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
                             const kfa_tensor* o, const kfa_tensor* lse, const kfa_tensor* dout,
                             const kfa_tensor* dlse, const kfa_tensor* dq, const kfa_tensor* dk,
-                            const kfa_tensor* dv, const kfa_params* params, kfa_memory memory) {
+                            const kfa_tensor* dv, const kfa_params* params, int memory) {
   return backward<float>("kfa_backward_f32", q, k, v, o, lse, dout, dlse, dq, dk, dv, params,
                          nullptr, memory);
 }
@@ -393,14 +392,14 @@ kfa_status kfa_backward_f32(const kfa_tensor* q, const kfa_tensor* k, const kfa_
 kfa_status kfa_backward_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
                             const kfa_tensor* o, const kfa_tensor* lse, const kfa_tensor* dout,
                             const kfa_tensor* dlse, const kfa_tensor* dq, const kfa_tensor* dk,
-                            const kfa_tensor* dv, const kfa_params* params, kfa_memory memory) {
+                            const kfa_tensor* dv, const kfa_params* params, int memory) {
   return backward<double>("kfa_backward_f64", q, k, v, o, lse, dout, dlse, dq, dk, dv, params,
                           nullptr, memory);
 }
 
 kfa_status kfa_mpi_forward_f32(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
                                const kfa_tensor* o, const kfa_tensor* lse, const kfa_params* params,
-                               const kfa_seqpar* seqpar, kfa_memory memory) {
+                               const kfa_seqpar* seqpar, int memory) {
   const char* fn = "kfa_mpi_forward_f32";
   return collective(fn, seqpar, [&](const SeqPar* sp) {
     return forward<float>(fn, q, k, v, o, lse, params, sp, memory);
@@ -409,7 +408,7 @@ kfa_status kfa_mpi_forward_f32(const kfa_tensor* q, const kfa_tensor* k, const k
 
 kfa_status kfa_mpi_forward_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
                                const kfa_tensor* o, const kfa_tensor* lse, const kfa_params* params,
-                               const kfa_seqpar* seqpar, kfa_memory memory) {
+                               const kfa_seqpar* seqpar, int memory) {
   const char* fn = "kfa_mpi_forward_f64";
   return collective(fn, seqpar, [&](const SeqPar* sp) {
     return forward<double>(fn, q, k, v, o, lse, params, sp, memory);
@@ -420,7 +419,7 @@ kfa_status kfa_mpi_backward_f32(const kfa_tensor* q, const kfa_tensor* k, const 
                                 const kfa_tensor* o, const kfa_tensor* lse, const kfa_tensor* dout,
                                 const kfa_tensor* dlse, const kfa_tensor* dq, const kfa_tensor* dk,
                                 const kfa_tensor* dv, const kfa_params* params,
-                                const kfa_seqpar* seqpar, kfa_memory memory) {
+                                const kfa_seqpar* seqpar, int memory) {
   const char* fn = "kfa_mpi_backward_f32";
   return collective(fn, seqpar, [&](const SeqPar* sp) {
     return backward<float>(fn, q, k, v, o, lse, dout, dlse, dq, dk, dv, params, sp, memory);
@@ -431,7 +430,7 @@ kfa_status kfa_mpi_backward_f64(const kfa_tensor* q, const kfa_tensor* k, const 
                                 const kfa_tensor* o, const kfa_tensor* lse, const kfa_tensor* dout,
                                 const kfa_tensor* dlse, const kfa_tensor* dq, const kfa_tensor* dk,
                                 const kfa_tensor* dv, const kfa_params* params,
-                                const kfa_seqpar* seqpar, kfa_memory memory) {
+                                const kfa_seqpar* seqpar, int memory) {
   const char* fn = "kfa_mpi_backward_f64";
   return collective(fn, seqpar, [&](const SeqPar* sp) {
     return backward<double>(fn, q, k, v, o, lse, dout, dlse, dq, dk, dv, params, sp, memory);

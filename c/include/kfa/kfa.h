@@ -32,7 +32,8 @@ typedef enum kfa_align {
   KFA_ALIGN_TOP_LEFT = 1       ///< Query i sees key j <= i (PyTorch SDPA's is_causal).
 } kfa_align;
 
-/// Where the tensors of one call live.
+/// Where the tensors of one call live: the `memory` argument of the passes (an int, so that any
+/// value a caller passes is defined; others are rejected).
 typedef enum kfa_memory {
   KFA_MEMORY_HOST = 0,   ///< Host memory: the pass runs on Kokkos' default host space.
   KFA_MEMORY_DEVICE = 1  ///< Memory of Kokkos' default device space (builds with one only).
@@ -113,15 +114,15 @@ const char* kfa_last_error(void);
 
 /// Forward pass in float: o and lse from q, k, v (kfa::forward).
 /// q: (B, Hq, Nq, D); k, v: (B, Hk, Nk, D) with Hq a multiple of Hk; o: like q;
-/// lse: (B, Hq, Nq). Returns when the results are written.
+/// lse: (B, Hq, Nq). memory: a kfa_memory value. Returns when the results are written.
 kfa_status kfa_forward_f32(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
                            const kfa_tensor* o, const kfa_tensor* lse, const kfa_params* params,
-                           kfa_memory memory);
+                           int memory);
 
 /// kfa_forward_f32 in double (lse in double too).
 kfa_status kfa_forward_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
                            const kfa_tensor* o, const kfa_tensor* lse, const kfa_params* params,
-                           kfa_memory memory);
+                           int memory);
 
 /// Backward pass in float: dq, dk, dv from the forward's q, k, v, o, lse and dout = dL/dO
 /// (kfa::backward). dlse = dL/dLSE, shaped like lse, may be NULL (no loss through the LSE).
@@ -129,13 +130,13 @@ kfa_status kfa_forward_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_t
 kfa_status kfa_backward_f32(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
                             const kfa_tensor* o, const kfa_tensor* lse, const kfa_tensor* dout,
                             const kfa_tensor* dlse, const kfa_tensor* dq, const kfa_tensor* dk,
-                            const kfa_tensor* dv, const kfa_params* params, kfa_memory memory);
+                            const kfa_tensor* dv, const kfa_params* params, int memory);
 
 /// kfa_backward_f32 in double.
 kfa_status kfa_backward_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
                             const kfa_tensor* o, const kfa_tensor* lse, const kfa_tensor* dout,
                             const kfa_tensor* dlse, const kfa_tensor* dq, const kfa_tensor* dk,
-                            const kfa_tensor* dv, const kfa_params* params, kfa_memory memory);
+                            const kfa_tensor* dv, const kfa_params* params, int memory);
 
 /// Sequence-parallel forward in float (kfa::mpi::forward): each rank passes its rows
 /// (kfa::mpi::owned_rows of seqpar's layout) of q, k and v and receives its rows of o and lse.
@@ -144,12 +145,12 @@ kfa_status kfa_backward_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_
 /// without MPI.
 kfa_status kfa_mpi_forward_f32(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
                                const kfa_tensor* o, const kfa_tensor* lse, const kfa_params* params,
-                               const kfa_seqpar* seqpar, kfa_memory memory);
+                               const kfa_seqpar* seqpar, int memory);
 
 /// kfa_mpi_forward_f32 in double.
 kfa_status kfa_mpi_forward_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
                                const kfa_tensor* o, const kfa_tensor* lse, const kfa_params* params,
-                               const kfa_seqpar* seqpar, kfa_memory memory);
+                               const kfa_seqpar* seqpar, int memory);
 
 /// Sequence-parallel backward in float (kfa::mpi::backward), on each rank's rows, collective as
 /// kfa_mpi_forward_f32; dlse may be NULL.
@@ -157,14 +158,14 @@ kfa_status kfa_mpi_backward_f32(const kfa_tensor* q, const kfa_tensor* k, const 
                                 const kfa_tensor* o, const kfa_tensor* lse, const kfa_tensor* dout,
                                 const kfa_tensor* dlse, const kfa_tensor* dq, const kfa_tensor* dk,
                                 const kfa_tensor* dv, const kfa_params* params,
-                                const kfa_seqpar* seqpar, kfa_memory memory);
+                                const kfa_seqpar* seqpar, int memory);
 
 /// kfa_mpi_backward_f32 in double.
 kfa_status kfa_mpi_backward_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
                                 const kfa_tensor* o, const kfa_tensor* lse, const kfa_tensor* dout,
                                 const kfa_tensor* dlse, const kfa_tensor* dq, const kfa_tensor* dk,
                                 const kfa_tensor* dv, const kfa_params* params,
-                                const kfa_seqpar* seqpar, kfa_memory memory);
+                                const kfa_seqpar* seqpar, int memory);
 
 #ifdef __cplusplus
 }
