@@ -241,7 +241,7 @@ kfa_status forward(const char* fn, const kfa_tensor* q, const kfa_tensor* k, con
              memory, [&](const kfa::Params& p, auto exec, auto mem, auto layout) {
                using M = decltype(mem);
                using L = decltype(layout);
-               const auto in4 = [](const kfa_tensor* t) { return view_of<const T, 4, L, M>(*t); };
+               const auto in4 = [](const kfa_tensor* t) { return view_of<T, 4, L, M>(*t); };
                const auto o4 = view_of<T, 4, L, M>(*o);
                const auto lse3 = view_of<T, 3, L, M>(*lse);
 #ifdef KFA_C_WITH_MPI
@@ -274,9 +274,9 @@ kfa_status backward(const char* fn, const kfa_tensor* q, const kfa_tensor* k, co
              memory, [&](const kfa::Params& p, auto exec, auto mem, auto layout) {
                using M = decltype(mem);
                using L = decltype(layout);
-               const auto in4 = [](const kfa_tensor* t) { return view_of<const T, 4, L, M>(*t); };
+               const auto in4 = [](const kfa_tensor* t) { return view_of<T, 4, L, M>(*t); };
                const auto out4 = [](const kfa_tensor* t) { return view_of<T, 4, L, M>(*t); };
-               const auto in3 = [](const kfa_tensor* t) { return view_of<const T, 3, L, M>(*t); };
+               const auto in3 = [](const kfa_tensor* t) { return view_of<T, 3, L, M>(*t); };
                const auto pass = [&](const auto&... dl) {
 #ifdef KFA_C_WITH_MPI
                  if (sp)
