@@ -35,3 +35,15 @@ option(KFA_ENABLE_BENCHMARKS "Build the Google Benchmark suites in perf/" ${benc
 if(KFA_ENABLE_BENCHMARKS)
   find_package(benchmark REQUIRED)
 endif()
+
+# The Fortran module (fortran/) over the C interface, when a Fortran compiler is found.
+include(CheckLanguage)
+check_language(Fortran)
+set(_kfa_have_fortran OFF)
+if(CMAKE_Fortran_COMPILER)
+  set(_kfa_have_fortran ON)
+endif()
+option(KFA_ENABLE_FORTRAN "Build the Fortran 2008 module kfa (kfa::fortran)" ${_kfa_have_fortran})
+if(KFA_ENABLE_FORTRAN)
+  enable_language(Fortran)
+endif()

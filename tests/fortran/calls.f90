@@ -1,0 +1,121 @@
+! Calls of the Fortran module kfa, made from Fortran on the arrays a C++ suite (test_fortran.cpp)
+! passes in, so that the suite compares them bitwise with the C++ API on the same memory.
+module kfa_test_calls
+  use, intrinsic :: iso_c_binding, only: c_int, c_float, c_double, c_char, c_null_char
+  use kfa
+  implicit none
+contains
+
+  subroutine forward_f32(d, nq, hq, nk, hk, b, q, k, v, o, lse, causal, status) &
+      bind(c, name='fortran_forward_f32')
+    integer(c_int), value :: d, nq, hq, nk, hk, b, causal
+    real(c_float), intent(in) :: q(d, nq, hq, b), k(d, nk, hk, b), v(d, nk, hk, b)
+    real(c_float), intent(inout) :: o(d, nq, hq, b), lse(nq, hq, b)
+    integer(c_int), intent(out) :: status
+    type(kfa_params) :: p
+    integer :: s
+    p = kfa_params_default()
+    p%causal = causal
+    call kfa_forward(q, k, v, o, lse, p, s)
+    status = s
+  end subroutine forward_f32
+
+  subroutine forward_f64(d, nq, hq, nk, hk, b, q, k, v, o, lse, causal, status) &
+      bind(c, name='fortran_forward_f64')
+    integer(c_int), value :: d, nq, hq, nk, hk, b, causal
+    real(c_double), intent(in) :: q(d, nq, hq, b), k(d, nk, hk, b), v(d, nk, hk, b)
+    real(c_double), intent(inout) :: o(d, nq, hq, b), lse(nq, hq, b)
+    integer(c_int), intent(out) :: status
+    type(kfa_params) :: p
+    integer :: s
+    p = kfa_params_default()
+    p%causal = causal
+    call kfa_forward(q, k, v, o, lse, p, s)
+    status = s
+  end subroutine forward_f64
+
+  subroutine backward_f32(d, nq, hq, nk, hk, b, q, k, v, o, lse, dout, dlse, dq, dk, dv, &
+                             causal, with_dlse, status) bind(c, name='fortran_backward_f32')
+    integer(c_int), value :: d, nq, hq, nk, hk, b, causal, with_dlse
+    real(c_float), intent(in) :: q(d, nq, hq, b), k(d, nk, hk, b), v(d, nk, hk, b), &
+                               o(d, nq, hq, b), lse(nq, hq, b), dout(d, nq, hq, b), &
+                               dlse(nq, hq, b)
+    real(c_float), intent(inout) :: dq(d, nq, hq, b), dk(d, nk, hk, b), dv(d, nk, hk, b)
+    integer(c_int), intent(out) :: status
+    type(kfa_params) :: p
+    integer :: s
+    p = kfa_params_default()
+    p%causal = causal
+    if (with_dlse /= 0) then
+      call kfa_backward(q, k, v, o, lse, dout, dq, dk, dv, p, dlse=dlse, status=s)
+    else
+      call kfa_backward(q, k, v, o, lse, dout, dq, dk, dv, p, status=s)
+    end if
+    status = s
+  end subroutine backward_f32
+
+  subroutine backward_f64(d, nq, hq, nk, hk, b, q, k, v, o, lse, dout, dlse, dq, dk, dv, &
+                             causal, with_dlse, status) bind(c, name='fortran_backward_f64')
+    integer(c_int), value :: d, nq, hq, nk, hk, b, causal, with_dlse
+    real(c_double), intent(in) :: q(d, nq, hq, b), k(d, nk, hk, b), v(d, nk, hk, b), &
+                               o(d, nq, hq, b), lse(nq, hq, b), dout(d, nq, hq, b), &
+                               dlse(nq, hq, b)
+    real(c_double), intent(inout) :: dq(d, nq, hq, b), dk(d, nk, hk, b), dv(d, nk, hk, b)
+    integer(c_int), intent(out) :: status
+    type(kfa_params) :: p
+    integer :: s
+    p = kfa_params_default()
+    p%causal = causal
+    if (with_dlse /= 0) then
+      call kfa_backward(q, k, v, o, lse, dout, dq, dk, dv, p, dlse=dlse, status=s)
+    else
+      call kfa_backward(q, k, v, o, lse, dout, dq, dk, dv, p, status=s)
+    end if
+    status = s
+  end subroutine backward_f64
+
+  subroutine mpi_forward_f64(d, nq, hq, nk, hk, b, q, k, v, o, lse, comm, seqlen_q, seqlen_k, &
+                             layout, mode, causal, status) bind(c, name='fortran_mpi_forward_f64')
+    integer(c_int), value :: d, nq, hq, nk, hk, b, comm, seqlen_q, seqlen_k, layout, mode, causal
+    real(c_double), intent(in) :: q(d, nq, hq, b), k(d, nk, hk, b), v(d, nk, hk, b)
+    real(c_double), intent(inout) :: o(d, nq, hq, b), lse(nq, hq, b)
+    integer(c_int), intent(out) :: status
+    type(kfa_params) :: p
+    integer :: s
+    p = kfa_params_default()
+    p%causal = causal
+    call kfa_mpi_forward(q, k, v, o, lse, comm, seqlen_q, seqlen_k, p, layout, mode, s)
+    status = s
+  end subroutine mpi_forward_f64
+
+  subroutine mpi_backward_f32(d, nq, hq, nk, hk, b, q, k, v, o, lse, dout, dlse, dq, dk, dv, &
+                              comm, seqlen_q, seqlen_k, layout, mode, causal, status) &
+      bind(c, name='fortran_mpi_backward_f32')
+    integer(c_int), value :: d, nq, hq, nk, hk, b, comm, seqlen_q, seqlen_k, layout, mode, causal
+    real(c_float), intent(in) :: q(d, nq, hq, b), k(d, nk, hk, b), v(d, nk, hk, b), &
+                                 o(d, nq, hq, b), lse(nq, hq, b), dout(d, nq, hq, b), &
+                                 dlse(nq, hq, b)
+    real(c_float), intent(inout) :: dq(d, nq, hq, b), dk(d, nk, hk, b), dv(d, nk, hk, b)
+    integer(c_int), intent(out) :: status
+    type(kfa_params) :: p
+    integer :: s
+    p = kfa_params_default()
+    p%causal = causal
+    call kfa_mpi_backward(q, k, v, o, lse, dout, dq, dk, dv, comm, seqlen_q, seqlen_k, p, &
+                          layout, mode, dlse=dlse, status=s)
+    status = s
+  end subroutine mpi_backward_f32
+
+  ! kfa_last_error() through the module, copied into buf (at most n - 1 characters).
+  subroutine last_error(buf, n) bind(c, name='fortran_last_error')
+    integer(c_int), value :: n
+    character(kind=c_char), intent(out) :: buf(n)
+    character(:), allocatable :: msg
+    integer :: i
+    msg = kfa_last_error()
+    do i = 1, min(len(msg), n - 1)
+      buf(i) = msg(i:i)
+    end do
+    buf(min(len(msg), n - 1) + 1) = c_null_char
+  end subroutine last_error
+end module kfa_test_calls
