@@ -753,24 +753,36 @@ void quad_reduce(std::array<float, 32>& v, F f) {
   }
 }
 
+// The unit roundoff of a 16-bit operand type: bfloat16 keeps 8 significant bits, binary16 11.
+template <class Tag>
+constexpr double unit_roundoff = std::is_same_v<Tag, kc::bf16_tag> ? 0x1p-8 : 0x1p-11;
+
+// A rows x d tile of random values in [-2, 2] rounded to Tag: its shared-memory image
+// (swizzled 16-bit elements) and, in `value`, the numbers it holds, row-major in double.
+template <class Tag>
+std::vector<std::uint16_t> random_tile(int rows, int d, std::mt19937_64& gen,
+                                       std::vector<double>& value) {
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  std::vector<std::uint16_t> smem(std::size_t(rows) * d);
+  value.assign(std::size_t(rows) * d, 0.0);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < d; ++c) {
+      const std::uint16_t bits = kc::to_bits(Tag{}, dist(gen));
+      smem[std::size_t(kc::swizzled(r, c, d))] = bits;
+      value[std::size_t(r) * d + c] = kc::to_float(Tag{}, bits);
+    }
+  return smem;
+}
+
 template <class Tag>
 void check_warp_forward(bool masked) {
   SCOPED_TRACE(std::string(Type<Tag>::name) + (masked ? ", masked" : ""));
   constexpr int d = 64, bc = 64, tiles = 3, keys = bc * tiles, nb = bc / 8, db = d / 8;
-  const double u = std::is_same_v<Tag, kc::bf16_tag> ? 0x1p-8 : 0x1p-11;  // unit roundoff
+  const double u = unit_roundoff<Tag>;
   const double scale = 1.0 / std::sqrt(double(d));
   std::mt19937_64 gen(kSeed);
-  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
   auto tile = [&](int rows, std::vector<double>& value) {
-    std::vector<std::uint16_t> smem(std::size_t(rows) * d);
-    value.assign(std::size_t(rows) * d, 0.0);
-    for (int r = 0; r < rows; ++r)
-      for (int c = 0; c < d; ++c) {
-        const std::uint16_t bits = kc::to_bits(Tag{}, dist(gen));
-        smem[std::size_t(kc::swizzled(r, c, d))] = bits;
-        value[std::size_t(r) * d + c] = kc::to_float(Tag{}, bits);
-      }
-    return smem;
+    return random_tile<Tag>(rows, d, gen, value);
   };
   std::vector<double> q, k, v, kt, vt;
   const auto qs = tile(16, q);
@@ -934,20 +946,11 @@ template <class Tag>
 void check_warp_backward() {
   SCOPED_TRACE(Type<Tag>::name);
   constexpr int d = 64, keys = 16, queries = 32, nb = queries / 8;
-  const double u = std::is_same_v<Tag, kc::bf16_tag> ? 0x1p-8 : 0x1p-11;
+  const double u = unit_roundoff<Tag>;
   const double scale = 1.0 / std::sqrt(double(d));
   std::mt19937_64 gen(kSeed + 1);
-  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
   auto tile = [&](int rows, std::vector<double>& value) {
-    std::vector<std::uint16_t> smem(std::size_t(rows) * d);
-    value.assign(std::size_t(rows) * d, 0.0);
-    for (int r = 0; r < rows; ++r)
-      for (int c = 0; c < d; ++c) {
-        const std::uint16_t bits = kc::to_bits(Tag{}, dist(gen));
-        smem[std::size_t(kc::swizzled(r, c, d))] = bits;
-        value[std::size_t(r) * d + c] = kc::to_float(Tag{}, bits);
-      }
-    return smem;
+    return random_tile<Tag>(rows, d, gen, value);
   };
   std::vector<double> q, k, v, dout;
   const auto qs = tile(queries, q), ks = tile(keys, k), vs = tile(keys, v),
@@ -1260,7 +1263,7 @@ void check_simulated_team(bool band) {
                (band ? ", band" : ""));
   using Kernel = kc::WarpForward<SimWarp<Tag>, Tag, D>;
   constexpr int nq = 50, nk = 150;
-  const double u = std::is_same_v<Tag, kc::bf16_tag> ? 0x1p-8 : 0x1p-11;
+  const double u = unit_roundoff<Tag>;
   const double scale = 1.0 / std::sqrt(double(D));
   std::mt19937_64 gen(kSeed + D);
   std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
