@@ -739,7 +739,7 @@ template <class Tag>
 std::array<kc::FragB<Tag>, 32> b_half(const Regs4& r, int n) {
   std::array<kc::FragB<Tag>, 32> fb{};
   for (int lane = 0; lane < 32; ++lane)
-    fb[lane] = {{r[lane][2 * n], r[lane][2 * n + 1]}};
+    fb[lane] = {{r[lane][std::size_t(n) * 2], r[lane][std::size_t(n) * 2 + 1]}};
   return fb;
 }
 
@@ -884,7 +884,8 @@ void check_warp_forward(bool masked) {
     float lse[2];
     kc::finish_rows(o[lane], rows[lane], sum, lse);
     for (int h = 0; h < 2; ++h) {
-      const int r = kC[2 * h].row(lane);
+      const int first = 2 * h;  // elements 0, 1: row g; 2, 3: row g + 8
+      const int r = kC[first].row(lane);
       // softmax attention of row r in double
       std::vector<double> z(keys, -INFINITY);
       double zmax = -INFINITY;
@@ -1194,7 +1195,8 @@ struct SimWarp {
       std::uint32_t reg = 0;
       for (int h = 0; h < 2; ++h) {
         const int rr = trans ? 2 * (t % 4) + h : t / 4, cc = trans ? t / 4 : 2 * (t % 4) + h;
-        reg |= std::uint32_t(x.row[std::size_t(8 * i + rr)][cc]) << (16 * h);
+        reg |= std::uint32_t(x.row[std::size_t(8) * std::size_t(i) + std::size_t(rr)][cc])
+               << (16 * h);
       }
       r[i] = reg;
     }

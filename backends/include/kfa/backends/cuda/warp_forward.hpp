@@ -22,6 +22,7 @@
 #include <kfa/backends/cuda/mma.hpp>
 #include <kfa/backends/cuda/warp_softmax.hpp>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace kfa::backends::cuda {
@@ -51,7 +52,7 @@ struct WarpForward {
     for (int c = t; c < keys * chunks; c += warps * 32) {
       const int r = c / chunks, k = c % chunks;
       const bool valid = r < n;
-      const std::uint16_t* src = row(valid ? r0 + r : r0) + (valid ? k * chunk_elements : 0);
+      const std::uint16_t* src = row(valid ? r0 + r : r0) + (valid ? k : 0) * chunk_elements;
       W::cp_async_16(tile + swizzled(r, k * chunk_elements, D), src, valid);
     }
   }
@@ -68,7 +69,7 @@ struct WarpForward {
                                    const QRow& q_row, const KRow& k_row, const VRow& v_row,
                                    const Score& score, Out& out) {
     std::uint16_t* ks = smem;
-    std::uint16_t* vs = smem + keys * D;
+    std::uint16_t* vs = smem + static_cast<std::ptrdiff_t>(keys) * D;
     const int lane = W::lane(), warp = W::warp();
 
     // Q_i through the K buffer into registers (64 rows: the tile's shape).
@@ -105,22 +106,24 @@ struct WarpForward {
       for (int i = 0; i < nb; ++i)
         s[i] = zero_c();
       KFA_UNROLL
-      for (int kk = 0; kk < kd; ++kk)
+      for (int kk = 0; kk < kd; ++kk) {
         KFA_UNROLL
-      for (int n0 = 0; n0 < keys; n0 += 16) {
-        std::uint32_t b[4];
-        const Coord src = b_source(lane);
-        W::ldmatrix_x4(b, ks + swizzled(n0 + src.row, 16 * kk + src.col, D));
-        W::mma(s[n0 / 8], q[kk], FragB<Tag>{{b[0], b[1]}});
-        W::mma(s[n0 / 8 + 1], q[kk], FragB<Tag>{{b[2], b[3]}});
+        for (int n0 = 0; n0 < keys; n0 += 16) {
+          std::uint32_t b[4];
+          const Coord src = b_source(lane);
+          W::ldmatrix_x4(b, ks + swizzled(n0 + src.row, 16 * kk + src.col, D));
+          W::mma(s[n0 / 8], q[kk], FragB<Tag>{{b[0], b[1]}});
+          W::mma(s[n0 / 8 + 1], q[kk], FragB<Tag>{{b[2], b[3]}});
+        }
       }
       KFA_UNROLL
-      for (int n = 0; n < nb; ++n)
+      for (int n = 0; n < nb; ++n) {
         KFA_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int j = j0 + 8 * n + c_coord(lane, e).col;  // keys past the tile: zero rows
-        const float x = e < 2 ? score_row0(j, s[n].x[e]) : score_row8(j, s[n].x[e]);
-        s[n].x[e] = j < j0 + nc ? x * log2e : -INFINITY;
+        for (int e = 0; e < 4; ++e) {
+          const int j = j0 + 8 * n + c_coord(lane, e).col;  // keys past the tile: zero rows
+          const float x = e < 2 ? score_row0(j, s[n].x[e]) : score_row8(j, s[n].x[e]);
+          s[n].x[e] = j < j0 + nc ? x * log2e : -INFINITY;
+        }
       }
 
       // The online softmax: the quad's row maxima, P, alpha, O~ rescaled.
@@ -134,7 +137,8 @@ struct WarpForward {
       // O~ += P V_j: P from the accumulators, 16 keys per step; ldmatrix.x4.trans of V.
       KFA_UNROLL
       for (int kk = 0; kk < keys / 16; ++kk) {
-        const FragA<Tag> p = a_from_c_finite(Tag{}, s[2 * kk], s[2 * kk + 1]);
+        const int left = 2 * kk;  // S columns 16 kk .. 16 kk + 15: two accumulators
+        const FragA<Tag> p = a_from_c_finite(Tag{}, s[left], s[left + 1]);
         KFA_UNROLL
         for (int n0 = 0; n0 < D; n0 += 16) {
           std::uint32_t b[4];
@@ -155,10 +159,11 @@ struct WarpForward {
       const int i = row0 + 8 * h;
       if (i >= q0 + nq) continue;
       KFA_UNROLL
-      for (int n = 0; n < db; ++n)
+      for (int n = 0; n < db; ++n) {
         KFA_UNROLL
-      for (int e = 2 * h; e < 2 * h + 2; ++e)
-        out.o(i, 8 * n + c_coord(lane, e).col, o[n].x[e]);
+        for (int e = 2 * h; e < 2 * h + 2; ++e)
+          out.o(i, 8 * n + c_coord(lane, e).col, o[n].x[e]);
+      }
       if (thread_in_group(lane) == 0) out.lse(i, lse[h]);
     }
   }

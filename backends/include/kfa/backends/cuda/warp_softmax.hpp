@@ -102,11 +102,12 @@ KFA_MMA_FUNCTION void softmax_update(FragC (&s)[NB], RowState& rows, const float
     alpha[h] = exp2f(rows.m[h] - base);
     float sum = 0.0f;
     KFA_UNROLL
-    for (int nb = 0; nb < NB; ++nb)
+    for (int nb = 0; nb < NB; ++nb) {
       KFA_UNROLL
-    for (int e = 2 * h; e < 2 * h + 2; ++e) {
-      s[nb].x[e] = exp2f(s[nb].x[e] - base);
-      sum += s[nb].x[e];
+      for (int e = 2 * h; e < 2 * h + 2; ++e) {
+        s[nb].x[e] = exp2f(s[nb].x[e] - base);
+        sum += s[nb].x[e];
+      }
     }
     rows.l[h] = rows.l[h] * alpha[h] + sum;
     rows.m[h] = m_new;
@@ -117,10 +118,11 @@ KFA_MMA_FUNCTION void softmax_update(FragC (&s)[NB], RowState& rows, const float
 template <int DB>
 KFA_MMA_FUNCTION void rescale(FragC (&o)[DB], const float (&alpha)[2]) {
   KFA_UNROLL
-  for (int db = 0; db < DB; ++db)
+  for (int db = 0; db < DB; ++db) {
     KFA_UNROLL
-  for (int e = 0; e < 4; ++e)
-    o[db].x[e] *= alpha[e >> 1];
+    for (int e = 0; e < 4; ++e)
+      o[db].x[e] *= alpha[e >> 1];
+  }
 }
 
 /// After the last key tile, with `row_sum` the quad's sums of l: O = O~ / l in place and each
@@ -134,10 +136,11 @@ KFA_MMA_FUNCTION void finish_rows(FragC (&o)[DB], const RowState& rows, const fl
     const bool empty = row_sum[h] == 0.0f;
     const float inv = empty ? 0.0f : 1.0f / row_sum[h];
     KFA_UNROLL
-    for (int db = 0; db < DB; ++db)
+    for (int db = 0; db < DB; ++db) {
       KFA_UNROLL
-    for (int e = 2 * h; e < 2 * h + 2; ++e)
-      o[db].x[e] *= inv;
+      for (int e = 2 * h; e < 2 * h + 2; ++e)
+        o[db].x[e] *= inv;
+    }
     lse[h] = empty ? -INFINITY : (rows.m[h] + log2f(row_sum[h])) / log2e;
   }
 }
@@ -155,11 +158,12 @@ KFA_MMA_FUNCTION void finish_rows(FragC (&o)[DB], const RowState& rows, const fl
 template <int NB>
 KFA_MMA_FUNCTION void probabilities(FragC (&st)[NB], const float (&lse)[NB][2]) {
   KFA_UNROLL
-  for (int nb = 0; nb < NB; ++nb)
+  for (int nb = 0; nb < NB; ++nb) {
     KFA_UNROLL
-  for (int e = 0; e < 4; ++e) {
-    const float l = lse[nb][e & 1];
-    st[nb].x[e] = l == -INFINITY ? 0.0f : exp2f(st[nb].x[e] - l);
+    for (int e = 0; e < 4; ++e) {
+      const float l = lse[nb][e & 1];
+      st[nb].x[e] = l == -INFINITY ? 0.0f : exp2f(st[nb].x[e] - l);
+    }
   }
 }
 
@@ -169,10 +173,11 @@ template <int NB>
 KFA_MMA_FUNCTION void score_gradients(FragC (&dpt)[NB], const FragC (&pt)[NB],
                                       const float (&delta)[NB][2]) {
   KFA_UNROLL
-  for (int nb = 0; nb < NB; ++nb)
+  for (int nb = 0; nb < NB; ++nb) {
     KFA_UNROLL
-  for (int e = 0; e < 4; ++e)
-    dpt[nb].x[e] = pt[nb].x[e] * (dpt[nb].x[e] - delta[nb][e & 1]);
+    for (int e = 0; e < 4; ++e)
+      dpt[nb].x[e] = pt[nb].x[e] * (dpt[nb].x[e] - delta[nb][e & 1]);
+  }
 }
 
 #if defined(__CUDACC__)
