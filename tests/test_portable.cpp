@@ -7,6 +7,7 @@
 // float64 reference as test_forward and test_backward do, on a subset of their matrix; on a
 // multi-threaded host space (test_portable_openmp, test_portable_threads) with teams of two
 // threads it also exercises the barriers.
+#include <kfa/backends/generic/tile_shape.hpp>
 #include <kfa/backends/traits.hpp>
 
 #include <type_traits>
@@ -122,6 +123,91 @@ TEST(Portable, BackwardDropout) {
   p.dropout = 0.2;
   p.seed = 7;
   check_backward_case<float>({1, 2, 2, 97, 97, 64}, p);
+}
+
+// Tile shapes from the scratch size (backends/generic/tile_shape.hpp). First, its byte counts
+// are the kernels' own: the scratch each kernel asks Kokkos for at every head dim of the
+// matrix (rows padded by 4 here, as on CUDA).
+TEST(TileShape, ByteCountsAreTheKernelsScratch) {
+  using View4 = Kokkos::View<const float****, Device>;
+  using Out4 = Kokkos::View<float****, Device>;
+  using Lse3 = Kokkos::View<float***, Device>;
+  using Fwd = kfa::impl::ForwardKernel<Exec, View4, View4, View4, Out4, Lse3>;
+  using Views = kfa::impl::BackwardViews<View4, View4, View4, View4, Lse3, Out4, Out4, Out4>;
+  using Bwd = kfa::impl::BackwardCommon<Exec, float, Views>;
+  using traits = kfa::backends::TileTraits<Exec, float>;
+  for (int d : kHeadDims) {
+    if constexpr (!Fwd::key_major) {
+      EXPECT_EQ(Fwd::scratch_bytes(d),
+                kfa::backends::forward_scratch_bytes(traits::block_q(d), traits::block_k(d), d,
+                                                     int(sizeof(float)), traits::pad))
+          << "head_dim " << d;
+    }
+    for (bool with_dkdv : {true, false}) {
+      EXPECT_EQ(Bwd::scratch_bytes(d, with_dkdv),
+                kfa::backends::backward_scratch_bytes(traits::block_bwd(d), d, int(sizeof(float)),
+                                                      traits::pad, with_dkdv))
+          << "head_dim " << d << (with_dkdv ? " key-tile kernel" : " query-tile kernel");
+    }
+  }
+}
+
+// At Kokkos' CUDA level-0 limit (40,936 bytes; float tiles, pad 4) the rule gives the table of
+// cuda/traits.hpp at its bucket bounds, and inside the buckets the shapes the rule implies.
+TEST(TileShape, CudaLimitGivesTheTableAtItsBucketBounds) {
+  struct Case {
+    int head_dim;
+    kfa::backends::TileShape want;
+  };
+  const Case cases[] = {{32, {64, 32, 16}},  {64, {32, 32, 16}}, {128, {16, 16, 8}},  // the table
+                        {16, {128, 16, 32}}, {40, {64, 16, 16}}, {80, {32, 16, 8}},
+                        {96, {32, 8, 8}},                        // inside
+                        {111, {32, 8, 8}},   {256, {8, 8, 0}}};  // 256: no backward tile in level 0
+  for (const Case& c : cases) {
+    const auto got = kfa::backends::choose_tiles(40936, c.head_dim, 4, 4);
+    EXPECT_EQ(got.br, c.want.br) << "head_dim " << c.head_dim;
+    EXPECT_EQ(got.bc, c.want.bc) << "head_dim " << c.head_dim;
+    EXPECT_EQ(got.bt, c.want.bt) << "head_dim " << c.head_dim;
+  }
+  static_assert(kfa::backends::choose_tiles(40936, 64, 4, 4).br == 32, "usable in constexpr");
+}
+
+bool power_of_two_at_least_8(int x) {
+  return x >= 8 && (x & (x - 1)) == 0;
+}
+
+// For every head dim and the scratch of an A100 (40 KiB at launch, 99 KiB opted in) and an
+// H100 (227 KiB): the shape fits, and no admissible shape with a larger product (or, for the
+// backward, a larger tile) does; Br * D grows with M until Br reaches its cap.
+TEST(TileShape, FitsAndNothingLargerFits) {
+  using kfa::backends::backward_scratch_bytes;
+  using kfa::backends::forward_scratch_bytes;
+  const std::size_t sizes[] = {40 * 1024, 99 * 1024, 227 * 1024};
+  for (int d : kHeadDims) {
+    int last_br = 0;
+    for (std::size_t m : sizes) {
+      const auto t = kfa::backends::choose_tiles(m, d, 4, 4);
+      SCOPED_TRACE(::testing::Message() << "head_dim " << d << ", M " << m);
+      ASSERT_TRUE(power_of_two_at_least_8(t.br) && power_of_two_at_least_8(t.bc));
+      EXPECT_TRUE(t.br >= t.bc && t.br <= 128 && t.bc <= d);
+      EXPECT_LE(forward_scratch_bytes(t.br, t.bc, d, 4, 4), m);
+      for (int br = 8; br <= 128; br *= 2)
+        for (int bc = 8; bc <= br && bc <= d; bc *= 2) {
+          if (br * bc > t.br * t.bc) {
+            EXPECT_GT(forward_scratch_bytes(br, bc, d, 4, 4), m);
+          }
+        }
+      if (t.bt > 0) {
+        EXPECT_LE(backward_scratch_bytes(t.bt, d, 4, 4, true), m);
+      }
+      const int next_bt = t.bt > 0 ? 2 * t.bt : 8;
+      if (next_bt <= 128) {
+        EXPECT_GT(backward_scratch_bytes(next_bt, d, 4, 4, true), m);
+      }
+      EXPECT_GE(t.br, last_br) << "a larger scratch must not shrink Br";
+      last_br = t.br;
+    }
+  }
 }
 
 }  // namespace

@@ -23,7 +23,9 @@
 /// (164 KiB on A100, 228 KiB on H100), which sets how many teams an SM holds instead
 /// (concurrent_teams). Tiles in 16-bit for 16-bit inputs, and O and S in registers, would
 /// allow 64 x 64 tiles within the same 40 KiB; see README (CUDA backend) for what is measured
-/// and what is left.
+/// and what is left. generic/tile_shape.hpp computes shapes from the scratch size and gives
+/// this table at the bucket bounds (32, 64, 128) and other shapes inside the buckets, to be
+/// ranked on a GPU before they replace it.
 
 #include <kfa/backends/cuda/mma.hpp>
 #include <kfa/backends/float16.hpp>
