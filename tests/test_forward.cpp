@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -179,6 +180,54 @@ TEST(Forward, NoKeys) {
     for (int d = 0; d < 16; ++d)
       EXPECT_EQ(oh(0, 0, i, d), 0.0f);
   }
+}
+
+// The softmax examples of the FlashAttention papers' numerics discussion, exactly: D = 3,
+// scale 1, one query q = (1, 0, 0), keys k_j = (s_j, 0, 0) and V = I_3, so O = softmax(s) and
+// LSE = logsumexp(s). Expected values: the closed form exp(s_j - 100) / sum in float64; never
+// NaN; within 64 units of T's roundoff (the exponent's rounding grows with |s_j - max|), and
+// an output below T's normal range (3.7e-44 and 1.4e-87 in float) within that range of it, so
+// that flushing it to 0 is allowed.
+template <class T>
+void check_seed_softmax(const double (&s)[3], const double (&want_o)[3], double want_lse) {
+  SCOPED_TRACE(::testing::Message()
+               << type_name<T>() << " scores " << s[0] << ", " << s[1] << ", " << s[2]);
+  Problem pb({1, 1, 1, 1, 3, 3}, 0);
+  for (int j = 0; j < 3; ++j)
+    for (int d = 0; d < 3; ++d) {
+      pb.q(0, 0, 0, d) = d == 0 ? 1.0 : 0.0;
+      pb.k(0, 0, j, d) = d == 0 ? s[j] : 0.0;
+      pb.v(0, 0, j, d) = j == d ? 1.0 : 0.0;
+    }
+  kfa::Params p;
+  p.scale = 1.0;
+  const auto out = run_forward<T>(pb, p);
+  const double eps = std::numeric_limits<T>::epsilon(), tiny = std::numeric_limits<T>::min();
+  for (int d = 0; d < 3; ++d) {
+    const double got = out.o(0, 0, 0, d);
+    ASSERT_FALSE(std::isnan(got)) << "O[" << d << "]";
+    if (want_o[d] < tiny) {
+      EXPECT_LE(std::fabs(got - want_o[d]), tiny) << "O[" << d << "] below the normal range";
+    } else {
+      EXPECT_LE(std::fabs(got - want_o[d]), 64 * eps * want_o[d]) << "O[" << d << "] = " << got;
+    }
+  }
+  EXPECT_LE(std::fabs(out.lse(0, 0, 0) - want_lse), 4 * eps * std::fabs(want_lse))
+      << "LSE = " << out.lse(0, 0, 0);
+  const auto c =
+      kfa::reference::check_forward<T>(pb.q, pb.k, pb.v, p, out.o, out.lse, keep_mask(pb.shape, p));
+  EXPECT_TRUE(c.o.ok()) << "O: err " << c.o.err << " > bound " << c.o.bound;
+  EXPECT_TRUE(c.lse.ok()) << "LSE: err " << c.lse.err << " > bound " << c.lse.bound;
+}
+
+TEST(Forward, SeedSoftmaxExamples) {
+  const double high[3] = {100, 90, 80}, low[3] = {-100, -200, -300};
+  const double o_high[3] = {0.999954600070331, 4.539786860886666e-05, 2.061060046209062e-09};
+  const double o_low[3] = {1.0, 3.720075976020836e-44, 1.3838965267367376e-87};
+  check_seed_softmax<float>(high, o_high, 100.00004540096027);
+  check_seed_softmax<double>(high, o_high, 100.00004540096027);
+  check_seed_softmax<float>(low, o_low, -100.0);
+  check_seed_softmax<double>(low, o_low, -100.0);
 }
 
 }  // namespace

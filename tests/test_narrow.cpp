@@ -109,6 +109,32 @@ TYPED_TEST(NarrowTest, LargeLogits) {
   check_case<T>({1, 1, 1, 64, 200, 64}, kfa::Params{}, 0, 12.5);
 }
 
+// Scores of 20 and 12, whose exponentials (4.9e8, 1.6e5) overflow binary16 (max 65504, so
+// exp(s) overflows above s = 11.09): the softmax runs in float on shifted scores, so O and LSE
+// stay finite and within the rule. q = e_0, k_j = s_j e_0, V = I, so O = softmax(s).
+TYPED_TEST(NarrowTest, ScoresAboveTheHalfOverflow) {
+  using T = TypeParam;
+  const double scores[4] = {20, 12, 0, -5};
+  Problem pb({1, 1, 1, 1, 4, 4}, 0);
+  for (int j = 0; j < 4; ++j)
+    for (int d = 0; d < 4; ++d) {
+      pb.q(0, 0, 0, d) = d == 0 ? 1.0 : 0.0;
+      pb.k(0, 0, j, d) = d == 0 ? scores[j] : 0.0;
+      pb.v(0, 0, j, d) = j == d ? 1.0 : 0.0;
+    }
+  pb.rounded<T>();
+  kfa::Params p;
+  p.scale = 1.0;
+  const auto out = run_forward<T>(pb, p);
+  for (int d = 0; d < 4; ++d)
+    ASSERT_TRUE(std::isfinite(out.o(0, 0, 0, d))) << "O[" << d << "] = " << out.o(0, 0, 0, d);
+  ASSERT_TRUE(std::isfinite(out.lse(0, 0, 0))) << "LSE = " << out.lse(0, 0, 0);
+  const auto c =
+      kfa::reference::check_forward<T>(pb.q, pb.k, pb.v, p, out.o, out.lse, keep_mask(pb.shape, p));
+  EXPECT_TRUE(c.o.ok()) << "O: err " << c.o.err << " > bound " << c.o.bound;
+  EXPECT_TRUE(c.lse.ok()) << "LSE: err " << c.lse.err << " > bound " << c.lse.bound;
+}
+
 // Fully masked rows: O = 0 and LSE = -inf in the narrow output as well.
 TYPED_TEST(NarrowTest, FullyMaskedRows) {
   using T = TypeParam;
