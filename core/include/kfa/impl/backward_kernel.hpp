@@ -28,6 +28,7 @@
 
 #include <kfa/backends/traits.hpp>
 #include <kfa/combine.hpp>
+#include <kfa/impl/counters.hpp>
 #include <kfa/impl/dropout.hpp>
 #include <kfa/impl/launch.hpp>
 #include <kfa/impl/mask.hpp>
@@ -84,6 +85,7 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
   Dropout<acc_t> dropout;
   int level_kv, level_q;  // scratch levels of KeyValueKernel and QueryKernel
   Rule rule;
+  TileCount<typename ExecSpace::memory_space> tiles_staged;  // KFA_TEST_COUNTERS only
 
   BackwardCommon(const Views& views, const delta_view& delta_, const Params& p,
                  const Origin& at = {}, const Rule& rule_ = {})
@@ -373,6 +375,7 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
         const int nr = this->tile_rows(q0, this->seqlen_q);
         if (!this->tiles_meet(q0, nr, k0, nc)) continue;
         team.team_barrier();  // the previous query tile is no longer read
+        this->tiles_staged.add(team, TileCounter::key_value);
         this->load_query_tile(team, b, h, q0, nr, sc.qs, sc.dos, sc.lse_s, sc.delta_s);
         team.team_barrier();
         this->tile_p_ds(team, b, h, q0, nr, k0, nc, sc);
@@ -456,6 +459,7 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
       const int nc = this->tile_rows(k0, this->seqlen_k);
       if (!this->tiles_meet(q0, nr, k0, nc)) continue;
       team.team_barrier();  // the previous key tile is no longer read
+      this->tiles_staged.add(team, TileCounter::query);
       load_key_tile(team, b, hk, k0, nc, sc);
       team.team_barrier();
       this->tile_p_ds(team, b, h, q0, nr, k0, nc, sc);

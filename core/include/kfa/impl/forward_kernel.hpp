@@ -24,6 +24,7 @@
 
 #include <kfa/backends/traits.hpp>
 #include <kfa/combine.hpp>
+#include <kfa/impl/counters.hpp>
 #include <kfa/impl/dropout.hpp>
 #include <kfa/impl/launch.hpp>
 #include <kfa/impl/mask.hpp>
@@ -90,6 +91,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   int splits = 1;  // chunks of key tiles per query tile (1: no split-KV)
   SplitPartials<acc_t, typename ExecSpace::memory_space> part;  // allocated when splits > 1
   Rule rule;
+  TileCount<typename ExecSpace::memory_space> tiles_staged;  // KFA_TEST_COUNTERS only
 
   ForwardKernel(const ExecSpace& space, const Q& q_, const K& k_, const V& v_, const O& o_,
                 const Lse& lse_, const Params& p, const Origin& at = {}, const Rule& rule_ = {})
@@ -374,6 +376,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     for (int k0 = k_begin; k0 < k_end; k0 += Bc) {
       const int nc = seqlen_k - k0 < Bc ? seqlen_k - k0 : Bc;
       team.team_barrier();  // the previous tile is no longer read
+      tiles_staged.add(team, TileCounter::forward);
       ops::for_each_element(team, nc, D, [&](int c, int d) {
         kt[d * ldc + c] = static_cast<acc_t>(k(b, hk, k0 + c, d));
         vs[c * ldd + d] = static_cast<acc_t>(v(b, hk, k0 + c, d));
@@ -446,6 +449,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
 
     for (int k0 = k_begin; k0 < k_end; k0 += Bc) {
       const int nc = seqlen_k - k0 < Bc ? seqlen_k - k0 : Bc;
+      tiles_staged.add(team, TileCounter::forward);
       // K_j and V_j where they lie when the views hold acc_t (head_dim has unit stride,
       // validate.hpp): the products read rows ldk, ldv apart. Otherwise row copies into
       // scratch, converted (stage_rows).

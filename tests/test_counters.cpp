@@ -1,0 +1,111 @@
+// The tile skipping the masks promise, counted (built with KFA_TEST_COUNTERS, impl/counters.hpp):
+// every kernel stages exactly the tiles that hold a visible (query, key) pair, as the float64
+// reference's visibility rule (kfa::reference::visible, sharing no code with the kernels' masks)
+// counts them on the host. A causal square problem of 1024 rows in 64 x 64 tiles stages 136 of
+// its 256 tile pairs per head: about half the work of the full problem.
+#include <kfa/impl/counters.hpp>
+
+#include <gtest/gtest.h>
+
+#include <array>
+
+#include "problem.hpp"
+
+namespace {
+
+using namespace kfa_test;
+using traits = kfa::backends::TileTraits<Exec, float>;
+using kfa::impl::TileCounter;
+
+/// Zeroes the counters, runs f, and returns what the kernels counted.
+template <class F>
+std::array<unsigned long long, 3> count_tiles(const F& f) {
+  auto& counts = kfa::impl::test_tile_counters<Exec::memory_space>();
+  Kokkos::deep_copy(counts, 0ULL);
+  f();
+  Kokkos::fence();
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), counts);
+  return {h(0), h(1), h(2)};
+}
+
+/// Tile pairs (query tile of `rows`, key tile of `cols`) of one head that hold a visible pair.
+long long meeting_tiles(const Shape& s, const kfa::Params& p, int rows, int cols) {
+  long long n = 0;
+  for (int q0 = 0; q0 < s.seqlen_q; q0 += rows)
+    for (int k0 = 0; k0 < s.seqlen_k; k0 += cols) {
+      bool meet = false;
+      for (int i = q0; i < q0 + rows && i < s.seqlen_q && !meet; ++i)
+        for (int j = k0; j < k0 + cols && j < s.seqlen_k && !meet; ++j)
+          meet = kfa::reference::visible(p, i, j, s.seqlen_q, s.seqlen_k);
+      n += meet;
+    }
+  return n;
+}
+
+std::array<unsigned long long, 3> run_both(const Shape& s, const kfa::Params& p) {
+  Problem pb(s, seed_of(s, 0));
+  std::mt19937_64 gen(1);
+  const Tensor4 dout = random_tensor("dout", s.batch, s.heads_q, s.seqlen_q, s.head_dim, gen);
+  const auto fwd = count_tiles([&] { run_forward<float>(pb, p); });
+  // run_backward runs the forward first: the backward's counts are what the pair adds.
+  auto both = count_tiles([&] { run_backward<float>(pb, p, dout); });
+  both[0] -= fwd[0];
+  return {fwd[0], both[1], both[2]};
+}
+
+TEST(TileSkip, CausalSquareStagesHalfTheTiles) {
+  if (traits::block_q(64) != 64 || traits::block_k(64) != 64 || traits::block_bwd(64) != 64)
+    GTEST_SKIP() << "the 136-of-256 count is for 64 x 64 tiles; TileSkip.EveryMask covers "
+                 << Exec::name() << "'s";
+  kfa::Params p;
+  p.causal = true;
+  const Shape s{1, 2, 2, 1024, 1024, 64};
+  for (bool deterministic : {false, true}) {
+    p.deterministic = deterministic;
+    const auto c = run_both(s, p);
+    EXPECT_EQ(c[0], 2u * 136u) << "forward key tiles";
+    EXPECT_EQ(c[1], 2u * 136u) << "backward key-tile kernel: query tiles";
+    EXPECT_EQ(c[2], deterministic ? 2u * 136u : 0u) << "backward query-tile kernel: key tiles";
+  }
+  EXPECT_EQ(meeting_tiles(s, p, 64, 64), 136);  // the host count agrees: 16 * 17 / 2
+}
+
+TEST(TileSkip, EveryMaskEveryKernel) {
+  const Shape shapes[] = {
+      {1, 2, 1, 113, 203, 64}, {2, 1, 1, 203, 113, 32}, {1, 4, 2, 130, 130, 16}};
+  for (const Shape& s : shapes)
+    for (const kfa::Params& mask : masks())
+      for (bool deterministic : {false, true}) {
+        kfa::Params p = mask;
+        p.deterministic = deterministic;
+        p.num_splits = 1;
+        SCOPED_TRACE(::testing::Message()
+                     << s << " " << describe(p) << (deterministic ? " deterministic" : " atomic"));
+        const int d = s.head_dim, bt = traits::block_bwd(d);
+        const long long heads = static_cast<long long>(s.batch) * s.heads_q;
+        const long long fwd = heads * meeting_tiles(s, p, traits::block_q(d), traits::block_k(d));
+        const long long bwd = heads * meeting_tiles(s, p, bt, bt);
+        const auto c = run_both(s, p);
+        EXPECT_EQ(c[0], static_cast<unsigned long long>(fwd)) << "forward";
+        EXPECT_EQ(c[1], static_cast<unsigned long long>(bwd)) << "key-tile kernel";
+        EXPECT_EQ(c[2], static_cast<unsigned long long>(deterministic ? bwd : 0)) << "query-tile";
+      }
+}
+
+// Split-KV divides a query tile's visible key tiles among its splits, none twice, none lost.
+TEST(TileSkip, SplitsStageEachTileOnce) {
+  const Shape s{1, 2, 1, 70, 517, 64};
+  for (const kfa::Params& mask : masks())
+    for (int splits : {2, 3, 17}) {
+      kfa::Params p = mask;
+      p.num_splits = splits;
+      SCOPED_TRACE(::testing::Message() << describe(p));
+      Problem pb(s, seed_of(s, splits));
+      const auto c = count_tiles([&] { run_forward<float>(pb, p); });
+      const int d = s.head_dim;
+      EXPECT_EQ(c[0], static_cast<unsigned long long>(
+                          2 * meeting_tiles(s, p, traits::block_q(d), traits::block_k(d))));
+    }
+}
+
+}  // namespace
