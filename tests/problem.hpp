@@ -226,6 +226,7 @@ inline std::string describe(const kfa::Params& p) {
   s += " window=(" + std::to_string(p.window_left) + "," + std::to_string(p.window_right) + ")";
   if (p.softcap > 0) s += " softcap=" + std::to_string(p.softcap);
   if (p.num_splits != 0) s += " splits=" + std::to_string(p.num_splits);
+  if (p.dq_mode != kfa::DqMode::automatic) s += std::string(" dq=") + kfa::name_of(p.dq_mode);
   if (p.dropout > 0)
     s += " dropout=" + std::to_string(p.dropout) + " seed=" + std::to_string(p.seed) +
          " offset=" + std::to_string(p.offset);

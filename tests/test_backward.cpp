@@ -3,8 +3,13 @@
 // the LSE; determinism of the deterministic mode and agreement of the atomic one.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -219,6 +224,103 @@ TEST(Backward, StridedLayoutMatchesContiguous) {
           for (int d = 0; d < D; ++d)
             ASSERT_EQ(double(h(b, n, hh, d)), (*want)(b, hh, n, d));
   }
+}
+
+// ---- DqMode::symmetric: one kernel for self-attention --------------------------------------
+
+kfa::Params symmetric(kfa::Params p) {
+  p.dq_mode = kfa::DqMode::symmetric;
+  return p;
+}
+
+// Every mask, float and double, with and without the LSE gradient, on self-attention shapes
+// that are and are not multiples of the tile.
+TEST(BackwardSymmetric, EveryMask) {
+  const Shape shapes[] = {
+      {1, 2, 2, 113, 113, 64}, {2, 3, 3, 17, 17, 32}, {1, 1, 1, 1, 1, 16}, {1, 2, 2, 200, 200, 59}};
+  for (const Shape& s : shapes)
+    for (int mi = 0; mi < int(masks().size()); ++mi) {
+      const kfa::Params p = symmetric(masks()[mi]);
+      check_backward_case<float>(s, p, false, mi);
+      check_backward_case<double>(s, p, true, mi);
+    }
+}
+
+TEST(BackwardSymmetric, HeadDimsAndDropout) {
+  for (int d : kHeadDims)
+    check_backward_case<float>({1, 1, 1, 130, 130, d}, symmetric({}));
+  kfa::Params drop;
+  drop.causal = true;
+  drop.dropout = 0.2;
+  drop.seed = 7;
+  check_backward_case<float>({1, 2, 2, 150, 150, 64}, symmetric(drop));
+  check_backward_case<double>({2, 2, 2, 97, 97, 32}, symmetric(drop), true);
+  drop.deterministic = true;  // symmetric is repeatable: no contradiction
+  check_backward_case<float>({1, 2, 2, 70, 70, 64}, symmetric(drop));
+}
+
+/// Units in the last place between two floats (0 when bitwise equal).
+long long ulp_distance(float a, float b) {
+  auto key = [](float x) {  // monotone integer image of the float line
+    std::int32_t i;
+    std::memcpy(&i, &x, sizeof i);
+    return i < 0 ? static_cast<long long>(std::numeric_limits<std::int32_t>::min()) - i
+                 : static_cast<long long>(i);
+  };
+  return std::llabs(key(a) - key(b));
+}
+
+// 50 runs bitwise identical, and within 64 ulp of the query pass element by element (the same
+// products summed in the same order: in practice equal).
+TEST(BackwardSymmetric, RepeatableAndWithin64UlpOfTheQueryPass) {
+  kfa::Params p;
+  p.causal = true;
+  const Shape s{1, 2, 2, 150, 150, 64};
+  Problem pb(s, 41);
+  std::mt19937_64 gen(42);
+  const Tensor4 dout = random_tensor("dout", 1, 2, 150, 64, gen);
+  const auto first = run_backward<float>(pb, symmetric(p), dout);
+  for (int rep = 1; rep < 50; ++rep) {
+    const auto g = run_backward<float>(pb, symmetric(p), dout);
+    ASSERT_EQ(ref::max_abs_diff(g.dq, first.dq), 0.0) << "repeat " << rep;
+    ASSERT_EQ(ref::max_abs_diff(g.dk, first.dk), 0.0) << "repeat " << rep;
+    ASSERT_EQ(ref::max_abs_diff(g.dv, first.dv), 0.0) << "repeat " << rep;
+  }
+  kfa::Params qp = p;
+  qp.dq_mode = kfa::DqMode::query_pass;
+  const auto pass = run_backward<float>(pb, qp, dout);
+  const std::pair<const Tensor4*, const Tensor4*> pairs[] = {
+      {&first.dq, &pass.dq}, {&first.dk, &pass.dk}, {&first.dv, &pass.dv}};
+  for (const auto& [a, b] : pairs) {
+    long long worst = 0;
+    for (std::size_t e = 0; e < a->span(); ++e)
+      worst = std::max(
+          worst, ulp_distance(static_cast<float>(a->data()[e]), static_cast<float>(b->data()[e])));
+    EXPECT_LE(worst, 64) << a->label();
+  }
+}
+
+// What symmetric cannot do is refused before any launch, naming the extents.
+TEST(BackwardSymmetric, RefusesCrossAttentionAndGroupedHeads) {
+  const std::pair<Shape, const char*> cases[] = {{{1, 2, 2, 64, 80, 32}, "seqlen_q == seqlen_k"},
+                                                 {{1, 4, 2, 64, 64, 32}, "heads_q == heads_k"}};
+  for (const auto& [s, what] : cases) {
+    Problem pb(s, 5);
+    std::mt19937_64 gen(6);
+    const Tensor4 dout = random_tensor("dout", s.batch, s.heads_q, s.seqlen_q, s.head_dim, gen);
+    try {
+      run_backward<float>(pb, symmetric({}), dout);
+      ADD_FAILURE() << "no error for " << s;
+    } catch (const kfa::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  }
+  kfa::Params contradiction;
+  contradiction.deterministic = true;
+  contradiction.dq_mode = kfa::DqMode::atomic;
+  Problem pb({1, 1, 1, 8, 8, 16}, 5);
+  const Tensor4 dout = pb.q;
+  EXPECT_THROW(run_backward<float>(pb, contradiction, dout), kfa::Error);
 }
 
 }  // namespace

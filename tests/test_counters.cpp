@@ -19,13 +19,13 @@ using kfa::impl::TileCounter;
 
 /// Zeroes the counters, runs f, and returns what the kernels counted.
 template <class F>
-std::array<unsigned long long, 3> count_tiles(const F& f) {
+std::array<unsigned long long, 4> count_tiles(const F& f) {
   auto& counts = kfa::impl::test_tile_counters<Exec::memory_space>();
   Kokkos::deep_copy(counts, 0ULL);
   f();
   Kokkos::fence();
   auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), counts);
-  return {h(0), h(1), h(2)};
+  return {h(0), h(1), h(2), h(3)};
 }
 
 /// Tile pairs (query tile of `rows`, key tile of `cols`) of one head that hold a visible pair.
@@ -42,7 +42,7 @@ long long meeting_tiles(const Shape& s, const kfa::Params& p, int rows, int cols
   return n;
 }
 
-std::array<unsigned long long, 3> run_both(const Shape& s, const kfa::Params& p) {
+std::array<unsigned long long, 4> run_both(const Shape& s, const kfa::Params& p) {
   Problem pb(s, seed_of(s, 0));
   std::mt19937_64 gen(1);
   const Tensor4 dout = random_tensor("dout", s.batch, s.heads_q, s.seqlen_q, s.head_dim, gen);
@@ -50,7 +50,7 @@ std::array<unsigned long long, 3> run_both(const Shape& s, const kfa::Params& p)
   // run_backward runs the forward first: the backward's counts are what the pair adds.
   auto both = count_tiles([&] { run_backward<float>(pb, p, dout); });
   both[0] -= fwd[0];
-  return {fwd[0], both[1], both[2]};
+  return {fwd[0], both[1], both[2], both[3]};
 }
 
 TEST(TileSkip, CausalSquareStagesHalfTheTiles) {
@@ -105,6 +105,34 @@ TEST(TileSkip, SplitsStageEachTileOnce) {
       const int d = s.head_dim;
       EXPECT_EQ(c[0], static_cast<unsigned long long>(
                           2 * meeting_tiles(s, p, traits::block_q(d), traits::block_k(d))));
+    }
+}
+
+// The symmetric kernel pairs tile j with every tile i that meets it in either direction.
+TEST(TileSkip, SymmetricPairsTilesMeetingEitherWay) {
+  const Shape shapes[] = {{1, 2, 2, 1024, 1024, 64}, {2, 1, 1, 203, 203, 32}};
+  for (const Shape& s : shapes)
+    for (const kfa::Params& mask : masks()) {
+      kfa::Params p = mask;
+      p.dq_mode = kfa::DqMode::symmetric;
+      SCOPED_TRACE(::testing::Message() << s << " " << describe(p));
+      const int bt = traits::block_bwd(s.head_dim);
+      long long pairs = 0;
+      for (int j0 = 0; j0 < s.seqlen_q; j0 += bt)
+        for (int i0 = 0; i0 < s.seqlen_q; i0 += bt) {
+          bool meet = false;
+          for (int a = 0; a < bt && !meet; ++a)
+            for (int c = 0; c < bt && !meet; ++c) {
+              const int i = i0 + a, j = j0 + c;
+              if (i >= s.seqlen_q || j >= s.seqlen_q) continue;
+              meet = kfa::reference::visible(p, i, j, s.seqlen_q, s.seqlen_k) ||
+                     kfa::reference::visible(p, j, i, s.seqlen_q, s.seqlen_k);
+            }
+          pairs += meet;
+        }
+      const auto c = run_both(s, p);
+      EXPECT_EQ(c[1] + c[2], 0u) << "the two-kernel path ran";
+      EXPECT_EQ(c[3], static_cast<unsigned long long>(pairs) * s.batch * s.heads_q);
     }
 }
 

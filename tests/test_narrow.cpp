@@ -103,6 +103,18 @@ TYPED_TEST(NarrowTest, SplitsAndDropout) {
   check_backward_case<T>({1, 2, 2, 113, 203, 64}, drop);
 }
 
+// The one-kernel backward writes 16-bit dQ once, from its float accumulator.
+TYPED_TEST(NarrowTest, BackwardSymmetric) {
+  using T = TypeParam;
+  kfa::Params p;
+  p.causal = true;
+  p.dq_mode = kfa::DqMode::symmetric;
+  check_backward_case<T>({1, 2, 2, 130, 130, 64}, p);
+  p.causal = false;
+  p.window_left = 30;
+  check_backward_case<T>({1, 1, 1, 77, 77, 32}, p);
+}
+
 // Scores reaching 1e4: the float accumulation keeps them finite, as for float inputs.
 TYPED_TEST(NarrowTest, LargeLogits) {
   using T = TypeParam;

@@ -117,6 +117,17 @@ TEST(Portable, BackwardEveryMask) {
     }
 }
 
+// The one-kernel backward (DqMode::symmetric), with its two tile steps per tile and their
+// barriers, on teams of several threads where the space has them.
+TEST(Portable, BackwardSymmetric) {
+  for (const kfa::Params& mask : masks()) {
+    kfa::Params p = mask;
+    p.dq_mode = kfa::DqMode::symmetric;
+    check_backward_case<float>({1, 2, 2, 113, 113, 64}, p);
+    check_backward_case<double>({2, 1, 1, 70, 70, 32}, p, true);
+  }
+}
+
 TEST(Portable, BackwardDropout) {
   kfa::Params p;
   p.causal = true;

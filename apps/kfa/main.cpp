@@ -169,6 +169,7 @@ kfa::msa::Params msa_params(const Options& o) {
   m.window_left = o.params.window_left;
   m.window_right = o.params.window_right;
   m.deterministic = o.params.deterministic;
+  m.dq_mode = o.params.dq_mode;
   m.num_splits = o.params.num_splits;
   return m;
 }

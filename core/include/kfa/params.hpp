@@ -29,6 +29,25 @@ enum class Align {
   top_left
 };
 
+/// How the backward computes dQ (Params::dq_mode). Every mode gives the same gradients within
+/// rounding; they differ in speed, memory and repeatability (README, "Backward dQ modes").
+enum class DqMode {
+  /// atomic, except where atomic adds are slow (host spaces with threads) or
+  /// Params::deterministic asks for repeatability: query_pass there.
+  automatic,
+  /// FlashAttention-2's Algorithm 2: one team per key tile adds its dQ contributions with
+  /// atomics. Not bitwise repeatable where teams run concurrently.
+  atomic,
+  /// A second pass, one team per query tile, recomputes P and dS for dQ: no atomics, bitwise
+  /// repeatable, twice the score products.
+  query_pass,
+  /// One kernel for self-attention (seqlen_q == seqlen_k, heads_q == heads_k): the team of
+  /// tile j computes dK_j and dV_j from every query tile i that sees it and dQ_j from every key
+  /// tile it sees, never writing dQ from an inner loop (the seed's Algorithm 7, two tiles per
+  /// step): no atomics, bitwise repeatable, the query pass's products in one launch.
+  symmetric
+};
+
 /// Options of an attention pass. Masks combine: a key is visible to a query when every
 /// enabled mask lets it through. With d = j - i - shift (shift = seqlen_k - seqlen_q for
 /// bottom_right, 0 for top_left), key j is visible to query i when
@@ -57,8 +76,11 @@ struct Params {
   /// Dropout stream: each (seed, offset) pair gives an unrelated mask. Advance it (by 1 is
   /// enough) between calls that need fresh masks; a backward uses its forward's pair.
   std::uint64_t offset = 0;
-  /// Backward without atomics, bitwise repeatable.
+  /// Backward without atomics, bitwise repeatable: with dq_mode automatic, the query pass;
+  /// refused with dq_mode atomic.
   bool deterministic = false;
+  /// How the backward computes dQ (DqMode).
+  DqMode dq_mode = DqMode::automatic;
   /// Forward split-KV: the keys each query tile sees are cut into this many contiguous chunks,
   /// computed by separate teams and merged with the combiner. 0 lets kfa choose from the
   /// problem size and the execution space's concurrency (it splits only when the unsplit
@@ -87,6 +109,8 @@ struct Params {
   int window_right = -1;
   /// Backward without atomics, bitwise repeatable (as kfa::Params::deterministic).
   bool deterministic = false;
+  /// How the backward computes dQ (as kfa::Params::dq_mode).
+  DqMode dq_mode = DqMode::automatic;
   /// Forward split-KV chunks (as kfa::Params::num_splits): 0 chooses, 1 never splits.
   int num_splits = 0;
 };
@@ -103,6 +127,7 @@ inline Params masks_of(const msa::Params& m) {
   p.window_left = m.window_left;
   p.window_right = m.window_right;
   p.deterministic = m.deterministic;
+  p.dq_mode = m.dq_mode;
   p.num_splits = m.num_splits;
   return p;
 }
@@ -150,6 +175,9 @@ void for_each_field(P& p, F&& f) {
   f(Field{"offset", "--offset", Passes::both, "dropout stream"}, p.offset);
   f(Field{"deterministic", "--deterministic", Passes::backward, "no atomics, bitwise repeatable"},
     p.deterministic);
+  f(Field{"dq_mode", "--dq-mode", Passes::backward,
+          "dQ: auto (default), atomic, query-pass or symmetric (self-attention, one kernel)"},
+    p.dq_mode);
   f(Field{"num_splits", "--splits", Passes::forward, "split-KV chunks (0 = choose, 1 = none)"},
     p.num_splits);
 }
@@ -166,6 +194,16 @@ struct EnumNames<Align> {
   /// Each value with its name.
   static constexpr std::pair<Align, const char*> values[] = {{Align::bottom_right, "bottom-right"},
                                                              {Align::top_left, "top-left"}};
+};
+
+/// DqMode's names.
+template <>
+struct EnumNames<DqMode> {
+  /// Each value with its name.
+  static constexpr std::pair<DqMode, const char*> values[] = {{DqMode::automatic, "auto"},
+                                                              {DqMode::atomic, "atomic"},
+                                                              {DqMode::query_pass, "query-pass"},
+                                                              {DqMode::symmetric, "symmetric"}};
 };
 
 /// The name of e ("?" for a value without one).

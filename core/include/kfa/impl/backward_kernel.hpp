@@ -178,7 +178,12 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
   std::size_t scratch_bytes(bool with_dkdv) const { return scratch_bytes(head_dim, with_dkdv); }
 
   KOKKOS_INLINE_FUNCTION Tiles carve(const member_t& team, bool with_dkdv) const {
-    const auto& scr = team.team_scratch(with_dkdv ? level_kv : level_q);
+    return carve(team.team_scratch(with_dkdv ? level_kv : level_q), with_dkdv);
+  }
+  /// The tiles carved from `scr` (what scratch_bytes counts), leaving the rest of it to the
+  /// caller (SymmetricKernel carves a second set of tiles after them).
+  KOKKOS_INLINE_FUNCTION Tiles carve(const typename ExecSpace::scratch_memory_space& scr,
+                                     bool with_dkdv) const {
     const std::size_t tile = std::size_t(Bt) * ldd, tile_t = std::size_t(head_dim) * ldt,
                       sq = std::size_t(Bt) * ldt;
     Tiles s;
@@ -487,6 +492,111 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
   }
 };
 
+/// All three gradients in one kernel for self-attention (DqMode::symmetric; seqlen_q ==
+/// seqlen_k, heads_q == heads_k): one team per (batch, head, tile j) holds tile j in both roles
+/// (K_j, K_j^T, V_j^T as keys; Q_j, dO_j, LSE_j, delta_j as queries) and, for every tile i that
+/// meets it in either direction, stages tile i in the roles it needs and takes two tile steps:
+/// (query tile i, key tile j) adds to dK_j and dV_j as KeyValueKernel does, (query tile j, key
+/// tile i) adds to dQ_j as QueryKernel does. dQ_j, dK_j and dV_j are written once, at the end:
+/// no atomics, no second launch, no transposed copies of K and V; every sum runs over i in
+/// ascending order, as in the two-kernel path, so the result is bitwise repeatable. Twice the
+/// scratch of the key-tile kernel (level 1 where level 0 is too small).
+template <class ExecSpace, class T, class Views, class Rule = SoftmaxRule>
+struct SymmetricKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
+  using base = BackwardCommon<ExecSpace, T, Views, Rule>;
+  using typename base::acc_t;
+  using typename base::member_t;
+  using typename base::ops;
+  using typename base::Tiles;
+  int level_sym;
+
+  explicit SymmetricKernel(const base& common) : base(common) {
+    level_sym = base::scratch_level(scratch_bytes(this->head_dim));
+  }
+
+  /// The key-tile kernel's tiles for tile j, then tile i's: K_i, Q_i, dO_i (Bt x D), K_i^T,
+  /// V_i^T (D x Bt), LSE_i and delta_i (Bt).
+  static std::size_t scratch_bytes(int head_dim) {
+    using traits = typename base::traits;
+    const std::size_t bt = traits::block_bwd(head_dim), d = head_dim, ldd = d + traits::pad,
+                      ldt = bt + traits::pad;
+    const std::size_t tile = bt * ldd, tile_t = d * ldt;
+    return base::scratch_bytes(head_dim, true) +
+           base::base::scratch_bytes({tile, tile, tile, tile_t, tile_t, bt, bt});
+  }
+
+  void launch(const ExecSpace& space) const {
+    base::base::launch(space, "backward", "kfa::backward::symmetric", *this,
+                       static_cast<long long>(this->t.q.extent(0)) * this->heads_q * this->k_tiles,
+                       scratch_bytes(this->head_dim), level_sym,
+                       {this->head_dim, this->Bt, this->Bt});
+  }
+
+  KOKKOS_FUNCTION void operator()(const member_t& team) const {
+    const int D = this->head_dim, ldd = this->ldd, ldt = this->ldt, tiles = this->k_tiles;
+    const int j0 = team.league_rank() % tiles * this->Bt, bh = team.league_rank() / tiles;
+    const int b = bh / this->heads_q, h = bh % this->heads_q;
+    const int nj = this->tile_rows(j0, this->seqlen_k);
+    const auto& scr = team.team_scratch(level_sym);
+    const Tiles own = this->carve(scr, true);
+    Tiles other = own;  // P, dS and the accumulators are shared; tile i gets its own inputs
+    using arrays = typename base::base;  // TeamKernel::carve: n elements (base's is hidden)
+    for (acc_t** t : {&other.ks, &other.qs, &other.dos})
+      *t = arrays::carve(scr, std::size_t(this->Bt) * ldd);
+    other.kt = arrays::carve(scr, std::size_t(D) * ldt);
+    other.vt = arrays::carve(scr, std::size_t(D) * ldt);
+    other.lse_s = arrays::carve(scr, std::size_t(this->Bt));
+    other.delta_s = arrays::carve(scr, std::size_t(this->Bt));
+
+    this->load_key_tile(team, b, h, j0, nj, own.ks, own.kt, own.vt);
+    this->load_query_tile(team, b, h, j0, nj, own.qs, own.dos, own.lse_s, own.delta_s);
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nj * ldd), [&](int idx) {
+      own.dks[idx] = acc_t(0);
+      own.dvs[idx] = acc_t(0);
+      own.dqs[idx] = acc_t(0);
+    });
+
+    for (int i0 = 0; i0 < this->seqlen_q; i0 += this->Bt) {
+      const int ni = this->tile_rows(i0, this->seqlen_q);
+      const bool i_sees_j = this->tiles_meet(i0, ni, j0, nj);  // feeds dK_j, dV_j
+      const bool j_sees_i = this->tiles_meet(j0, nj, i0, ni);  // feeds dQ_j
+      if (!i_sees_j && !j_sees_i) continue;
+      team.team_barrier();  // the previous tile i is no longer read
+      this->tiles_staged.add(team, TileCounter::symmetric);
+      if (i_sees_j)
+        this->load_query_tile(team, b, h, i0, ni, other.qs, other.dos, other.lse_s, other.delta_s);
+      if (j_sees_i) this->load_key_tile(team, b, h, i0, ni, other.ks, other.kt, other.vt);
+      team.team_barrier();
+      if (i_sees_j) {  // rows of tile i against keys of tile j
+        Tiles step = own;
+        step.qs = other.qs;
+        step.dos = other.dos;
+        step.lse_s = other.lse_s;
+        step.delta_s = other.delta_s;
+        this->tile_p_ds(team, b, h, i0, ni, j0, nj, step);
+        ops::gemm(team, nj, D, ni, own.p, 1, ldt, other.dos, ldd, own.dvs, ldd, true);
+        ops::gemm(team, nj, D, ni, own.ds, 1, ldt, other.qs, ldd, own.dks, ldd, true);
+      }
+      if (j_sees_i) {                       // rows of tile j against keys of tile i
+        if (i_sees_j) team.team_barrier();  // P and dS of the step above are no longer read
+        Tiles step = own;
+        step.ks = other.ks;
+        step.kt = other.kt;
+        step.vt = other.vt;
+        this->tile_p_ds(team, b, h, j0, nj, i0, ni, step);
+        ops::gemm(team, nj, D, ni, own.ds, ldt, 1, other.ks, ldd, own.dqs, ldd, true);
+      }
+    }
+    team.team_barrier();
+    ops::for_each_element(team, nj, D, [&](int r, int d) {
+      const int idx = r * ldd + d;
+      this->store(this->t.dk(b, h, j0 + r, d), own.dks[idx]);
+      this->store(this->t.dv(b, h, j0 + r, d), own.dvs[idx]);
+      this->store(this->t.dq(b, h, j0 + r, d), this->score.scaled(own.dqs[idx]));
+    });
+  }
+};
+
 /// delta = rowsum(dO * O) - dLSE into `delta` (dlse may be nullptr), zeroing dq when zero_dq;
 /// with `rsum`, dlse is the multi-scale r and delta is c (BackwardPreprocess).
 template <class ExecSpace, class Delta, class DO, class O, class DLse, class DQ>
@@ -497,31 +607,50 @@ void backward_delta(const ExecSpace& space, const Delta& delta, const DO& dout, 
       .launch(space);
 }
 
-/// Whether dQ is added with atomics (FlashAttention-2's Algorithm 2) or owned by the query
-/// pass: atomics unless the caller asks for a deterministic backward, except on host spaces
-/// with threads (OpenMP, Threads), where an atomic add of a float is a compare-and-swap loop,
-/// one per element of every dQ tile: there the query pass, which recomputes the tiles instead,
-/// measured faster even on one thread (N = 4096, D = 64, H = 2, Kokkos 4.6 OpenMP: 178 ms
-/// against 253 ms on one thread, 88 against 125 on two). Serial keeps the atomic path (Kokkos'
-/// Serial atomics are plain adds).
+/// The dQ mode a backward runs: the one asked for, or for DqMode::automatic atomics unless
+/// the caller asks for a deterministic backward, except on host spaces with threads (OpenMP,
+/// Threads), where an atomic add of a float is a compare-and-swap loop, one per element of
+/// every dQ tile: there the query pass, which recomputes the tiles instead, measured faster
+/// even on one thread (N = 4096, D = 64, H = 2, Kokkos 4.6 OpenMP: 178 ms against 253 ms on
+/// one thread, 88 against 125 on two). Serial keeps the atomic path (Kokkos' Serial atomics
+/// are plain adds).
 template <class ExecSpace>
-bool atomic_dq_pays(const Params& params) {
+DqMode dq_mode_of(const Params& params) {
+  if (params.dq_mode != DqMode::automatic) return params.dq_mode;
   bool host_threads = Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
 #ifdef KOKKOS_ENABLE_SERIAL
   if (std::is_same_v<ExecSpace, Kokkos::Serial>) host_threads = false;
 #endif
-  return !params.deterministic && !host_threads;
+  return !params.deterministic && !host_threads ? DqMode::atomic : DqMode::query_pass;
 }
 
-/// The key-tile kernel, and the query-tile kernel when dQ is not added with atomics.
+/// The tile kernels of `mode`: the symmetric kernel, or the key-tile kernel and, when dQ is
+/// not added with atomics, the query-tile kernel.
 template <class ExecSpace, class T, class Views, class Rule>
 void launch_backward(const ExecSpace& space,
-                     const BackwardCommon<ExecSpace, T, Views, Rule>& common, bool atomic_dq) {
+                     const BackwardCommon<ExecSpace, T, Views, Rule>& common, DqMode mode) {
+  if (mode == DqMode::symmetric) {
+    SymmetricKernel<ExecSpace, T, Views, Rule>(common).launch(space);
+    return;
+  }
+  const bool atomic_dq = mode == DqMode::atomic;
   common.launch(space, "kfa::backward::dkdv",
                 KeyValueKernel<ExecSpace, T, Views, Rule>(common, atomic_dq), true);
   if (!atomic_dq)
     common.launch(space, "kfa::backward::dq", QueryKernel<ExecSpace, T, Views, Rule>(space, common),
                   false);
+}
+
+/// DqMode::symmetric's premise, checked before any launch: the problem is self-attention.
+template <class Q, class K>
+void validate_symmetric(const char* pass, const Q& q, const K& k) {
+  if (q.extent(2) != k.extent(2))
+    fail(pass, "dq_mode symmetric needs seqlen_q == seqlen_k (self-attention), got q.extent(2) = ",
+         q.extent(2), " and k.extent(2) = ", k.extent(2));
+  if (q.extent(1) != k.extent(1))
+    fail(pass,
+         "dq_mode symmetric needs heads_q == heads_k (no GQA), got q.extent(1) = ", q.extent(1),
+         " and k.extent(1) = ", k.extent(1));
 }
 
 /// The launches of a validated backward under `rule`: the preprocessing (delta), the tile
@@ -543,7 +672,9 @@ void backward_validated(const ExecSpace& space, const Q& q, const K& k, const V&
   Kokkos::View<typename Common::acc_t***, Kokkos::LayoutRight, typename ExecSpace::memory_space>
       delta(Kokkos::view_alloc(std::string("kfa::backward::delta"), Kokkos::WithoutInitializing),
             q.extent(0), q.extent(1), q.extent(2));
-  const bool atomic_dq = atomic_dq_pays<ExecSpace>(params);
+  const DqMode mode = dq_mode_of<ExecSpace>(params);
+  if (mode == DqMode::symmetric) validate_symmetric("backward", q, k);
+  const bool atomic_dq = mode == DqMode::atomic;
   if constexpr (backends::is_narrow_float<T>::value) {
     if (atomic_dq) {
       // 16-bit atomic adds would round dQ's running sum once per key tile: the key-tile teams
@@ -560,7 +691,7 @@ void backward_validated(const ExecSpace& space, const Q& q, const K& k, const V&
       launch_backward(space,
                       BackwardCommon<ExecSpace, T, AccViews, Rule>(
                           AccViews{q, k, v, dout, lse, dq_acc, dk, dv}, delta, params, at, rule),
-                      true);
+                      mode);
       Kokkos::parallel_for(
           "kfa::backward::dq_round",
           Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>>(
@@ -578,7 +709,7 @@ void backward_validated(const ExecSpace& space, const Q& q, const K& k, const V&
   else
     backward_delta(space, delta, dout, o, stat, dq, atomic_dq, rsum);
   launch_backward(space, Common(Views{q, k, v, dout, lse, dq, dk, dv}, delta, params, at, rule),
-                  atomic_dq);
+                  mode);
 }
 
 /// kfa::backward with an optional dlse (nullptr: none): static checks, validation, launches.
@@ -615,7 +746,12 @@ void backward_add(const ExecSpace& space, const Q& q, const K& k, const V& v, co
   BackwardCommon<ExecSpace, T, Views> common(Views{q, k, v, dout, lse, dq, dk, dv}, delta, params,
                                              at);
   common.accumulate = true;
-  launch_backward(space, common, atomic_dq_pays<ExecSpace>(params));
+  const DqMode mode = dq_mode_of<ExecSpace>(params);
+  if (mode == DqMode::symmetric)  // every rank gets the same params: all throw here
+    fail("backward",
+         "dq_mode symmetric needs the whole self-attention problem in one call; a "
+         "block of a distributed one takes atomic or query_pass");
+  launch_backward(space, common, mode);
 }
 
 }  // namespace kfa::impl

@@ -3,25 +3,25 @@
 /// Test-only tile counters. Built with KFA_TEST_COUNTERS, the team kernels add one to a
 /// counter in their execution space's memory for every tile they stage inside their tile loop:
 /// the forward per key tile, the backward's key-tile kernel per query tile, its query-tile
-/// kernel per key tile. A test then asserts the tile skipping the masks promise (a causal
-/// square problem stages about half the tiles) against a count made on the host from the
-/// float64 reference's visibility rule. Without the macro TileCount is empty and its add()
-/// compiles to nothing; applications never define it.
+/// kernel per key tile, its symmetric kernel per tile i it pairs with its own. A test then asserts
+/// the tile skipping the masks promise (a causal square problem stages about half the tiles)
+/// against a count made on the host from the float64 reference's visibility rule. Without the macro
+/// TileCount is empty and its add() compiles to nothing; applications never define it.
 
 #include <Kokkos_Core.hpp>
 
 namespace kfa::impl {
 
 /// Which kernel's loop a count belongs to.
-enum class TileCounter : int { forward = 0, key_value = 1, query = 2 };
+enum class TileCounter : int { forward = 0, key_value = 1, query = 2, symmetric = 3 };
 
 #ifdef KFA_TEST_COUNTERS
 /// The counters of MemorySpace, allocated on first use and released by Kokkos::finalize.
 template <class MemorySpace>
-Kokkos::View<unsigned long long[3], MemorySpace>& test_tile_counters() {
-  static Kokkos::View<unsigned long long[3], MemorySpace> counts;
+Kokkos::View<unsigned long long[4], MemorySpace>& test_tile_counters() {
+  static Kokkos::View<unsigned long long[4], MemorySpace> counts;
   if (!counts.data()) {
-    counts = Kokkos::View<unsigned long long[3], MemorySpace>("kfa::impl::test_tile_counters");
+    counts = Kokkos::View<unsigned long long[4], MemorySpace>("kfa::impl::test_tile_counters");
     Kokkos::push_finalize_hook([] { test_tile_counters<MemorySpace>() = {}; });
   }
   return counts;
@@ -30,7 +30,7 @@ Kokkos::View<unsigned long long[3], MemorySpace>& test_tile_counters() {
 /// What a kernel holds: the counters, taken when the kernel is built on the host.
 template <class MemorySpace>
 struct TileCount {
-  Kokkos::View<unsigned long long[3], MemorySpace> counts = test_tile_counters<MemorySpace>();
+  Kokkos::View<unsigned long long[4], MemorySpace> counts = test_tile_counters<MemorySpace>();
   /// One staged tile of `which`, counted once per team.
   template <class Member>
   KOKKOS_INLINE_FUNCTION void add(const Member& team, TileCounter which) const {

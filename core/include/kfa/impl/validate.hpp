@@ -119,6 +119,13 @@ inline void validate_params(const char* pass, const Params& p) {
     fail(pass, "num_splits must be >= 0 (0 = automatic, 1 = no split), got ", p.num_splits);
   if (p.align != Align::bottom_right && p.align != Align::top_left)
     fail(pass, "align must be Align::bottom_right or Align::top_left");
+  if (p.dq_mode != DqMode::automatic && p.dq_mode != DqMode::atomic &&
+      p.dq_mode != DqMode::query_pass && p.dq_mode != DqMode::symmetric)
+    fail(pass, "dq_mode must be a DqMode value");
+  if (p.deterministic && p.dq_mode == DqMode::atomic)
+    fail(pass,
+         "deterministic asks for a repeatable dQ, which dq_mode atomic is not (use "
+         "query_pass, symmetric or automatic)");
 }
 
 /// validate_params, then scale and softcap as the kernels hold them: in Acc, the accumulation
