@@ -1,6 +1,7 @@
-// Google Benchmark of kfa::backward: the two ways to get dQ (atomic adds from the key-tile
-// teams, or the deterministic query-outer recomputation), forward + backward together, and the
-// cost of dropout (regenerating the Philox mask) in each pass.
+// Google Benchmark of kfa::backward: the three ways to get dQ (argument dq: 0 atomic adds from
+// the key-tile teams, 1 the query-outer recomputation, 2 the one-kernel symmetric pass),
+// forward + backward together, and the cost of dropout (regenerating the Philox mask) in each
+// pass.
 // FLOPs in flash-attn's convention (docs/performance.md): backward = 2.5 x forward, visible pairs
 // only.
 #include <kfa/kfa.hpp>
@@ -14,11 +15,17 @@ using kfa_bench::Exec;
 
 constexpr int kBatch = 1, kHeads = 2;
 
+kfa::DqMode dq_mode(std::int64_t arg) {
+  return arg == 0   ? kfa::DqMode::atomic
+         : arg == 1 ? kfa::DqMode::query_pass
+                    : kfa::DqMode::symmetric;
+}
+
 void BM_backward(benchmark::State& state) {
   const int N = state.range(0), D = state.range(1);
   kfa::Params p;
   p.causal = state.range(2) != 0;
-  p.deterministic = state.range(3) != 0;
+  p.dq_mode = dq_mode(state.range(3));
   kfa_bench::Tensors<float> t(kBatch, kHeads, N, D, true);
   kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p);
   kfa_bench::time_iterations(state, [&] {
@@ -31,7 +38,7 @@ void BM_forward_backward(benchmark::State& state) {
   const int N = state.range(0), D = state.range(1);
   kfa::Params p;
   p.causal = state.range(2) != 0;
-  p.deterministic = state.range(3) != 0;
+  p.dq_mode = dq_mode(state.range(3));
   kfa_bench::Tensors<float> t(kBatch, kHeads, N, D, true);
   kfa_bench::time_iterations(state, [&] {
     kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p);
@@ -42,8 +49,8 @@ void BM_forward_backward(benchmark::State& state) {
 }
 
 void shapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"N", "D", "causal", "deterministic"})
-      ->ArgsProduct({{1024, 2048, 4096, 8192}, {64, 128}, {0, 1}, {0, 1}})
+  b->ArgNames({"N", "D", "causal", "dq"})
+      ->ArgsProduct({{1024, 2048, 4096, 8192}, {64, 128}, {0, 1}, {0, 1, 2}})
       ->UseManualTime()
       ->Unit(benchmark::kMillisecond);
 }

@@ -96,24 +96,27 @@ def backward(path):
     rows, sgemm, ctx = load(path)
     header(path, rows, sgemm, ctx)
     peak = fma_peaks(rows).get("float")  # the backward suite is float
-    print("| N | D | causal | atomic dQ ms | deterministic ms | det/atomic | "
-          "atomic GFLOP/s | of FMA peak | of sgemm | fwd+bwd ms (atomic) | fwd+bwd GFLOP/s |")
-    print("|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| N | D | causal | atomic dQ ms | query pass ms | symmetric ms | query/atomic | "
+          "symmetric/atomic | atomic GFLOP/s | of FMA peak | of sgemm | fwd+bwd ms (atomic) | "
+          "fwd+bwd GFLOP/s |")
+    print("|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for causal in (0, 1):
         for d in (64, 128):
             for n in (1024, 2048, 4096, 8192):
-                def get(bench, det):
+                def get(bench, dq):
                     key = (bench, tuple(sorted({"N": n, "D": d, "causal": causal,
-                                                "deterministic": det}.items())))
+                                                "dq": dq}.items())))
                     return rows.get(key)
-                a, det, fb = get("BM_backward", 0), get("BM_backward", 1), \
-                    get("BM_forward_backward", 0)
-                if not a or not det:
+                a, qp, sym, fb = get("BM_backward", 0), get("BM_backward", 1), \
+                    get("BM_backward", 2), get("BM_forward_backward", 0)
+                if not a or not qp:
                     continue
                 g = a["FLOP/s"] / 1e9
                 fbc = f"{ms(fb):.0f} | {fb['FLOP/s'] / 1e9:.1f}" if fb else "- | -"
+                symc = f"{ms(sym):.1f}" if sym else "-"
+                symr = f"{ms(sym) / ms(a):.2f}" if sym else "-"
                 print(f"| {n} | {d} | {'yes' if causal else 'no'} | {ms(a):.1f} | "
-                      f"{ms(det):.1f} | {ms(det) / ms(a):.2f} | {g:.1f} | "
+                      f"{ms(qp):.1f} | {symc} | {ms(qp) / ms(a):.2f} | {symr} | {g:.1f} | "
                       f"{of(a['FLOP/s'], peak)} | {of(a['FLOP/s'], sgemm)} | {fbc} |")
 
 
@@ -164,17 +167,17 @@ def plot(kind, paths, out):
         else:
             for d in (64, 128):
                 for causal in (0, 1):
-                    for det, style in ((0, "-"), (1, "--")):
+                    for det, style in ((0, "-"), (1, "--"), (2, ":")):
                         xs, ys = [], []
                         for n in (1024, 2048, 4096, 8192):
                             key = ("BM_backward", tuple(sorted({"N": n, "D": d, "causal": causal,
-                                                                "deterministic": det}.items())))
+                                                                "dq": det}.items())))
                             if key in rows:
                                 xs.append(n)
                                 ys.append(rows[key]["FLOP/s"] / (sgemm or 1e9))
                         ax.plot(xs, ys, style, marker="o",
                                 label=f"D={d} {'causal' if causal else 'full'} "
-                                      f"{'deterministic' if det else 'atomic dQ'}")
+                                      f"{('atomic dQ', 'query pass', 'symmetric')[det]}")
             ax.set_xscale("log", base=2)
             ax.set_xlabel("N (B=1, H=2, float)")
             ax.set_ylabel("backward FLOP/s / sgemm FLOP/s" if sgemm else "GFLOP/s")

@@ -221,6 +221,17 @@ TEST(MultiScale, DenseMaskBothRegimesFloat) {
     }
 }
 
+// The one-kernel backward (DqMode::symmetric) on self-attention shapes, dense mask and causal.
+TEST(MultiScale, SymmetricBackward) {
+  for (bool causal : {false, true})
+    for (const Shape& s : {Shape{1, 2, 2, 70, 70, 64}, Shape{2, 1, 1, 33, 33, 17}}) {
+      Case c{s, params(causal)};
+      c.p.dq_mode = kfa::DqMode::symmetric;
+      check<double>(c, 3, true);
+      check<float>(c, 3, true);
+    }
+}
+
 TEST(MultiScale, SixteenBit) {
   const Case c{{1, 4, 2, 45, 70, 32}, params(true)};
   check<kfa::bf16>(c, 2);
