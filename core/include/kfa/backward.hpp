@@ -30,9 +30,10 @@ namespace kfa {
 /// All tensors: any layout with unit head_dim stride; one value type (float, double or a
 /// narrow float type, as for kfa::forward; narrow types accumulate in float, dq too).
 /// Nothing but o and lse is kept from the forward: P is recomputed as exp(S - LSE).
-/// params.deterministic = false (default) adds dQ with atomics from the key-tile teams, the
-/// faster way on the machines measured (perf/results); true recomputes the tiles in a
-/// query-outer pass instead, so dq, dk and dv are bitwise identical run to run.
+/// params.dq_mode chooses how dQ is computed (kfa::DqMode: atomic adds from the key-tile
+/// teams, a query-outer recomputation pass, or the one-kernel symmetric pass for
+/// self-attention); the default picks atomics where they are cheap, and the query pass when
+/// params.deterministic asks for dq, dk and dv bitwise identical run to run.
 /// Rows that saw no key (LSE = -inf) contribute nothing: all gradients stay finite.
 /// \throws kfa::Error on the host, before any launch, for arguments forward would reject or
 ///         gradients whose shapes differ from their tensors'.

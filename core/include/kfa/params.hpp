@@ -30,7 +30,7 @@ enum class Align {
 };
 
 /// How the backward computes dQ (Params::dq_mode). Every mode gives the same gradients within
-/// rounding; they differ in speed, memory and repeatability (README, "Backward dQ modes").
+/// rounding; they differ in speed, memory and repeatability (README, "Using the library").
 enum class DqMode {
   /// atomic, except where atomic adds are slow (host spaces with threads) or
   /// Params::deterministic asks for repeatability: query_pass there.
