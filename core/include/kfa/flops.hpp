@@ -2,7 +2,8 @@
 /// \file flops.hpp
 /// FLOP counts in flash-attn's convention, so kfa's figures line up with published ones:
 /// the forward does two matrix products, 4 * head_dim FLOPs per visible (query, key) pair;
-/// the backward counts 2.5 times the forward.
+/// the backward counts 2.5 times the forward. And the I/O model: the bytes each pass moves
+/// between global memory and the chip, tile by tile, as kfa's kernels move them.
 
 #include <kfa/impl/mask.hpp>
 #include <kfa/params.hpp>
@@ -31,6 +32,93 @@ inline double forward_flops(int batch, int heads_q, int seqlen_q, int seqlen_k, 
 inline double backward_flops(int batch, int heads_q, int seqlen_q, int seqlen_k, int head_dim,
                              const Params& params = {}) {
   return 2.5 * forward_flops(batch, heads_q, seqlen_q, seqlen_k, head_dim, params);
+}
+
+/// Bytes a pass reads from and writes to global memory.
+struct Traffic {
+  double read = 0;     ///< bytes read
+  double written = 0;  ///< bytes written
+  /// read + written
+  double total() const { return read + written; }
+};
+
+/// Visits the (query tile, key tile) pairs of one head that hold a visible pair, with tiles of
+/// `rows` queries and `cols` keys: f(q0, nr, k0, nc) with the tiles' first rows and sizes.
+/// The masks' visible keys form an interval per query whose ends grow with the query, so the
+/// key tiles a query tile meets are those between its first row's first visible key and its
+/// last row's last one.
+template <class F>
+void for_each_meeting_tile(const Params& params, int seqlen_q, int seqlen_k, int rows, int cols,
+                           F&& f) {
+  const impl::Mask mask = impl::make_mask(params, seqlen_q, seqlen_k);
+  for (int q0 = 0; q0 < seqlen_q; q0 += rows) {
+    const int nr = seqlen_q - q0 < rows ? seqlen_q - q0 : rows;
+    const int lo = mask.lo(q0), hi = mask.hi(q0 + nr - 1);
+    if (lo > hi) continue;
+    for (int k0 = lo / cols * cols; k0 <= hi && k0 < seqlen_k; k0 += cols)
+      f(q0, nr, k0, seqlen_k - k0 < cols ? seqlen_k - k0 : cols);
+  }
+}
+
+/// The forward's traffic without split-KV (FlashAttention's Theorem 2 and Algorithm 1): per
+/// (batch, query head, query tile of block_q rows) Q_i is read once and K_j, V_j once for every
+/// key tile of block_k keys it meets; O and the LSE are written once. elem_bytes: the size of
+/// q, k, v and o's values; lse_bytes: the LSE's. Unmasked: e B Hq D (2 Nq + 2 T_r Nk) +
+/// lse B Hq Nq with T_r = ceil(Nq / block_q), Theta(N^2 D / block_q) = Theta(N^2 D^2 / M) for
+/// tiles sized from an on-chip memory of M bytes. Split-KV adds its partials' round trip
+/// (n x B x Hq x Nq x (D + 2) accumulators written and read), not counted here.
+inline Traffic forward_traffic(int batch, int heads_q, int seqlen_q, int seqlen_k, int head_dim,
+                               int elem_bytes, int lse_bytes, const Params& params, int block_q,
+                               int block_k) {
+  const double heads = double(batch) * heads_q, e = elem_bytes, d = head_dim;
+  double kv_rows = 0;
+  for_each_meeting_tile(params, seqlen_q, seqlen_k, block_q, block_k,
+                        [&](int, int, int, int nc) { kv_rows += nc; });
+  Traffic t;
+  t.read = heads * (double(seqlen_q) * d * e + 2 * kv_rows * d * e);
+  t.written = heads * double(seqlen_q) * (d * e + lse_bytes);
+  return t;
+}
+
+/// The backward's traffic in DqMode::atomic or DqMode::query_pass (`query_pass`), both with
+/// Bt x Bt tiles (block): the preprocessing reads dO and O and writes delta (acc_bytes per row;
+/// with atomics it also zeroes dQ); the key-tile kernel reads K_j and V_j once per team (B x Hk
+/// x key tiles) and, for each query head of the group and each query tile it meets, Q_i, dO_i,
+/// the LSE and delta, plus with atomics a read and a write of dQ_i (acc-sized where dq is);
+/// it writes dK and dV once. The query pass first transposes K and V into acc-typed copies,
+/// then per query tile reads Q_i, dO_i, LSE and delta once and for each key tile it meets K_j
+/// and the two transposed tiles, and writes dQ once. elem_bytes: q, k, v, o, dout and the
+/// gradients' values (float or double: a 16-bit dQ with atomics goes through a float copy,
+/// not modelled); lse_bytes and acc_bytes: the LSE's and the accumulation type's sizes.
+inline Traffic backward_traffic(int batch, int heads_q, int heads_k, int seqlen_q, int seqlen_k,
+                                int head_dim, int elem_bytes, int lse_bytes, int acc_bytes,
+                                const Params& params, int block, bool query_pass) {
+  const double b = batch, e = elem_bytes, d = head_dim, nq = seqlen_q, nk = seqlen_k;
+  double rows_q = 0, rows_k = 0;  // summed over meeting (query tile, key tile) pairs
+  for_each_meeting_tile(params, seqlen_q, seqlen_k, block, block, [&](int, int nr, int, int nc) {
+    rows_q += nr;
+    rows_k += nc;
+  });
+  Traffic t;
+  // Preprocessing: delta = rowsum(dO * O) (- dLSE, not counted), dQ zeroed for atomics.
+  t.read += b * heads_q * nq * d * 2 * e;
+  t.written += b * heads_q * nq * acc_bytes + (query_pass ? 0 : b * heads_q * nq * d * e);
+  // Key-tile kernel: K_j, V_j per team; per meeting query tile of each query head Q_i, dO_i,
+  // LSE_i, delta_i (and dQ_i's read-modify-write with atomics); dK, dV written once.
+  const double per_q_row = 2 * d * e + lse_bytes + acc_bytes;
+  t.read += b * heads_k * nk * 2 * d * e + b * heads_q * rows_q * per_q_row;
+  t.written += b * heads_k * nk * 2 * d * e;
+  if (!query_pass) {
+    t.read += b * heads_q * rows_q * d * e;
+    t.written += b * heads_q * rows_q * d * e;
+    return t;
+  }
+  // Query pass: K and V transposed once into acc_t copies; per query tile Q_i, dO_i, LSE_i,
+  // delta_i once; per meeting key tile K_j and the transposed K_j^T, V_j^T; dQ written once.
+  t.read += b * heads_k * nk * 2 * d * e + b * heads_q * nq * per_q_row +
+            b * heads_q * rows_k * d * (e + 2.0 * acc_bytes);
+  t.written += b * heads_k * nk * 2 * d * acc_bytes + b * heads_q * nq * d * e;
+  return t;
 }
 
 }  // namespace kfa

@@ -380,7 +380,7 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
         const int nr = this->tile_rows(q0, this->seqlen_q);
         if (!this->tiles_meet(q0, nr, k0, nc)) continue;
         team.team_barrier();  // the previous query tile is no longer read
-        this->tiles_staged.add(team, TileCounter::key_value);
+        this->tiles_staged.add(team, TileCounter::key_value, nr);
         this->load_query_tile(team, b, h, q0, nr, sc.qs, sc.dos, sc.lse_s, sc.delta_s);
         team.team_barrier();
         this->tile_p_ds(team, b, h, q0, nr, k0, nc, sc);
@@ -464,7 +464,7 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
       const int nc = this->tile_rows(k0, this->seqlen_k);
       if (!this->tiles_meet(q0, nr, k0, nc)) continue;
       team.team_barrier();  // the previous key tile is no longer read
-      this->tiles_staged.add(team, TileCounter::query);
+      this->tiles_staged.add(team, TileCounter::query, nc);
       load_key_tile(team, b, hk, k0, nc, sc);
       team.team_barrier();
       this->tile_p_ds(team, b, h, q0, nr, k0, nc, sc);
@@ -562,7 +562,7 @@ struct SymmetricKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
       const bool j_sees_i = this->tiles_meet(j0, nj, i0, ni);  // feeds dQ_j
       if (!i_sees_j && !j_sees_i) continue;
       team.team_barrier();  // the previous tile i is no longer read
-      this->tiles_staged.add(team, TileCounter::symmetric);
+      this->tiles_staged.add(team, TileCounter::symmetric, ni);
       if (i_sees_j)
         this->load_query_tile(team, b, h, i0, ni, other.qs, other.dos, other.lse_s, other.delta_s);
       if (j_sees_i) this->load_key_tile(team, b, h, i0, ni, other.ks, other.kt, other.vt);

@@ -1,7 +1,8 @@
 #pragma once
 /// \file impl/counters.hpp
 /// Test-only tile counters. Built with KFA_TEST_COUNTERS, the team kernels add one to a
-/// counter in their execution space's memory for every tile they stage inside their tile loop:
+/// counter in their execution space's memory for every tile they stage inside their tile loop,
+/// and the tile's rows to a second counter (for the I/O model of kfa/flops.hpp):
 /// the forward per key tile, the backward's key-tile kernel per query tile, its query-tile
 /// kernel per key tile, its symmetric kernel per tile i it pairs with its own. A test then asserts
 /// the tile skipping the masks promise (a causal square problem stages about half the tiles)
@@ -18,24 +19,28 @@ enum class TileCounter : int { forward = 0, key_value = 1, query = 2, symmetric 
 #ifdef KFA_TEST_COUNTERS
 /// The counters of MemorySpace, allocated on first use and released by Kokkos::finalize.
 template <class MemorySpace>
-Kokkos::View<unsigned long long[4], MemorySpace>& test_tile_counters() {
-  static Kokkos::View<unsigned long long[4], MemorySpace> counts;
+Kokkos::View<unsigned long long[8], MemorySpace>& test_tile_counters() {
+  static Kokkos::View<unsigned long long[8], MemorySpace> counts;
   if (!counts.data()) {
-    counts = Kokkos::View<unsigned long long[4], MemorySpace>("kfa::impl::test_tile_counters");
+    counts = Kokkos::View<unsigned long long[8], MemorySpace>("kfa::impl::test_tile_counters");
     Kokkos::push_finalize_hook([] { test_tile_counters<MemorySpace>() = {}; });
   }
   return counts;
 }
 
-/// What a kernel holds: the counters, taken when the kernel is built on the host.
+/// What a kernel holds: the counters (tiles of kernel k at k, their rows at 4 + k), taken when
+/// the kernel is built on the host.
 template <class MemorySpace>
 struct TileCount {
-  Kokkos::View<unsigned long long[4], MemorySpace> counts = test_tile_counters<MemorySpace>();
-  /// One staged tile of `which`, counted once per team.
+  Kokkos::View<unsigned long long[8], MemorySpace> counts = test_tile_counters<MemorySpace>();
+  /// One staged tile of `rows` rows in the loop of `which`, counted once per team.
   template <class Member>
-  KOKKOS_INLINE_FUNCTION void add(const Member& team, TileCounter which) const {
-    Kokkos::single(Kokkos::PerTeam(team),
-                   [&]() { Kokkos::atomic_increment(&counts(static_cast<int>(which))); });
+  KOKKOS_INLINE_FUNCTION void add(const Member& team, TileCounter which, int rows) const {
+    Kokkos::single(Kokkos::PerTeam(team), [&]() {
+      Kokkos::atomic_increment(&counts(static_cast<int>(which)));
+      Kokkos::atomic_add(&counts(4 + static_cast<int>(which)),
+                         static_cast<unsigned long long>(rows));
+    });
   }
 };
 #else
@@ -44,7 +49,8 @@ template <class MemorySpace>
 struct TileCount {
   /// Nothing to count.
   template <class Member>
-  KOKKOS_INLINE_FUNCTION void add(const Member& /*team*/, TileCounter /*which*/) const {}
+  KOKKOS_INLINE_FUNCTION void add(const Member& /*team*/, TileCounter /*which*/,
+                                  int /*rows*/) const {}
 };
 #endif
 

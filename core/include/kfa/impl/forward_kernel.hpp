@@ -376,7 +376,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     for (int k0 = k_begin; k0 < k_end; k0 += Bc) {
       const int nc = seqlen_k - k0 < Bc ? seqlen_k - k0 : Bc;
       team.team_barrier();  // the previous tile is no longer read
-      tiles_staged.add(team, TileCounter::forward);
+      tiles_staged.add(team, TileCounter::forward, nc);
       ops::for_each_element(team, nc, D, [&](int c, int d) {
         kt[d * ldc + c] = static_cast<acc_t>(k(b, hk, k0 + c, d));
         vs[c * ldd + d] = static_cast<acc_t>(v(b, hk, k0 + c, d));
@@ -449,7 +449,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
 
     for (int k0 = k_begin; k0 < k_end; k0 += Bc) {
       const int nc = seqlen_k - k0 < Bc ? seqlen_k - k0 : Bc;
-      tiles_staged.add(team, TileCounter::forward);
+      tiles_staged.add(team, TileCounter::forward, nc);
       // K_j and V_j where they lie when the views hold acc_t (head_dim has unit stride,
       // validate.hpp): the products read rows ldk, ldv apart. Otherwise row copies into
       // scratch, converted (stage_rows).
