@@ -1,0 +1,53 @@
+// Prints the I/O model of kfa/flops.hpp as a markdown table: the bytes kfa's forward and
+// backward move between global memory and the chip, next to the unfused algorithm's (S and P
+// written and read back: 4 e Nq Nk per head on top of the products' operands), for the host's
+// tiles (64 x 64, backward 64) and the CUDA table's (head_dim 64: 32 x 32, backward 16;
+// head_dim 128: 16 x 16, backward 8), float. No timing: the model only (the kernels' staging is
+// checked against it in tests/test_counters.cpp).
+#include <kfa/flops.hpp>
+
+#include <cstdio>
+
+namespace {
+
+/// The unfused forward, per (batch, head): S = Q K^T (Q and K read, S written), P = softmax(S)
+/// (S read, P written), O = P V (P and V read, O written); masks do not change it.
+double unfused_forward_bytes(int n, int d, int e) {
+  return double(e) * (2.0 * n * d + 2.0 * n * d + 4.0 * double(n) * n);
+}
+
+struct Tiles {
+  const char* name;
+  int br, bc, bt;
+};
+
+}  // namespace
+
+int main() {
+  std::printf(
+      "| tiles | D | N | causal | kfa fwd MiB | unfused fwd MiB | unfused / kfa | "
+      "kfa bwd atomic MiB | kfa bwd query pass MiB |\n");
+  std::printf("|---|---:|---:|:---:|---:|---:|---:|---:|---:|\n");
+  const double mib = 1024.0 * 1024.0;
+  for (int d : {64, 128}) {
+    const Tiles tiles[] = {
+        {"host 64x64", 64, 64, 64},
+        d == 64 ? Tiles{"CUDA 32x32", 32, 32, 16} : Tiles{"CUDA 16x16", 16, 16, 8}};
+    for (const Tiles& t : tiles)
+      for (int n : {1024, 4096, 16384})
+        for (bool causal : {false, true}) {
+          kfa::Params p;
+          p.causal = causal;
+          const double fwd = kfa::forward_traffic(1, 1, n, n, d, 4, 4, p, t.br, t.bc).total();
+          const double unf = unfused_forward_bytes(n, d, 4);
+          const double atomic =
+              kfa::backward_traffic(1, 1, 1, n, n, d, 4, 4, 4, p, t.bt, false).total();
+          const double pass =
+              kfa::backward_traffic(1, 1, 1, n, n, d, 4, 4, 4, p, t.bt, true).total();
+          std::printf("| %s | %d | %d | %s | %.1f | %.1f | %.2f | %.1f | %.1f |\n", t.name, d, n,
+                      causal ? "yes" : "no", fwd / mib, unf / mib, unf / fwd, atomic / mib,
+                      pass / mib);
+        }
+  }
+  return 0;
+}
