@@ -67,6 +67,7 @@
 #include <mpi.h>
 #include <Kokkos_Core.hpp>
 
+#include <cstring>
 #include <type_traits>
 
 namespace kfa::mpi::impl {
@@ -97,6 +98,12 @@ void check_locally(const Call& call, const R& rule, const SeqPar& sp, int rank, 
   expect_rows(call.name, "k", k, owned_count(sp.layout, sp.seqlen_k, rank, P), "key");
 }
 
+/// A pass's name in its errors: its profiling region's name ("kfa::mpi::forward") less the
+/// leading "kfa::" ("mpi::forward"), as the single-device passes name themselves.
+inline const char* error_prefix(const char* region) {
+  return region + std::strlen("kfa::");
+}
+
 /// The forward of every rule R (rules.hpp): o and stat (lse or rsum) of this rank's rows.
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class R>
 void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
@@ -110,7 +117,8 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
   const Meter whole_call(total_sink(sp));
   const Ranks ranks = ranks_of(sp.comm);
   const int rank = ranks.rank, P = ranks.size;
-  const Call call = call_of<T>(name + 5, Passes::forward, q, k, false, R::name, rule.has_mask());
+  const Call call =
+      call_of<T>(error_prefix(name), Passes::forward, q, k, false, R::name, rule.has_mask());
   check_collectively(call, sp, rule.agreed(), [&] {
     check_locally<T>(call, rule, sp, rank, P, q, k);
     kfa::impl::validate_forward(call.name, q, k, v, o, lse, R::stat_name);
@@ -137,8 +145,8 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
   const Meter whole_call(total_sink(sp));
   const Ranks ranks = ranks_of(sp.comm);
   const int rank = ranks.rank, P = ranks.size;
-  const Call call =
-      call_of<T>(name + 5, Passes::backward, q, k, dlse != nullptr, R::name, rule.has_mask());
+  const Call call = call_of<T>(error_prefix(name), Passes::backward, q, k, dlse != nullptr, R::name,
+                               rule.has_mask());
   check_collectively(call, sp, rule.agreed(), [&] {
     check_locally<T>(call, rule, sp, rank, P, q, k);
     kfa::impl::validate_backward(call.name, q, k, v, o, lse, dout, dlse, dq, dk, dv, R::stat_name);
