@@ -1,7 +1,7 @@
 // The kfa-seqpar program under mpiexec, through its contract: --random --check passes for each
 // mode and layout (forward and backward); HDF5 round trips, each rank writing only its rows,
-// checked against the reference; bad input, or options that differ between ranks, exits 2
-// with one line, on every rank, and leaves no output file.
+// checked against the reference; --multiscale likewise; bad input, or options that differ
+// between ranks, exits 2 with one line, on every rank, and leaves no output file.
 #include <gtest/gtest.h>
 
 #include <kfa/config.hpp>
@@ -178,6 +178,109 @@ TEST(SeqParCli, TinySequenceFromFileWithDlse) {
       to_tensor(f.read("/dv", 4)));
   for (const auto& [name, cr] : {std::pair{"dQ", c.dq}, {"dK", c.dk}, {"dV", c.dv}})
     EXPECT_TRUE(cr.ok()) << name << ": err " << cr.err << " > bound " << cr.bound;
+}
+
+// --multiscale: forward and backward through files (the whole /mask read by every rank, /rsum
+// written and read back), each against kfa::reference's multi-scale passes; --random --check
+// with the decay mask; the bad inputs particular to it.
+TEST(SeqParCli, MultiScale) {
+  const Shape s{1, 4, 2, 37, 53, 24};
+  Problem pb(s, 79);
+  kfa::reference::Mask3 mask(std::string("mask"), 4, 37, 53);
+  std::mt19937_64 gen(80);
+  std::uniform_real_distribution<double> u(0, 0.2);
+  for (std::size_t e = 0; e < mask.span(); ++e)
+    mask.data()[e] = u(gen);
+  Dataset m;
+  m.dtype = DType::f64;
+  m.dims = {4, 37, 53};
+  m.data.assign(mask.data(), mask.data() + mask.span());
+  const Dataset q = from_tensor(pb.q, DType::f64), k = from_tensor(pb.k, DType::f64),
+                v = from_tensor(pb.v, DType::f64), dout = from_tensor(pb.q, DType::f64);
+  const fs::path in = work_dir() / "sp_msa_in.h5", out = work_dir() / "sp_msa_out.h5";
+  kfa_apps::write_atomic(in.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/mask", &m}});
+  fs::remove(out);
+  ProgramRun r = seqpar(3,
+                        "forward --multiscale --causal --scale 0.5 --mode tree --layout zigzag "
+                        "--in " +
+                            in.string() + " --out " + out.string());
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("wrote /o /rsum"), std::string::npos) << r.out;
+  kfa::msa::Params p;
+  p.causal = true;
+  p.scale = 0.5;
+  Dataset o, rsum;
+  {
+    kfa_apps::H5File f(out.string());
+    o = f.read("/o", 4);
+    rsum = f.read("/rsum", 3);
+  }
+  const auto fc = kfa::reference::msa_check_forward<double>(
+      to_tensor(q), to_tensor(k), to_tensor(v), mask, p, to_tensor(o), to_tensor3(rsum));
+  EXPECT_TRUE(fc.ok()) << "O err " << fc.o.err << ", rsum err " << fc.lse.err;
+
+  const fs::path bin = work_dir() / "sp_msa_bwd.h5", bout = work_dir() / "sp_msa_grads.h5";
+  kfa_apps::write_atomic(bin.string(), {{"/q", &q},
+                                        {"/k", &k},
+                                        {"/v", &v},
+                                        {"/mask", &m},
+                                        {"/o", &o},
+                                        {"/rsum", &rsum},
+                                        {"/do", &dout}});
+  fs::remove(bout);
+  r = seqpar(2, "backward --multiscale --causal --scale 0.5 --deterministic --mode ring --in " +
+                    bin.string() + " --out " + bout.string());
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  {
+    kfa_apps::H5File g(bout.string());
+    const auto bc = kfa::reference::msa_check_backward<double>(
+        to_tensor(q), to_tensor(k), to_tensor(v), mask, p, to_tensor(dout),
+        to_tensor(g.read("/dq", 4)), to_tensor(g.read("/dk", 4)), to_tensor(g.read("/dv", 4)));
+    EXPECT_TRUE(bc.ok()) << "dQ err " << bc.dq.err << ", dK err " << bc.dk.err << ", dV err "
+                         << bc.dv.err;
+  }
+
+  // --random: the decay mask, each rank's gradients against the single-rank passes (the files
+  // above checked the forward).
+  r = seqpar(3,
+             "backward --multiscale --random 1,3,70,32 --heads-kv 1 --causal --layout zigzag "
+             "--mode tree --check --json");
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  for (const char* key : {"\"multiscale\":true", "\"check\":\"pass\"", "\"scale\":1,"})
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << " in " << r.out;
+
+  // A mask of another shape; a softmax statistic in a multi-scale file; --softcap.
+  Dataset m2 = m;
+  m2.dims = {4, 53, 37};
+  const fs::path bad = work_dir() / "sp_msa_bad.h5", lse = work_dir() / "sp_msa_lse.h5";
+  kfa_apps::write_atomic(bad.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/mask", &m2}});
+  kfa_apps::write_atomic(lse.string(), {{"/q", &q},
+                                        {"/k", &k},
+                                        {"/v", &v},
+                                        {"/o", &o},
+                                        {"/rsum", &rsum},
+                                        {"/lse", &rsum},
+                                        {"/do", &dout}});
+  struct Case {
+    std::string args, want;
+  };
+  const Case cases[] = {
+      {"forward --multiscale --in " + bad.string() + " --out " + out.string(),
+       "dataset /mask has shape (4,53,37) but (heads, seqlen) of /q and /k gives (4,37,53)"},
+      {"backward --multiscale --in " + lse.string() + " --out " + out.string(),
+       "'" + lse.string() + "' holds /lse, which kfa does not read"},
+      {"forward --multiscale --random 1,1,8,8 --softcap 2",
+       "--softcap does not apply to --multiscale"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args);
+    fs::remove(out);
+    r = seqpar(2, c.args);
+    EXPECT_EQ(r.status, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find("kfa-seqpar: error: rank 0: " + c.want), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("kfa-seqpar: error: "), r.err.rfind("kfa-seqpar: error: ")) << r.err;
+    EXPECT_FALSE(fs::exists(out));
+  }
 }
 
 // Each failure: exit 2 on every rank, one line from rank 0, no output file.

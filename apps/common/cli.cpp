@@ -259,6 +259,8 @@ bool parse_run_flag(const std::string& flag, const FlagValue& value, RunOptions&
     o.check = true;
   } else if (flag == "--allow-nonfinite") {
     o.allow_nonfinite = true;
+  } else if (flag == "--multiscale") {
+    o.multiscale = true;
   } else {
     o.seed_given = o.seed_given || flag == "--seed";
     return parse_pass_flag(flag, value, o.params, o.pass());
@@ -383,6 +385,26 @@ void check_dropout_seed(const RunOptions& o) {
     throw InputError(
         "--dropout needs --seed N: the mask is a function of the seed (give the "
         "backward the forward's --seed and --offset)");
+}
+
+void check_multiscale(RunOptions& o) {
+  if (!o.multiscale) return;
+  if (o.params.softcap != 0) throw InputError("--softcap does not apply to --multiscale");
+  if (o.params.dropout != 0) throw InputError("--dropout does not apply to --multiscale");
+  if (o.params.scale < 0) o.params.scale = 1;  // the multi-scale formula has no scale
+}
+
+kfa::msa::Params msa_params(const RunOptions& o) {
+  kfa::msa::Params m;
+  m.scale = o.params.scale;
+  m.causal = o.params.causal;
+  m.align = o.params.align;
+  m.window_left = o.params.window_left;
+  m.window_right = o.params.window_right;
+  m.deterministic = o.params.deterministic;
+  m.dq_mode = o.params.dq_mode;
+  m.num_splits = o.params.num_splits;
+  return m;
 }
 
 void check_sources(const RunOptions& o) {

@@ -77,6 +77,8 @@ struct RunOptions {
   bool allow_nonfinite = false;
   /// Whether --seed was given (--dropout needs it).
   bool seed_given = false;
+  /// --multiscale: multi-scale attention (kfa::msa) instead of softmax attention.
+  bool multiscale = false;
   kfa::Params params;
   /// The pass the command runs; Passes::both for a command that is neither.
   kfa::Passes pass() const;
@@ -101,6 +103,15 @@ void check_sources(const RunOptions& o);
 
 /// Throws InputError when --dropout is given without --seed.
 void check_dropout_seed(const RunOptions& o);
+
+/// The rules of a --multiscale run (nothing without it): no --softcap or --dropout, which
+/// multi-scale attention has not; an unset --scale becomes 1 (its formula has no scale).
+/// Throws InputError.
+void check_multiscale(RunOptions& o);
+
+/// The kfa::msa::Params of a --multiscale run: o.params' scale (after check_multiscale),
+/// masks, dQ mode and splits.
+kfa::msa::Params msa_params(const RunOptions& o);
 
 /// This machine's memory in bytes (0 when unknown).
 double physical_memory();

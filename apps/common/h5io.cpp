@@ -109,8 +109,11 @@ void check_known_datasets(const std::vector<std::string>& names, const std::stri
   static const char* const known[] = {"/q",  "/k",    "/v",  "/o",  "/lse",
                                       "/do", "/dlse", "/dq", "/dk", "/dv"};
   static const char* const known_msa[] = {"/mask", "/rsum"};  // --multiscale's own
+  // --multiscale reads neither the softmax statistic nor its gradient.
+  const auto softmax_only = [&](const std::string& n) { return n == "/lse" || n == "/dlse"; };
   for (const std::string& n : names)
-    if (std::find(std::begin(known), std::end(known), n) == std::end(known) &&
+    if ((std::find(std::begin(known), std::end(known), n) == std::end(known) ||
+         (multiscale && softmax_only(n))) &&
         (!multiscale ||
          std::find(std::begin(known_msa), std::end(known_msa), n) == std::end(known_msa))) {
       std::string msg = "'";
@@ -119,7 +122,8 @@ void check_known_datasets(const std::vector<std::string>& names, const std::stri
       msg += n;
       msg +=
           ", which kfa does not read (forward reads /q /k /v; backward also /o /lse /do and "
-          "/dlse; --multiscale also /mask, and /rsum instead of /lse): remove it, or it would "
+          "/dlse; --multiscale also /mask, and /rsum instead of /lse and no /dlse): remove it, or "
+          "it would "
           "be silently ignored";
       throw InputError(msg);
     }

@@ -130,7 +130,8 @@ NonFinite find_non_finite(const Dataset& d);
 std::string shape_of(const std::vector<hsize_t>& dims);
 
 /// Throws InputError for a top-level object of the file that no kfa pass reads or writes
-/// (a /mask the passes would silently not apply).
+/// (a /mask the passes would silently not apply); with `multiscale`, /mask and /rsum are read
+/// and /lse and /dlse are not.
 void check_known_datasets(const std::vector<std::string>& names, const std::string& path,
                           bool multiscale = false);
 

@@ -6,6 +6,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -34,6 +35,23 @@ decltype(auto) with_value_type(DType t, F&& f) {
 /// x rounded to the value type of tensors of type t (x itself for float64).
 inline double rounded(DType t, double x) {
   return with_value_type(t, [x](auto v) { return static_cast<double>(decltype(v)(x)); });
+}
+
+/// The decay mask of --multiscale --random, (H, Nq, Nk): M[h,i,j] = gamma_h^|i-j| with gamma_h
+/// spread evenly over (0.5, 0.999) by head (retention's per-head decay rates), rounded to t.
+inline Dataset decay_mask(hsize_t H, hsize_t Nq, hsize_t Nk, DType t) {
+  Dataset d;
+  d.dims = {H, Nq, Nk};
+  d.dtype = t;
+  d.data.resize(d.size());
+  for (hsize_t h = 0; h < H; ++h) {
+    const double gamma = 0.5 + 0.499 * double(h + 1) / double(H + 1);
+    for (hsize_t i = 0; i < Nq; ++i)
+      for (hsize_t j = 0; j < Nk; ++j)
+        d.data[(h * Nq + i) * Nk + j] =
+            rounded(t, std::pow(gamma, std::fabs(double(i) - double(j))));
+  }
+  return d;
 }
 
 /// A new View of the dataset's shape (rank 4 for tensors, rank 3 for LSE and its gradient)

@@ -97,7 +97,6 @@ const char* kUsage =
 
 struct Options : kfa_apps::RunOptions {
   std::vector<long long> shape;  // dropout-mask: B,H,NQ,NK
-  bool multiscale = false;       // forward/backward: kfa::msa instead of softmax attention
 };
 
 // The fields of the list kfa dropout-mask reads.
@@ -131,11 +130,6 @@ Options parse(int argc, char** argv) {
         throw InputError("'" + flag + "' does not apply to dropout-mask (it takes " + list + ")");
       }
     }
-    if (flag == "--multiscale") {
-      if (mask_cmd) throw InputError("--multiscale applies to forward and backward only");
-      o.multiscale = true;
-      return true;
-    }
     if (flag != "--shape") return false;
     if (!mask_cmd) throw InputError("--shape applies to dropout-mask only");
     o.shape = kfa_apps::parse_dims(flag, value(), "B,H,NQ,NK",
@@ -152,26 +146,8 @@ Options parse(int argc, char** argv) {
     return o;
   }
   kfa_apps::check_sources(o);
-  if (o.multiscale) {
-    if (o.params.softcap != 0) throw InputError("--softcap does not apply to --multiscale");
-    if (o.params.dropout != 0) throw InputError("--dropout does not apply to --multiscale");
-    if (o.params.scale < 0) o.params.scale = 1;  // the multi-scale formula has no scale
-  }
+  kfa_apps::check_multiscale(o);
   return o;
-}
-
-// The kfa::msa::Params of a --multiscale run (its scale set by parse).
-kfa::msa::Params msa_params(const Options& o) {
-  kfa::msa::Params m;
-  m.scale = o.params.scale;
-  m.causal = o.params.causal;
-  m.align = o.params.align;
-  m.window_left = o.params.window_left;
-  m.window_right = o.params.window_right;
-  m.deterministic = o.params.deterministic;
-  m.dq_mode = o.params.dq_mode;
-  m.num_splits = o.params.num_splits;
-  return m;
 }
 
 // ---- The problem ----------------------------------------------------------------------------
@@ -235,23 +211,6 @@ Dataset random_tensor(std::vector<hsize_t> dims, DType t, std::mt19937_64& gen) 
   std::uniform_real_distribution<double> dist(-1, 1);
   for (auto& x : d.data)
     x = kfa_apps::rounded(t, dist(gen));
-  return d;
-}
-
-// The decay mask of --multiscale --random: M[h,i,j] = gamma_h^|i-j| with gamma_h spread evenly
-// over (0.5, 0.999) by head (retention's per-head decay rates), rounded to type t.
-Dataset decay_mask(hsize_t H, hsize_t Nq, hsize_t Nk, DType t) {
-  Dataset d;
-  d.dims = {H, Nq, Nk};
-  d.dtype = t;
-  d.data.resize(d.size());
-  for (hsize_t h = 0; h < H; ++h) {
-    const double gamma = 0.5 + 0.499 * double(h + 1) / double(H + 1);
-    for (hsize_t i = 0; i < Nq; ++i)
-      for (hsize_t j = 0; j < Nk; ++j)
-        d.data[(h * Nq + i) * Nk + j] =
-            kfa_apps::rounded(t, std::pow(gamma, std::fabs(double(i) - double(j))));
-  }
   return d;
 }
 
@@ -492,7 +451,7 @@ int run_forward_msa(const Options& o, Problem& p) {
                       q.extent(0), q.extent(1), q.extent(2), q.extent(3));
   DeviceLse<T> rsum(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::rsum")),
                     q.extent(0), q.extent(1), q.extent(2));
-  const auto mp = msa_params(o);
+  const auto mp = kfa_apps::msa_params(o);
   const Timing tm = time_pass(o.repeat, [&] {
     if (has_mask)
       kfa::msa::forward(Exec(), q, k, v, mask, out, rsum, mp);
@@ -524,7 +483,7 @@ int run_backward_msa(const Options& o, Problem& p) {
   const DeviceMask<T> mask =
       has_mask ? to_device3<T>(p.mask, "kfa::mask") : DeviceMask<T>("kfa::mask", 0, 0, 0);
   auto dout = upload<T>(p.dout, "kfa::do", o.check);
-  const auto mp = msa_params(o);
+  const auto mp = kfa_apps::msa_params(o);
   DeviceTensor<T> out;
   DeviceLse<T> rsum;
   if (p.o.dims.empty()) {  // --random: the forward it needs, once and untimed
@@ -620,7 +579,7 @@ int main_pass(Options o) {
     if (bwd) p.dout = random_tensor({B, H, N, D}, o.dtype, gen);
     if (o.multiscale) {
       kfa_apps::require_memory(16.0 * double(H) * double(N) * double(Nk), "the --multiscale mask");
-      p.mask = decay_mask(H, N, Nk, o.dtype);
+      p.mask = kfa_apps::decay_mask(H, N, Nk, o.dtype);
     }
   } else {
     kfa_apps::H5File in(o.in);

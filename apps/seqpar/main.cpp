@@ -6,12 +6,17 @@
 //                /lse /do (and /dlse when present), writes /dq /dk /dv
 //   mpiexec -n P kfa-seqpar forward|backward --random B,H,N,D [--heads-kv H] [--seqlen-k N]
 //                [--dtype float|double] [--data-seed S] [--repeat R] [--json] [--check]
+//   mpiexec -n P kfa-seqpar forward|backward --multiscale ...: multi-scale attention
+//                (kfa::mpi::msa), as kfa --multiscale: forward reads /q /k /v and /mask (heads_q,
+//                seqlen_q, seqlen_k) when present, writes /o /rsum; backward reads /q /k /v
+//                [/mask] /o /rsum /do, writes /dq /dk /dv; --random draws kfa's decay mask
 //   mpiexec -n P kfa-seqpar --version
 //   options: --mode ring|tree (default ring), --layout contiguous|zigzag (default contiguous),
 //            kfa's pass flags (one a field of kfa::Params, and --window LEFT,RIGHT)
 //
 // Files: every rank reads and writes only its own rows (owned_rows of the layout, along
-// seqlen) through parallel HDF5; no rank holds a whole tensor. --random generates each rank's
+// seqlen) through parallel HDF5; no rank holds a whole tensor, except the multi-scale mask,
+// which every rank reads whole (kfa::mpi::msa takes it so). --random generates each rank's
 // rows from the global element index, so the problem is the same at every rank count.
 // --check (with --random) compares each rank's rows with a single-rank computation of the
 // whole problem (kfa::forward / kfa::backward in the run's precision and in double) under
@@ -69,7 +74,7 @@ const char* kUsage =
     "         (--in IN.h5 --out OUT.h5 | --random B,H,N,D [--heads-kv H] [--seqlen-k N]\n"
     "          [--dtype float|double] [--data-seed S] [--check])\n"
     "         [--mode ring|tree] [--layout contiguous|zigzag] [--repeat R] [--json]\n"
-    "         [--allow-nonfinite]\n"
+    "         [--allow-nonfinite] [--multiscale]\n"
     "         [pass flags]\n"
     "       kfa-seqpar --version: kfa's version and options, the Kokkos it was compiled with\n"
     "  B,H,N,D: batch, query heads, sequence length, head dimension\n"
@@ -77,6 +82,9 @@ const char* kUsage =
     "           (float64 and the run's precision), under the tolerance rule; exit 1 if broken\n"
     "  --json: one JSON object of the run on the last line of rank 0's stdout\n"
     "  --allow-nonfinite: run on inputs holding NaN or Inf (refused otherwise)\n"
+    "  --multiscale: multi-scale attention, as kfa's: forward reads /q /k /v [/mask (H, NQ,\n"
+    "           NK), whole on every rank], writes /o /rsum; backward reads /q /k /v [/mask]\n"
+    "           /o /rsum /do, writes /dq /dk /dv; --random uses kfa's decay mask\n"
     "  --kokkos-FLAG=VALUE: passed to Kokkos after a check (threads: --kokkos-threads=N on\n"
     "           Kokkos 3.4, --kokkos-num-threads=N from 3.7)\n"
     "  GFLOP/s are those of the whole problem, all ranks together\n"
@@ -108,6 +116,7 @@ Options parse(int argc, char** argv) {
                      "path)");
   if (!o.in.empty() && o.check)
     throw InputError("--check applies to --random only (it needs the whole problem on each rank)");
+  kfa_apps::check_multiscale(o);
   return o;
 }
 
@@ -173,7 +182,9 @@ std::vector<RowRange> all_rows(hsize_t n) {
 
 struct Problem {
   long long B = 0, Hq = 0, Hk = 0, Nq = 0, Nk = 0, D = 0;
-  Dataset q, k, v, o, lse, dout, dlse;  // this rank's rows
+  Dataset q, k, v, o, lse, dout, dlse;  // this rank's rows (--multiscale: lse holds /rsum)
+  Dataset mask;                         // --multiscale: the whole M, or empty (M = 1)
+  const char* stat = "/lse";            // the name of the forward's row statistic
   // Global shapes of the query-side tensors, of the key-side ones and of the LSE.
   std::vector<hsize_t> q_dims() const { return {hsize_t(B), hsize_t(Hq), hsize_t(Nq), hsize_t(D)}; }
   std::vector<hsize_t> k_dims() const { return {hsize_t(B), hsize_t(Hk), hsize_t(Nk), hsize_t(D)}; }
@@ -198,6 +209,9 @@ void check_memory(const Options& o, const Problem& p, DType t, const std::string
   const double per = double(kfa_apps::element_bytes(t)) + 8, tensors = bwd ? 4 : 2;
   double mine = tensors * per * (rows(p.Nq) * q + rows(p.Nk) * k);
   if (o.check) mine += 2 * tensors * per * (double(p.Nq) * q + double(p.Nk) * k);
+  // The whole multi-scale mask, in the kernel's type and the program's doubles (once more in
+  // double under --check).
+  if (o.multiscale) mine += (per + (o.check ? 8 : 0)) * double(p.Hq) * double(p.Nq) * double(p.Nk);
   MPI_Comm node = MPI_COMM_NULL;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, comm_rank(), MPI_INFO_NULL, &node);
   double on_node = mine;
@@ -236,6 +250,7 @@ void refuse_non_finite(const Options& o, const Dataset& d, const char* name,
 
 Problem load(const Options& o) {
   Problem p;
+  if (o.multiscale) p.stat = "/rsum";
   if (!o.random.empty()) {
     p.B = o.random[0];
     p.Hq = o.random[1];
@@ -250,10 +265,11 @@ Problem load(const Options& o) {
     p.k = random_rows(o, 1, kd, kr);
     p.v = random_rows(o, 2, kd, kr);
     if (o.command == "backward") p.dout = random_rows(o, 3, qd, qr);
+    if (o.multiscale) p.mask = kfa_apps::decay_mask(p.Hq, p.Nq, p.Nk, o.dtype);
     return p;
   }
   kfa_apps::ParallelH5File in(o.in, MPI_COMM_WORLD);
-  kfa_apps::check_known_datasets(in.names(), o.in);
+  kfa_apps::check_known_datasets(in.names(), o.in, o.multiscale);
   // Every header first (every rank reads the same ones, so all agree), then the rows: a
   // dataset whose shape disagrees must fail on every rank before any collective read.
   const bool bwd = o.command == "backward";
@@ -288,9 +304,12 @@ Problem load(const Options& o) {
   if (bwd) {
     expect("/o", in.header("/o", 4), qd, "/q");
     expect("/do", in.header("/do", 4), qd, "/q");
-    expect("/lse", in.header("/lse", 3), rows3, "/q");
+    expect(p.stat, in.header(p.stat, 3), rows3, "/q");
     if (has_dlse) expect("/dlse", in.header("/dlse", 3), rows3, "/q");
   }
+  const bool has_mask = o.multiscale && in.has("/mask");
+  if (has_mask)
+    expect("/mask", in.header("/mask", 3), {qd[1], qd[2], kd[2]}, "(heads, seqlen) of /q and /k");
   check_memory(o, p, qh.dtype,
                "dataset /q " + kfa_apps::shape_of(qd) + " with /k " + kfa_apps::shape_of(kd) +
                    " (" + kfa_apps::name(qh.dtype) + ") in '" + o.in + "'");
@@ -300,10 +319,11 @@ Problem load(const Options& o) {
   p.v = in.read_rows("/v", 4, kr);
   if (bwd) {
     p.o = in.read_rows("/o", 4, qr);
-    p.lse = in.read_rows("/lse", 3, qr);
+    p.lse = in.read_rows(p.stat, 3, qr);
     p.dout = in.read_rows("/do", 4, qr);
     if (has_dlse) p.dlse = in.read_rows("/dlse", 3, qr);
   }
+  if (has_mask) p.mask = in.read_rows("/mask", 3, all_rows(p.Nk));  // whole: (H, Nq, all Nk)
   refuse_non_finite(o, p.q, "/q", qr);
   refuse_non_finite(o, p.k, "/k", kr);
   refuse_non_finite(o, p.v, "/v", kr);
@@ -317,6 +337,44 @@ template <class T>
 using Dev4 = Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space>;
 template <class T>
 using Dev3 = Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space>;
+
+// ---- The run's attention: softmax, or multi-scale (with the mask when given) ----------------
+
+// The whole mask of a --multiscale run on the device, in U; empty for none (M = 1).
+template <class U>
+Dev3<U> mask_view(const Problem& p) {
+  return p.mask.dims.empty() ? Dev3<U>() : kfa_apps::dataset_to_view<Dev3<U>>(p.mask, "mask");
+}
+
+// kfa::mpi's forward of the run's attention on this rank's rows: o and lse (or rsum).
+template <class T>
+void mpi_forward(const Options& o, const Dev3<T>& mask, const Dev4<T>& q, const Dev4<T>& k,
+                 const Dev4<T>& v, const Dev4<T>& out, const Dev3<T>& stat,
+                 const kmpi::SeqPar& sp) {
+  if (!o.multiscale)
+    kmpi::forward(Exec(), q, k, v, out, stat, o.params, sp);
+  else if (mask.size() > 0)
+    kmpi::msa::forward(Exec(), q, k, v, mask, out, stat, kfa_apps::msa_params(o), sp);
+  else
+    kmpi::msa::forward(Exec(), q, k, v, out, stat, kfa_apps::msa_params(o), sp);
+}
+
+// kfa::mpi's backward of the run's attention; dlse (softmax only) when `with_dlse`.
+template <class T>
+void mpi_backward(const Options& o, const Dev3<T>& mask, const Dev4<T>& q, const Dev4<T>& k,
+                  const Dev4<T>& v, const Dev4<T>& out, const Dev3<T>& stat, const Dev4<T>& dout,
+                  const Dev3<T>& dlse, bool with_dlse, const Dev4<T>& dq, const Dev4<T>& dk,
+                  const Dev4<T>& dv, const kmpi::SeqPar& sp) {
+  if (o.multiscale && mask.size() > 0)
+    kmpi::msa::backward(Exec(), q, k, v, mask, out, stat, dout, dq, dk, dv, kfa_apps::msa_params(o),
+                        sp);
+  else if (o.multiscale)
+    kmpi::msa::backward(Exec(), q, k, v, out, stat, dout, dq, dk, dv, kfa_apps::msa_params(o), sp);
+  else if (with_dlse)
+    kmpi::backward(Exec(), q, k, v, out, stat, dout, dlse, dq, dk, dv, o.params, sp);
+  else
+    kmpi::backward(Exec(), q, k, v, out, stat, dout, dq, dk, dv, o.params, sp);
+}
 
 // ---- Timing --------------------------------------------------------------------------------
 
@@ -434,15 +492,34 @@ Verdict agree_on(const std::vector<NamedCheck>& mine) {
 // --check, whose result each rank compares with its own rows.
 template <class U>
 struct SingleRank {
+  const Options& opts;
   Dev4<U> q, k, v, o;
-  Dev3<U> lse;
-  SingleRank(const Options& opts, const Problem& p, const Whole& w)
-      : q(kfa_apps::dataset_to_view<Dev4<U>>(w.q, "q")),
+  Dev3<U> lse, mask;  // lse: rsum under --multiscale
+  SingleRank(const Options& opts_, const Problem& p, const Whole& w)
+      : opts(opts_),
+        q(kfa_apps::dataset_to_view<Dev4<U>>(w.q, "q")),
         k(kfa_apps::dataset_to_view<Dev4<U>>(w.k, "k")),
         v(kfa_apps::dataset_to_view<Dev4<U>>(w.v, "v")),
         o("o1", p.B, p.Hq, p.Nq, p.D),
-        lse("l1", p.B, p.Hq, p.Nq) {
-    kfa::forward(Exec(), q, k, v, o, lse, opts.params);
+        lse("l1", p.B, p.Hq, p.Nq),
+        mask(mask_view<U>(p)) {
+    if (!opts.multiscale)
+      kfa::forward(Exec(), q, k, v, o, lse, opts.params);
+    else if (mask.size() > 0)
+      kfa::msa::forward(Exec(), q, k, v, mask, o, lse, kfa_apps::msa_params(opts));
+    else
+      kfa::msa::forward(Exec(), q, k, v, o, lse, kfa_apps::msa_params(opts));
+  }
+  // The gradients given dout.
+  void backward(const Dev4<U>& dout, const Dev4<U>& dq, const Dev4<U>& dk,
+                const Dev4<U>& dv) const {
+    if (!opts.multiscale)
+      kfa::backward(Exec(), q, k, v, o, lse, dout, dq, dk, dv, opts.params);
+    else if (mask.size() > 0)
+      kfa::msa::backward(Exec(), q, k, v, mask, o, lse, dout, dq, dk, dv,
+                         kfa_apps::msa_params(opts));
+    else
+      kfa::msa::backward(Exec(), q, k, v, o, lse, dout, dq, dk, dv, kfa_apps::msa_params(opts));
   }
 };
 
@@ -459,7 +536,8 @@ Verdict check_forward(const Options& o, const Problem& p, const Dev4<T>& out, co
   const auto [o64, l64] = single(0.0);
   const auto [oT, lT] = single(T(0));
   return agree_on({{"O", "O", kfa::reference::apply_rule<T>(to_host_double(out), oT, o64)},
-                   {"LSE", "LSE", kfa::reference::apply_rule<T>(to_host_double(lse), lT, l64)}});
+                   {o.multiscale ? "rsum" : "LSE", o.multiscale ? "rsum" : "LSE",
+                    kfa::reference::apply_rule<T>(to_host_double(lse), lT, l64)}});
 }
 
 template <class T>
@@ -473,7 +551,7 @@ Verdict check_backward(const Options& o, const Problem& p, const Dev4<T>& dq, co
     const auto d = kfa_apps::dataset_to_view<Dev4<U>>(w.dout, "do");
     Dev4<U> dq1("dq1", p.B, p.Hq, p.Nq, p.D), dk1("dk1", p.B, p.Hk, p.Nk, p.D),
         dv1("dv1", p.B, p.Hk, p.Nk, p.D);
-    kfa::backward(Exec(), s.q, s.k, s.v, s.o, s.lse, d, dq1, dk1, dv1, o.params);
+    s.backward(d, dq1, dk1, dv1);
     return std::array{rows_of(to_host_double(dq1), qr), rows_of(to_host_double(dk1), kr),
                       rows_of(to_host_double(dv1), kr)};
   };
@@ -497,7 +575,8 @@ int report(const Options& o, const Problem& p, const Timing& tm,
   const int status = !verdict || verdict->ok() ? 0 : 1;
   if (comm_rank() != 0) return status;
   const double gflops = kfa_apps::pass_flops(o, p.dims()) / tm.median_s * 1e-9;
-  const std::string extra = "ranks=" + std::to_string(P) + " mode=" + kfa::name_of(o.mode) +
+  const std::string extra = std::string(o.multiscale ? "multiscale " : "") +
+                            "ranks=" + std::to_string(P) + " mode=" + kfa::name_of(o.mode) +
                             " layout=" + kfa::name_of(o.layout);
   std::printf("%s\n", kfa_apps::describe("kfa-seqpar", o, p.dims(), p.q.dtype, extra).c_str());
   std::printf(
@@ -517,10 +596,12 @@ int report(const Options& o, const Problem& p, const Timing& tm,
         "%s\n",
         kfa_apps::summary("the single-rank result (float64 and same precision)", *verdict).c_str());
   if (!o.out.empty())
-    std::printf("wrote %s to %s\n", o.command == "forward" ? "/o /lse" : "/dq /dk /dv",
+    std::printf("wrote %s to %s\n",
+                o.command == "forward" ? (std::string("/o ") + p.stat).c_str() : "/dq /dk /dv",
                 o.out.c_str());
   if (o.json) {
     auto j = kfa_apps::pass_json(o, p.dims(), p.q.dtype)
+                 .add("multiscale", o.multiscale)
                  .add("ranks", P)
                  .add("mode", o.mode)
                  .add("layout", o.layout)
@@ -556,10 +637,11 @@ template <class T>
 int run_forward(const Options& o, const Problem& p) {
   Inputs<T> in(o, p);
   const auto &q = in.q, &k = in.k, &v = in.v;
+  const Dev3<T> mask = mask_view<T>(p);
   Dev4<T> out("o", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
   Dev3<T> lse("lse", q.extent(0), q.extent(1), q.extent(2));
   const Timing tm =
-      time_pass(o, in.timings, [&] { kmpi::forward(Exec(), q, k, v, out, lse, o.params, in.sp); });
+      time_pass(o, in.timings, [&] { mpi_forward(o, mask, q, k, v, out, lse, in.sp); });
   std::optional<Verdict> verdict;
   if (o.check) verdict = check_forward<T>(o, p, out, lse);
   if (!o.out.empty()) {
@@ -567,7 +649,7 @@ int run_forward(const Options& o, const Problem& p) {
                   ld = kfa_apps::view_to_dataset(lse, p.q.dtype);
     const auto qr = my_rows(o, p.Nq);
     kfa_apps::write_rows_atomic(
-        o.out, {{"/o", p.q_dims(), &od, qr}, {"/lse", p.lse_dims(), &ld, qr}}, MPI_COMM_WORLD);
+        o.out, {{"/o", p.q_dims(), &od, qr}, {p.stat, p.lse_dims(), &ld, qr}}, MPI_COMM_WORLD);
   }
   return report(o, p, tm, verdict);
 }
@@ -577,12 +659,13 @@ int run_backward(const Options& o, const Problem& p) {
   Inputs<T> in(o, p);
   const auto &q = in.q, &k = in.k, &v = in.v;
   auto dout = kfa_apps::dataset_to_view<Dev4<T>>(p.dout, "do");
+  const Dev3<T> mask = mask_view<T>(p);
   Dev4<T> out;
   Dev3<T> lse, dlse;
   if (p.o.dims.empty()) {  // --random: the forward it needs, once and untimed
     out = Dev4<T>("o", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
     lse = Dev3<T>("lse", q.extent(0), q.extent(1), q.extent(2));
-    kmpi::forward(Exec(), q, k, v, out, lse, o.params, in.sp);
+    mpi_forward(o, mask, q, k, v, out, lse, in.sp);
   } else {
     out = kfa_apps::dataset_to_view<Dev4<T>>(p.o, "o");
     lse = kfa_apps::dataset_to_view<Dev3<T>>(p.lse, "lse");
@@ -591,11 +674,10 @@ int run_backward(const Options& o, const Problem& p) {
   Dev4<T> dq("dq", q.extent(0), q.extent(1), q.extent(2), q.extent(3)),
       dk("dk", k.extent(0), k.extent(1), k.extent(2), k.extent(3)),
       dv("dv", k.extent(0), k.extent(1), k.extent(2), k.extent(3));
+  // Whether /dlse was given: the file's, not this rank's row count, so every rank alike.
+  const bool with_dlse = !p.dlse.dims.empty();
   const Timing tm = time_pass(o, in.timings, [&] {
-    if (!p.dlse.dims.empty())  // the file's, not this rank's row count: every rank alike
-      kmpi::backward(Exec(), q, k, v, out, lse, dout, dlse, dq, dk, dv, o.params, in.sp);
-    else
-      kmpi::backward(Exec(), q, k, v, out, lse, dout, dq, dk, dv, o.params, in.sp);
+    mpi_backward(o, mask, q, k, v, out, lse, dout, dlse, with_dlse, dq, dk, dv, in.sp);
   });
   std::optional<Verdict> verdict;
   if (o.check) verdict = check_backward<T>(o, p, dq, dk, dv);
@@ -680,6 +762,7 @@ std::vector<std::pair<std::string, std::string>> agreed_options(const Options& o
   add("--json", flag(o.json));
   add("--mode", kfa::name_of(o.mode));
   add("--layout", kfa::name_of(o.layout));
+  add("--multiscale", flag(o.multiscale));
   kfa::for_each_field(o.params, [&](const kfa::Field& f, const auto& x) {
     using X = std::decay_t<decltype(x)>;
     if constexpr (std::is_same_v<X, bool>)

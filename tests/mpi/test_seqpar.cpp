@@ -1,6 +1,7 @@
 // The sequence-parallel forward and backward (kfa::mpi) at any rank count: every mode x layout
 // x mask (and dropout, GQA, seqlen_q != seqlen_k, dlse, sequences shorter than the rank count)
-// gives each rank its rows of the double-precision reference under the tolerance rule; the
+// gives each rank its rows of the double-precision reference under the tolerance rule, and so
+// does multi-scale attention (kfa::mpi::msa, float and double, dense and decay masks); the
 // deterministic backward is bitwise repeatable; invalid input on one rank makes every rank
 // throw the same kfa::Error. Run by ctest under mpiexec -n 1, 2, 3, 4.
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "../msa_mask.hpp"
 #include "../problem.hpp"
 
 namespace {
@@ -22,6 +24,8 @@ namespace {
 using namespace kfa_test;
 namespace kmpi = kfa::mpi;
 namespace ref = kfa::reference;
+namespace msa = kfa_test::msa;
+using ref::Mask3;
 
 int comm_rank() {
   int r = 0;
@@ -431,6 +435,172 @@ TEST(SeqPar, DifferentPassesOnDifferentRanksEndEveryRank) {
   }
   EXPECT_NE(got.find("the pass differs between ranks (forward vs backward)"), std::string::npos)
       << got;
+}
+
+// Multi-scale attention (kfa::mpi::msa): the cases of the multi-scale suite's kinds, small.
+std::vector<msa::Case> msa_cases() {
+  using msa::MaskKind;
+  std::vector<msa::Case> out;
+  kfa::msa::Params causal;
+  causal.causal = true;
+  kfa::msa::Params top_left = causal;
+  top_left.align = kfa::Align::top_left;
+  kfa::msa::Params window;
+  window.window_left = 9;
+  window.window_right = 4;
+  window.scale = 0.3;
+  // Dense over both regimes of the clamp, GQA 4:2, seqlen_q != seqlen_k, two zero mask rows.
+  out.push_back({{1, 4, 2, 45, 61, 16}, {}, MaskKind::dense, {}, 2});
+  // Decay masks with gamma 0.5, 0.9, 0.99 and causal.
+  out.push_back({{1, 3, 3, 53, 53, 24}, causal, MaskKind::decay, {0.5, 0.9, 0.99}});
+  // No mask (M = 1) with a window, GQA 4:1.
+  out.push_back({{2, 4, 1, 37, 37, 16}, window, MaskKind::none});
+  // Dense with top-left causal, seqlen_q > seqlen_k, and one query (most ranks own none).
+  out.push_back({{1, 2, 1, 41, 29, 16}, top_left, MaskKind::dense});
+  out.push_back({{1, 2, 2, 1, 5, 16}, {}, MaskKind::dense});
+  return out;
+}
+
+template <class T>
+using DevT4 = Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space>;
+template <class T>
+using DevT3 = Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space>;
+
+/// kfa::mpi::msa::forward on this rank's rows in T, the whole mask (or none) on every rank;
+/// outputs poisoned with NaN beforehand.
+template <class T>
+struct MsaRank {
+  DevT4<T> q, k, v, o;
+  DevT3<T> rsum;
+  msa::Mask3Dev<T> mask;
+  bool has_mask;
+};
+template <class T>
+MsaRank<T> msa_forward_rank(const Problem& pb, const Mask3& mask, const kfa::msa::Params& p,
+                            const kmpi::SeqPar& sp) {
+  MsaRank<T> r{to_device<T>(my_rows(pb.q, sp.layout, "q")),
+               to_device<T>(my_rows(pb.k, sp.layout, "k")),
+               to_device<T>(my_rows(pb.v, sp.layout, "v")),
+               {},
+               {},
+               mask.span() > 0 ? msa::mask_to_device<T>(mask) : msa::Mask3Dev<T>(),
+               mask.span() > 0};
+  r.o = DevT4<T>("o", r.q.extent(0), r.q.extent(1), r.q.extent(2), r.q.extent(3));
+  r.rsum = DevT3<T>("rsum", r.q.extent(0), r.q.extent(1), r.q.extent(2));
+  Kokkos::deep_copy(r.o, std::numeric_limits<T>::quiet_NaN());
+  Kokkos::deep_copy(r.rsum, std::numeric_limits<T>::quiet_NaN());
+  if (r.has_mask)
+    kmpi::msa::forward(Exec(), r.q, r.k, r.v, r.mask, r.o, r.rsum, p, sp);
+  else
+    kmpi::msa::forward(Exec(), r.q, r.k, r.v, r.o, r.rsum, p, sp);
+  return r;
+}
+
+// The multi-scale forward and backward of one case in T, every rank against the reference's
+// rows (float: the tolerance rule; double: 1e-12 relative). The dense masks must put at least
+// 20 % of the rows on each side of the clamp.
+template <class T>
+void check_msa(const msa::Case& c, kmpi::Mode mode, kmpi::Layout layout, bool deterministic) {
+  const Shape& s = c.shape;
+  const std::uint64_t seed = seed_of(s, 93);
+  kfa::msa::Params p = c.p;
+  p.deterministic = deterministic;
+  SCOPED_TRACE(::testing::Message()
+               << s << " " << msa::describe(c) << (deterministic ? " deterministic" : " atomic")
+               << " mode=" << kfa::name_of(mode) << " layout=" << kfa::name_of(layout)
+               << " ranks=" << comm_size() << " rank=" << comm_rank() << " "
+               << (std::is_same_v<T, float> ? "float" : "double"));
+  Problem pb(s, seed);
+  const Mask3 mask = msa::make_mask<T>(c, pb, seed);
+  const kmpi::SeqPar sp{MPI_COMM_WORLD, s.seqlen_q, s.seqlen_k, layout, mode};
+  const MsaRank<T> r = msa_forward_rank<T>(pb, mask, p, sp);
+  const Tensor4 oh = to_host<Tensor4>(r.o, "oh");
+  const Tensor3 rh = to_host<Tensor3>(r.rsum, "rh");
+  EXPECT_TRUE(all_written(oh) && all_written(rh));
+  // The reference forward, cut to this rank's rows.
+  Tensor4 o64("o64", s.batch, s.heads_q, s.seqlen_q, s.head_dim),
+      oT("oT", s.batch, s.heads_q, s.seqlen_q, s.head_dim);
+  Tensor3 r64("r64", s.batch, s.heads_q, s.seqlen_q), rT("rT", s.batch, s.heads_q, s.seqlen_q);
+  ref::msa_forward<double>(pb.q, pb.k, pb.v, mask, p, o64, r64);
+  ref::msa_forward<T>(pb.q, pb.k, pb.v, mask, p, oT, rT);
+  const auto co = ref::apply_rule<T>(oh, my_rows(oT, layout, "oTr"), my_rows(o64, layout, "o64r"));
+  const auto cr = ref::apply_rule<T>(rh, my_rows(rT, layout, "rTr"), my_rows(r64, layout, "r64r"));
+  EXPECT_TRUE(co.ok()) << "O err " << co.err << " > bound " << co.bound;
+  EXPECT_TRUE(cr.ok()) << "rsum err " << cr.err << " > bound " << cr.bound;
+  if (c.kind == msa::MaskKind::dense && s.seqlen_q >= 10) {
+    std::size_t below = 0;
+    for (std::size_t e = 0; e < r64.span(); ++e)
+      below += r64.data()[e] < 1 ? 1 : 0;
+    EXPECT_GE(below, r64.span() / 5) << "rows with r < 1";
+    EXPECT_GE(r64.span() - below, r64.span() / 5) << "rows with r > 1";
+  }
+  // The backward from the forward's rows.
+  std::mt19937_64 gen(seed + 1);
+  const Tensor4 dout = random_tensor("dout", s.batch, s.heads_q, s.seqlen_q, s.head_dim, gen);
+  const auto dod = to_device<T>(my_rows(dout, layout, "do"));
+  DevT4<T> dq("dq", r.q.extent(0), r.q.extent(1), r.q.extent(2), r.q.extent(3)),
+      dk("dk", r.k.extent(0), r.k.extent(1), r.k.extent(2), r.k.extent(3)),
+      dv("dv", r.k.extent(0), r.k.extent(1), r.k.extent(2), r.k.extent(3));
+  for (const auto& g : {dq, dk, dv})
+    Kokkos::deep_copy(g, std::numeric_limits<T>::quiet_NaN());
+  if (r.has_mask)
+    kmpi::msa::backward(Exec(), r.q, r.k, r.v, r.mask, r.o, r.rsum, dod, dq, dk, dv, p, sp);
+  else
+    kmpi::msa::backward(Exec(), r.q, r.k, r.v, r.o, r.rsum, dod, dq, dk, dv, p, sp);
+  const Tensor4 dqh = to_host<Tensor4>(dq, "dqh"), dkh = to_host<Tensor4>(dk, "dkh"),
+                dvh = to_host<Tensor4>(dv, "dvh");
+  EXPECT_TRUE(all_written(dqh) && all_written(dkh) && all_written(dvh));
+  const auto g = ref::msa_check_backward<T>(
+      pb.q, pb.k, pb.v, mask, p, dout, assemble(dqh, s.seqlen_q, layout),
+      assemble(dkh, s.seqlen_k, layout), assemble(dvh, s.seqlen_k, layout));
+  for (const auto& [name, cg] : {std::pair{"dQ", g.dq}, {"dK", g.dk}, {"dV", g.dv}})
+    EXPECT_TRUE(cg.ok()) << name << ": err " << cg.err << " > bound " << cg.bound
+                         << " (naive same-precision err " << cg.naive_err << ")";
+}
+
+TEST(SeqPar, MultiScaleEveryModeAndLayoutMatchesReference) {
+  const std::vector<msa::Case> all = msa_cases();
+  for (std::size_t i = 0; i < all.size(); ++i)
+    for (bool deterministic : {false, true})
+      for (auto mode : every<kmpi::Mode>())
+        for (auto layout : every<kmpi::Layout>()) {
+          check_msa<double>(all[i], mode, layout, deterministic);
+          check_msa<float>(all[i], mode, layout, deterministic);
+        }
+}
+
+// A mask that is not the whole (heads_q, seqlen_q, seqlen_k) on one rank (say, its own rows
+// only): every rank throws the same error naming both shapes.
+TEST(SeqPar, MultiScaleMaskNotWholeEndsEveryRank) {
+  const int last = comm_size() - 1;
+  const Shape s{1, 2, 2, 40, 40, 16};
+  Problem pb(s, 7);
+  const auto layout = kmpi::Layout::zigzag;
+  auto q = to_device<float>(my_rows(pb.q, layout, "q"));
+  auto k = to_device<float>(my_rows(pb.k, layout, "k"));
+  Dev4 o("o", q.extent(0), q.extent(1), q.extent(2), 16);
+  Dev3 rsum("rsum", q.extent(0), q.extent(1), q.extent(2));
+  // The last rank's own rows: fewer than 40 when there are several ranks.
+  const long long own = static_cast<long long>(kmpi::owned_count(layout, 40, last, comm_size()));
+  const long long rows = comm_rank() == last ? own : 40;
+  msa::Mask3Dev<float> mask("mask", 2, rows, 40);
+  for (auto mode : every<kmpi::Mode>()) {
+    const kmpi::SeqPar sp{MPI_COMM_WORLD, s.seqlen_q, s.seqlen_k, layout, mode};
+    std::string got;
+    try {
+      kmpi::msa::forward(Exec(), q, k, k, mask, o, rsum, kfa::msa::Params{}, sp);
+    } catch (const kmpi::CollectiveError& e) {
+      got = e.what();
+    }
+    if (own == 40) {  // one rank: its rows are the whole mask
+      EXPECT_EQ(got, "");
+    } else {
+      const std::string want = "rank " + std::to_string(last) + ": mpi::msa::forward: mask has " +
+                               "shape (2, " + std::to_string(own) + ", 40) but must be the " +
+                               "whole (heads_q, seqlen_q, seqlen_k) = (2, 40, 40)";
+      EXPECT_NE(got.find(want), std::string::npos) << "rank " << comm_rank() << ": '" << got << "'";
+    }
+  }
 }
 
 /// Names the rank in every failure. Rank 0 keeps GoogleTest's printer (one copy of the

@@ -2,7 +2,10 @@
 /// \file distributed.hpp
 /// Sequence parallelism over MPI (target kfa::mpi): the sequence is split across the ranks of
 /// a communicator, each rank holds its rows of Q, K, V (and O, LSE, dO, dQ, dK, dV), and the
-/// partial results over key shards merge with the combiner of kfa/combine.hpp. The vocabulary
+/// partial results over key shards merge with the combiner of kfa/combine.hpp. Softmax attention
+/// (kfa::mpi::forward, backward) and multi-scale attention (kfa::mpi::msa::forward, backward,
+/// kfa::msa's definition) run through the same modes and code, each a rule of
+/// kfa/impl/mpi/rules.hpp (its partial row and join). The vocabulary
 /// (Layout, Mode, SeqPar, owned_rows, agree) is in kfa/seqpar.hpp.
 ///
 /// Modes (how partials meet):
@@ -16,7 +19,9 @@
 /// The backward uses the final, global LSE and D = rowsum(dO * O), so each block's
 /// P = exp(S - LSE) is exact and no re-merge is needed. Masks and dropout are evaluated at
 /// global positions, so every mode, layout and rank count gives the single-device result
-/// within rounding (and, with dropout, the same mask). params.deterministic: no atomics in the
+/// within rounding (and, with dropout, the same mask). Multi-scale likewise with the final,
+/// global r and c = [r >= 1] rowsum(dO * O) / max(r, 1); its mask tensor is passed whole on
+/// every rank. params.deterministic: no atomics in the
 /// kernels and every cross-rank sum in a fixed order, so the backward is bitwise repeatable
 /// run to run for a given rank count and layout (not across rank counts: the blocks, and so
 /// the rounding, change with them).
@@ -34,11 +39,14 @@
 ///    (allgather_rows, reduce_scatter_rows), the MPI_Ops (combiner, ordered sum), MPI timing;
 ///  - check.hpp: the collective check, with every value the ranks must share encoded exactly
 ///    (Params through kfa::for_each_field, SeqPar through for_each_agreed_field);
+///  - rules.hpp: the attention rules (softmax, multi-scale): a rank's partial row, the join of
+///    two, a block's kernels, the backward's row term, what the ranks compare;
 ///  - blocks.hpp: the blocks a rank computes (for_each_block, forward_block, backward_block),
 ///    row packing for messages (pack_rows, unpack_rows), the merge of results;
 ///  - ring.hpp, tree.hpp: one mode each, a class with largest_message, forward and backward.
-/// This file holds the public passes: compile-time checks, the collective check, the
-/// backward's delta and the dispatch on Mode (with_mode). A new mode is one file like ring.hpp
+/// This file holds the public passes (kfa::mpi and kfa::mpi::msa): compile-time checks, the
+/// collective check, the backward's row term and the dispatch on Mode (with_mode), written once
+/// for every rule. A new mode is one file like ring.hpp
 /// (included here), one value of Mode with its name in EnumNames<Mode>, and one case in
 /// with_mode (the compiler's -Wswitch names a missing one).
 
@@ -48,15 +56,18 @@
 #include <kfa/impl/mpi/check.hpp>
 #include <kfa/impl/mpi/comm.hpp>
 #include <kfa/impl/mpi/ring.hpp>
+#include <kfa/impl/mpi/rules.hpp>
 #include <kfa/impl/mpi/tree.hpp>
 #include <kfa/impl/profiling.hpp>
 #include <kfa/impl/validate.hpp>
+#include <kfa/multiscale.hpp>
 #include <kfa/params.hpp>
 #include <kfa/seqpar.hpp>
 
 #include <mpi.h>
 #include <Kokkos_Core.hpp>
 
+#include <cstring>
 #include <type_traits>
 
 namespace kfa::mpi::impl {
@@ -73,11 +84,15 @@ void with_mode(Mode mode, F&& f) {
   }
 }
 
-/// The checks of a pass's arguments that need no other rank, common to both passes.
-template <class Q, class K>
-void check_locally(const Call& call, const Params& params, const SeqPar& sp, int rank, int P,
-                   const Q& q, const K& k) {
-  kfa::impl::validate_params<typename Q::non_const_value_type>(call.name, params);
+/// The checks of a pass's arguments that need no other rank, common to both passes and every
+/// rule.
+template <class T, class R, class Q, class K>
+void check_locally(const Call& call, const R& rule, const SeqPar& sp, int rank, int P, const Q& q,
+                   const K& k) {
+  rule.template validate<T>(call.name, q, sp);
+  if (call.pass == Passes::backward && rule.params.dq_mode == DqMode::symmetric)
+    kfa::impl::fail(call.name, "params.dq_mode symmetric needs the whole self-attention problem "
+                               "in one call; kfa::mpi's blocks take atomic or query_pass");
   check_seqpar(call.name, sp);
   with_mode(sp.mode, [&](auto mode) {
     check_message_size(call.name, sp, mode.largest_message(sp, P, call));
@@ -86,37 +101,67 @@ void check_locally(const Call& call, const Params& params, const SeqPar& sp, int
   expect_rows(call.name, "k", k, owned_count(sp.layout, sp.seqlen_k, rank, P), "key");
 }
 
-/// kfa::mpi::backward with an optional dlse (nullptr: none).
+/// A pass's name in its errors: its profiling region's name ("kfa::mpi::forward") less the
+/// leading "kfa::" ("mpi::forward"), as the single-device passes name themselves.
+inline const char* error_prefix(const char* region) {
+  return region + std::strlen("kfa::");
+}
+
+/// The forward of every rule R (rules.hpp): o and stat (lse or rsum) of this rank's rows.
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class R>
+void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
+             const R& rule, const SeqPar& sp, const char* name) {
+  using T = typename Q::non_const_value_type;
+  kfa::impl::static_check_pass<ExecSpace, true, Lse>(kfa::impl::Inputs<Q, K, V>{},
+                                                     kfa::impl::Outputs<O>{});
+  static_assert(std::is_same_v<typename Lse::value_type, T>,
+                "kfa::mpi: lse (rsum) has the value type of q (kfa::mpi takes float and double)");
+  const kfa::impl::ScopedRegion region(name);
+  const Meter whole_call(total_sink(sp));
+  const Ranks ranks = ranks_of(sp.comm);
+  const int rank = ranks.rank, P = ranks.size;
+  const Call call =
+      call_of<T>(error_prefix(name), Passes::forward, q, k, false, R::name, rule.has_mask());
+  check_collectively(call, sp, rule.agreed(), [&] {
+    check_locally<T>(call, rule, sp, rank, P, q, k);
+    kfa::impl::validate_forward(call.name, q, k, v, o, lse, R::stat_name);
+  });
+  with_mode(sp.mode, [&](auto mode) { mode.forward(space, q, k, v, o, lse, rule, sp, rank, P); });
+  space.fence();
+}
+
+/// The backward of every rule R with an optional dlse (nullptr: none; softmax only).
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DLse,
-          class DQ, class DK, class DV>
+          class DQ, class DK, class DV, class R>
 void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
               const Lse& lse, const DO& dout, const DLse* dlse, const DQ& dq, const DK& dk,
-              const DV& dv, const Params& params, const SeqPar& sp) {
+              const DV& dv, const R& rule, const SeqPar& sp, const char* name) {
   using T = typename Q::non_const_value_type;
   kfa::impl::static_check_pass<ExecSpace, false, Lse>(kfa::impl::Inputs<Q, K, V, O, DO>{},
                                                       kfa::impl::Outputs<DQ, DK, DV>{});
   static_assert(std::is_same_v<typename Lse::non_const_value_type, T>,
-                "kfa::mpi::backward: lse has the value type of q (kfa::mpi takes float and "
-                "double)");
+                "kfa::mpi: lse (rsum) has the value type of q (kfa::mpi takes float and double)");
   static_assert(kfa::impl::is_view_of_rank<DLse, 3>::value,
                 "kfa::mpi::backward: dlse must be a rank-3 View");
   kfa::impl::static_check_accessible<ExecSpace, DLse>();
-  const kfa::impl::ScopedRegion region("kfa::mpi::backward");
+  const kfa::impl::ScopedRegion region(name);
   const Meter whole_call(total_sink(sp));
   const Ranks ranks = ranks_of(sp.comm);
   const int rank = ranks.rank, P = ranks.size;
-  const Call call = call_of<T>("mpi::backward", Passes::backward, q, k, dlse != nullptr);
-  check_collectively(call, sp, params, [&] {
-    check_locally(call, params, sp, rank, P, q, k);
-    kfa::impl::validate_backward(call.name, q, k, v, o, lse, dout, dlse, dq, dk, dv);
+  const Call call = call_of<T>(error_prefix(name), Passes::backward, q, k, dlse != nullptr, R::name,
+                               rule.has_mask());
+  check_collectively(call, sp, rule.agreed(), [&] {
+    check_locally<T>(call, rule, sp, rank, P, q, k);
+    kfa::impl::validate_backward(call.name, q, k, v, o, lse, dout, dlse, dq, dk, dv, R::stat_name);
   });
-  // delta = rowsum(dO * O) - dLSE of this rank's rows, from the final O: with the global LSE,
-  // every block's P = exp(S - LSE) is the exact global one, so blocks need no re-merge.
+  // The rule's row term of this rank's rows from the final O and statistic (softmax: delta =
+  // rowsum(dO * O) - dLSE; multi-scale: c): with the global statistic every block's P is the
+  // exact global one, so blocks need no re-merge.
   const Rows<backends::accum_t<T>, typename ExecSpace::memory_space> delta(
       "kfa::mpi::delta", q.extent(0), q.extent(1), q.extent(2));
-  kfa::impl::backward_delta(space, delta, dout, o, dlse, dq, /*zero_dq=*/true);
+  rule.delta(space, delta, dout, o, lse, dlse, dq);
   with_mode(sp.mode, [&](auto mode) {
-    mode.backward(space, q, k, v, dout, lse, delta, dq, dk, dv, params, sp, rank, P);
+    mode.backward(space, q, k, v, dout, lse, delta, dq, dk, dv, rule, sp, rank, P);
   });
   space.fence();
 }
@@ -132,23 +177,7 @@ namespace kfa::mpi {
 template <class ExecSpace, class Q, class K, class V, class O, class Lse>
 void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
              const Params& params, const SeqPar& sp) {
-  using T = typename Q::non_const_value_type;
-  kfa::impl::static_check_pass<ExecSpace, true, Lse>(kfa::impl::Inputs<Q, K, V>{},
-                                                     kfa::impl::Outputs<O>{});
-  static_assert(std::is_same_v<typename Lse::value_type, T>,
-                "kfa::mpi::forward: lse has the value type of q (kfa::mpi takes float and double)");
-  const kfa::impl::ScopedRegion region("kfa::mpi::forward");
-  const impl::Meter whole_call(impl::total_sink(sp));
-  const impl::Ranks ranks = impl::ranks_of(sp.comm);
-  const int rank = ranks.rank, P = ranks.size;
-  const impl::Call call = impl::call_of<T>("mpi::forward", Passes::forward, q, k, false);
-  impl::check_collectively(call, sp, params, [&] {
-    impl::check_locally(call, params, sp, rank, P, q, k);
-    kfa::impl::validate_forward(call.name, q, k, v, o, lse);
-  });
-  impl::with_mode(sp.mode,
-                  [&](auto mode) { mode.forward(space, q, k, v, o, lse, params, sp, rank, P); });
-  space.fence();
+  impl::forward(space, q, k, v, o, lse, impl::SoftmaxRows{params}, sp, "kfa::mpi::forward");
 }
 
 /// Sequence-parallel backward: each rank passes its rows of q, k, v (as to forward), of o and
@@ -161,8 +190,8 @@ template <class ExecSpace, class Q, class K, class V, class O, class Lse, class 
 void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
               const Lse& lse, const DO& dout, const DQ& dq, const DK& dk, const DV& dv,
               const Params& params, const SeqPar& sp) {
-  impl::backward(space, q, k, v, o, lse, dout, static_cast<const Lse*>(nullptr), dq, dk, dv, params,
-                 sp);
+  impl::backward(space, q, k, v, o, lse, dout, static_cast<const Lse*>(nullptr), dq, dk, dv,
+                 impl::SoftmaxRows{params}, sp, "kfa::mpi::backward");
 }
 
 /// As above, with dlse = dL/dLSE of this rank's rows (batch, heads_q, local seqlen_q).
@@ -172,7 +201,66 @@ template <class ExecSpace, class Q, class K, class V, class O, class Lse, class 
 void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
               const Lse& lse, const DO& dout, const DLse& dlse, const DQ& dq, const DK& dk,
               const DV& dv, const Params& params, const SeqPar& sp) {
-  impl::backward(space, q, k, v, o, lse, dout, &dlse, dq, dk, dv, params, sp);
+  impl::backward(space, q, k, v, o, lse, dout, &dlse, dq, dk, dv, impl::SoftmaxRows{params}, sp,
+                 "kfa::mpi::backward");
 }
 
 }  // namespace kfa::mpi
+
+namespace kfa::mpi::msa {
+
+/// Sequence-parallel multi-scale forward (kfa::msa::forward's definition, <kfa/multiscale.hpp>):
+/// each rank passes its rows of q, k and v as to kfa::mpi::forward and receives its rows of o
+/// and rsum (r, unclamped; the value type of q). `mask` is the WHOLE mask tensor (heads_q,
+/// seqlen_q, seqlen_k) at global positions, the same on every rank: a rank reads the rows and
+/// columns of the blocks it computes, which differ by mode (ring: its queries against every
+/// key; tree: every query against its keys), so the whole tensor serves both. Collective over
+/// sp.comm, with the same params and SeqPar, and a mask on all ranks or on none.
+/// \throws kfa::Error on every rank when any rank's input is invalid (kfa::msa::forward's
+///         errors, a mask that is not the whole (heads_q, seqlen_q, seqlen_k)).
+template <class ExecSpace, class Q, class K, class V, class M, class O, class R,
+          std::enable_if_t<kfa::impl::is_view_of_rank<M, 3>::value, int> = 0>
+void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const M& mask, const O& o,
+             const R& rsum, const kfa::msa::Params& params, const SeqPar& sp) {
+  kfa::impl::static_check_mask<ExecSpace, M>();
+  impl::forward(space, q, k, v, o, rsum, impl::MultiScaleRows<M>{params, mask, true}, sp,
+                "kfa::mpi::msa::forward");
+}
+
+/// As above with M = 1 (no mask tensor).
+template <class ExecSpace, class Q, class K, class V, class O, class R,
+          std::enable_if_t<kfa::impl::is_view_of_rank<O, 4>::value, int> = 0>
+void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const R& rsum,
+             const kfa::msa::Params& params, const SeqPar& sp) {
+  using M = kfa::impl::MsaNoMask<ExecSpace>;
+  impl::forward(space, q, k, v, o, rsum, impl::MultiScaleRows<M>{params, M(), false}, sp,
+                "kfa::mpi::msa::forward");
+}
+
+/// Sequence-parallel multi-scale backward: each rank passes its rows of q, k, v, o, rsum (the
+/// forward's) and dout, the whole mask as to forward, and receives its rows of dq, dk and dv.
+/// c_i = [r_i >= 1] (dO_i . O_i) / max(r_i, 1) comes from each rank's own rows, like the
+/// softmax backward's delta. params.deterministic as in kfa::mpi::backward.
+/// \throws kfa::Error on every rank when any rank's input is invalid.
+template <class ExecSpace, class Q, class K, class V, class M, class O, class R, class DO, class DQ,
+          class DK, class DV, std::enable_if_t<kfa::impl::is_view_of_rank<M, 3>::value, int> = 0>
+void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const M& mask, const O& o,
+              const R& rsum, const DO& dout, const DQ& dq, const DK& dk, const DV& dv,
+              const kfa::msa::Params& params, const SeqPar& sp) {
+  kfa::impl::static_check_mask<ExecSpace, M>();
+  impl::backward(space, q, k, v, o, rsum, dout, static_cast<const R*>(nullptr), dq, dk, dv,
+                 impl::MultiScaleRows<M>{params, mask, true}, sp, "kfa::mpi::msa::backward");
+}
+
+/// As above with M = 1 (no mask tensor).
+template <class ExecSpace, class Q, class K, class V, class O, class R, class DO, class DQ,
+          class DK, class DV, std::enable_if_t<kfa::impl::is_view_of_rank<O, 4>::value, int> = 0>
+void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const R& rsum,
+              const DO& dout, const DQ& dq, const DK& dk, const DV& dv,
+              const kfa::msa::Params& params, const SeqPar& sp) {
+  using M = kfa::impl::MsaNoMask<ExecSpace>;
+  impl::backward(space, q, k, v, o, rsum, dout, static_cast<const R*>(nullptr), dq, dk, dv,
+                 impl::MultiScaleRows<M>{params, M(), false}, sp, "kfa::mpi::msa::backward");
+}
+
+}  // namespace kfa::mpi::msa

@@ -735,16 +735,17 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
 /// The tile kernels of a backward block whose delta is known (backward_delta over the whole
 /// problem's rows), adding into dq, dk and dv, which the caller initialised: a block of a
 /// larger problem placed by `at`, whose gradients are sums over blocks (kfa::mpi). The caller
-/// validates; q, k, v, dout, lse and delta are the block's rows.
+/// validates; q, k, v, dout, lse and delta are the block's rows (under MultiScaleRule: r and
+/// c, the rule's mask cut to the block).
 template <class ExecSpace, class Q, class K, class V, class DO, class Lse, class Delta, class DQ,
-          class DK, class DV>
+          class DK, class DV, class Rule = SoftmaxRule>
 void backward_add(const ExecSpace& space, const Q& q, const K& k, const V& v, const DO& dout,
                   const Lse& lse, const Delta& delta, const DQ& dq, const DK& dk, const DV& dv,
-                  const Params& params, const Origin& at) {
+                  const Params& params, const Origin& at, const Rule& rule = {}) {
   using T = typename Q::non_const_value_type;
   using Views = BackwardViews<Q, K, V, DO, Lse, DQ, DK, DV>;
-  BackwardCommon<ExecSpace, T, Views> common(Views{q, k, v, dout, lse, dq, dk, dv}, delta, params,
-                                             at);
+  BackwardCommon<ExecSpace, T, Views, Rule> common(Views{q, k, v, dout, lse, dq, dk, dv}, delta,
+                                                   params, at, rule);
   common.accumulate = true;
   const DqMode mode = dq_mode_of<ExecSpace>(params);
   if (mode == DqMode::symmetric)  // every rank gets the same params: all throw here

@@ -605,14 +605,16 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
 };
 
 /// kfa::forward after its compile-time checks, on a block at `at` of the sequence (the whole
-/// sequence for a plain call): validation, then the launch.
-template <class ExecSpace, class Q, class K, class V, class O, class Lse>
+/// sequence for a plain call): validation, then the launch, under the row rule `rule` (kfa::mpi
+/// runs its multi-scale blocks here too, with `params` the masks of the multi-scale call).
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class Rule = SoftmaxRule>
 void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
-             const Params& params, const Origin& at) {
+             const Params& params, const Origin& at, const Rule& rule = {}) {
   ScopedRegion region("kfa::forward");
   validate_params<typename Q::non_const_value_type>("forward", params);
   validate_forward("forward", q, k, v, o, lse);
-  ForwardKernel<ExecSpace, Q, K, V, O, Lse>(space, q, k, v, o, lse, params, at).launch(space);
+  ForwardKernel<ExecSpace, Q, K, V, O, Lse, Rule>(space, q, k, v, o, lse, params, at, rule)
+      .launch(space);
 }
 
 }  // namespace kfa::impl

@@ -2,7 +2,7 @@
 /// \file impl/mpi/blocks.hpp
 /// What every mode does with rows: the blocks of (query rows, key rows) a rank computes, each
 /// a call of the single-device kernels at its global position; results merged with the
-/// combiner; rows packed into and out of MPI messages; small elementwise helpers.
+/// rule's join (rules.hpp); rows packed into and out of MPI messages; small elementwise helpers.
 
 #include <kfa/backends/portability.hpp>
 #include <kfa/combine.hpp>
@@ -10,6 +10,7 @@
 #include <kfa/impl/forward_kernel.hpp>
 #include <kfa/impl/mask.hpp>
 #include <kfa/impl/mpi/comm.hpp>
+#include <kfa/impl/mpi/rules.hpp>
 #include <kfa/params.hpp>
 #include <kfa/seqpar.hpp>
 
@@ -29,16 +30,6 @@ template <class T, class Mem>
 using Tensor = Kokkos::View<T****, Kokkos::LayoutRight, Mem>;
 template <class T, class Mem>
 using Rows = Kokkos::View<T***, Kokkos::LayoutRight, Mem>;
-
-/// Rows s of a (B, H, rows[, D]) view.
-template <class View>
-auto rows_of(const View& v, const Segment& s) {
-  const auto r = std::make_pair(s.begin, s.begin + s.size);
-  if constexpr (View::rank == 3)
-    return Kokkos::subview(v, Kokkos::ALL, Kokkos::ALL, r);
-  else
-    return Kokkos::subview(v, Kokkos::ALL, Kokkos::ALL, r, Kokkos::ALL);
-}
 
 /// The largest number of rows any rank owns.
 inline long long max_count(Layout layout, long long seqlen, int nranks) {
@@ -64,14 +55,6 @@ inline std::vector<Segment> all_rows(Layout layout, long long seqlen, int nranks
       all.push_back(s);
   return all;
 }
-
-/// A block of query rows against key rows: where they are in the tensors a rank passes to the
-/// kernels, and where the block sits in the whole problem.
-struct Block {
-  Segment q;  // the queries' rows in the query tensors
-  Segment k;  // the keys' rows in the key tensors
-  kfa::impl::Origin at;
-};
 
 /// Whether any query of segment qs sees any key of segment ks under the masks of p.
 inline bool blocks_meet(const Params& p, const SeqPar& sp, const Segment& qs, const Segment& ks) {
@@ -109,46 +92,43 @@ void for_each_row(const ExecSpace& space, const char* label, const View& x, cons
       label, Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(space, {0, 0, 0}, {B, H, N}), f);
 }
 
-/// (o, lse) <- combine((o, lse), (ob, lseb)) row by row: two normalised results over disjoint
-/// keys are the partials {m = lse, l = 1, O~ = O}; the merged row is renormalised.
-template <class ExecSpace, class O, class L, class OB, class LB>
-void merge_rows(const ExecSpace& space, const O& o, const L& lse, const OB& ob, const LB& lseb) {
+/// (o, s) <- join((o, s), (ob, sb)) row by row under rule R (rules.hpp): two normalised results
+/// over disjoint keys, with their row statistics s (LSE or r).
+template <class R, class ExecSpace, class O, class L, class OB, class LB>
+void merge_rows(const ExecSpace& space, const O& o, const L& stat, const OB& ob, const LB& statb) {
   using T = typename O::non_const_value_type;
   using A = typename L::non_const_value_type;
   const int D = o.extent(3);
   for_each_row(
       space, "kfa::mpi::merge", o, KOKKOS_LAMBDA(int b, int h, int i) {
-        const Partial<A> pa{lse(b, h, i), A(1)}, pb{static_cast<A>(lseb(b, h, i)), A(1)};
-        const Rescale<A> r = rescale(pa.m, pb.m);
-        const A l = r.alpha + r.beta;
-        const A inv = l > A(0) ? A(1) / l : A(0);
+        const Join<A> j = R::template join<A>(stat(b, h, i), static_cast<A>(statb(b, h, i)));
         for (int d = 0; d < D; ++d)
           o(b, h, i, d) =
-              static_cast<T>((r.alpha * A(o(b, h, i, d)) + r.beta * A(ob(b, h, i, d))) * inv);
-        lse(b, h, i) = kfa::lse(Partial<A>{r.m, l});
+              static_cast<T>((j.wa * A(o(b, h, i, d)) + j.wb * A(ob(b, h, i, d))) * j.inv);
+        stat(b, h, i) = j.stat;
       });
 }
 
-/// The forward of block b into the running result (o, lse) of its queries: computed into the
-/// scratch (ob, lb) at the queries' rows, then merged.
-template <class ExecSpace, class Q, class K, class V, class OB, class LB, class O, class L>
-void forward_block(const ExecSpace& space, const Block& b, const Q& q, const K& k, const V& v,
-                   const OB& ob, const LB& lb, const O& o, const L& lse, const Params& params) {
-  kfa::impl::forward(space, rows_of(q, b.q), rows_of(k, b.k), rows_of(v, b.k), rows_of(ob, b.q),
-                     rows_of(lb, b.q), params, b.at);
-  merge_rows(space, rows_of(o, b.q), rows_of(lse, b.q), rows_of(ob, b.q), rows_of(lb, b.q));
+/// The forward of block b into the running result (o, stat) of its queries: computed into the
+/// scratch (ob, sb) at the queries' rows, then merged.
+template <class R, class ExecSpace, class Q, class K, class V, class OB, class LB, class O, class L>
+void forward_block(const ExecSpace& space, const R& rule, const Block& b, const Q& q, const K& k,
+                   const V& v, const OB& ob, const LB& sb, const O& o, const L& stat) {
+  rule.forward(space, b, rows_of(q, b.q), rows_of(k, b.k), rows_of(v, b.k), rows_of(ob, b.q),
+               rows_of(sb, b.q));
+  merge_rows<R>(space, rows_of(o, b.q), rows_of(stat, b.q), rows_of(ob, b.q), rows_of(sb, b.q));
 }
 
 /// The gradients of block b, added into dq (its queries' rows) and dk, dv (its keys' rows);
-/// lse and delta are the global ones, so the block needs no re-merge.
-template <class ExecSpace, class Q, class K, class V, class DO, class Lse, class Delta, class DQ,
-          class DK, class DV>
-void backward_block(const ExecSpace& space, const Block& b, const Q& q, const K& k, const V& v,
-                    const DO& dout, const Lse& lse, const Delta& delta, const DQ& dq, const DK& dk,
-                    const DV& dv, const Params& params) {
-  kfa::impl::backward_add(space, rows_of(q, b.q), rows_of(k, b.k), rows_of(v, b.k),
-                          rows_of(dout, b.q), rows_of(lse, b.q), rows_of(delta, b.q),
-                          rows_of(dq, b.q), rows_of(dk, b.k), rows_of(dv, b.k), params, b.at);
+/// the row statistic and delta are the global ones, so the block needs no re-merge.
+template <class R, class ExecSpace, class Q, class K, class V, class DO, class Lse, class Delta,
+          class DQ, class DK, class DV>
+void backward_block(const ExecSpace& space, const R& rule, const Block& b, const Q& q, const K& k,
+                    const V& v, const DO& dout, const Lse& stat, const Delta& delta, const DQ& dq,
+                    const DK& dk, const DV& dv) {
+  rule.backward(space, b, rows_of(q, b.q), rows_of(k, b.k), rows_of(v, b.k), rows_of(dout, b.q),
+                rows_of(stat, b.q), rows_of(delta, b.q), rows_of(dq, b.q), rows_of(dk, b.k),
+                rows_of(dv, b.k));
 }
 
 /// packed = value (into_packed) or value = packed, converting.
@@ -224,15 +204,15 @@ void unpack_rows(const ExecSpace& space, const char* label, const P& p, const Fi
       KOKKOS_LAMBDA(int b, int h, int i) { cols.template copy<false>(p, b, h, i, 0); });
 }
 
-/// o = 0 and lse = -inf: the empty result, the combiner's identity (any layout).
-template <class ExecSpace, class O, class L>
-void clear_result(const ExecSpace& space, const O& o, const L& lse) {
+/// o = 0 and the statistic of the empty row: the identity of rule R's join (any layout).
+template <class R, class ExecSpace, class O, class L>
+void clear_result(const ExecSpace& space, const O& o, const L& stat) {
   using T = typename O::non_const_value_type;
   using A = typename L::non_const_value_type;
   const int D = o.extent(3);
   for_each_row(
       space, "kfa::mpi::clear", o, KOKKOS_LAMBDA(int b, int h, int i) {
-        lse(b, h, i) = -backends::infinity<A>();
+        stat(b, h, i) = R::template empty<A>();
         for (int d = 0; d < D; ++d)
           o(b, h, i, d) = T(0);
       });

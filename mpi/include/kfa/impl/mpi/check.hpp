@@ -12,6 +12,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -30,12 +31,15 @@ struct Call {
   const char* name;  // "mpi::forward", the prefix of its errors
   Passes pass;       // forward or backward: selects the Params fields compared
   long long batch, heads_q, heads_k, head_dim;
-  bool dlse;       // whether dlse was given (backward)
-  int value_bits;  // 32: float, 64: double
+  bool dlse;         // whether dlse was given (backward)
+  int value_bits;    // 32: float, 64: double
+  const char* rule;  // the attention rule's short name (rules.hpp), at most 8 characters
+  bool mask;         // whether a mask tensor was given (multi-scale)
 };
 
 template <class T, class Q, class K>
-Call call_of(const char* name, Passes pass, const Q& q, const K& k, bool dlse) {
+Call call_of(const char* name, Passes pass, const Q& q, const K& k, bool dlse,
+             const char* rule = "softmax", bool mask = false) {
   return {name,
           pass,
           static_cast<long long>(q.extent(0)),
@@ -43,7 +47,9 @@ Call call_of(const char* name, Passes pass, const Q& q, const K& k, bool dlse) {
           static_cast<long long>(k.extent(1)),
           static_cast<long long>(q.extent(3)),
           dlse,
-          static_cast<int>(8 * sizeof(T))};
+          static_cast<int>(8 * sizeof(T)),
+          rule,
+          mask};
 }
 
 /// One value every rank must share: its name in errors, its exact encoding in 64 bits (equal
@@ -84,6 +90,17 @@ inline std::string show_pass(std::uint64_t w) {
   return w == static_cast<std::uint64_t>(Passes::forward)    ? "forward"
          : w == static_cast<std::uint64_t>(Passes::backward) ? "backward"
                                                              : std::to_string(w);
+}
+/// A short name (up to 8 characters) as one word, and back.
+inline std::uint64_t name_word(const char* name) {
+  std::uint64_t w = 0;
+  std::memcpy(&w, name, std::min<std::size_t>(std::strlen(name), sizeof w));
+  return w;
+}
+inline std::string show_name(std::uint64_t w) {
+  char buf[sizeof w + 1] = {};
+  std::memcpy(buf, &w, sizeof w);
+  return buf;
 }
 inline std::string show_value_type(std::uint64_t w) {
   return w == 32 ? "float" : w == 64 ? "double" : std::to_string(w) + "-bit";
@@ -135,6 +152,8 @@ inline std::vector<Agreed> agreed_values(const Call& call, const Params& p, cons
   out.push_back(agreed("head_dim", call.head_dim));
   out.push_back(agreed("whether dlse is given", call.dlse));
   out.push_back({"the value type", int_word(call.value_bits), &show_value_type});
+  out.push_back({"the attention", name_word(call.rule), &show_name});
+  out.push_back(agreed("whether a mask is given", call.mask));
   return out;
 }
 

@@ -198,10 +198,10 @@ void sum_op(void* in, void* inout, int* len, MPI_Datatype* type) {
     b[i] = a[i] + b[i];
 }
 
-/// The combiner as an MPI_Op on rows [lse, O_0 .. O_{D-1}] of T (D from the datatype's size):
-/// inout <- combine(in, inout), both normalised. Registered non-commutative, so MPI applies it
-/// in rank order and the result is the same on every run.
-template <class T>
+/// Rule R's join (impl/mpi/rules.hpp) as an MPI_Op on normalised rows [s, O_0 .. O_{D-1}] of
+/// T, s the row statistic (D from the datatype's size): inout <- join(in, inout). Registered
+/// non-commutative, so MPI applies it in rank order and the result is the same on every run.
+template <class R, class T>
 void combine_op(void* in, void* inout, int* len, MPI_Datatype* type) {
   int bytes = 0;
   MPI_Type_size(*type, &bytes);
@@ -209,12 +209,10 @@ void combine_op(void* in, void* inout, int* len, MPI_Datatype* type) {
   const T* a = static_cast<const T*>(in);
   T* b = static_cast<T*>(inout);
   for (int r = 0; r < *len; ++r, a += w, b += w) {
-    const Rescale<T> s = rescale(a[0], b[0]);
-    const T l = s.alpha + s.beta;
-    const T inv = l > T(0) ? T(1) / l : T(0);
+    const auto j = R::template join<T>(a[0], b[0]);
     for (int d = 1; d <= D; ++d)
-      b[d] = (s.alpha * a[d] + s.beta * b[d]) * inv;
-    b[0] = kfa::lse(Partial<T>{s.m, l});
+      b[d] = (j.wa * a[d] + j.wb * b[d]) * j.inv;
+    b[0] = j.stat;
   }
 }
 

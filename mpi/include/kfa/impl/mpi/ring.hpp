@@ -106,22 +106,22 @@ struct Ring {
            c.head_dim;
   }
 
-  /// The running result (o, lse) of this rank's queries starts empty; each visible block of
-  /// the shard at hand merges into it.
-  template <class ExecSpace, class Q, class K, class V, class O, class Lse>
+  /// The running result (o, lse or rsum) of this rank's queries starts empty (rule R's
+  /// identity); each visible block of the shard at hand merges into it by R's join.
+  template <class R, class ExecSpace, class Q, class K, class V, class O, class Lse>
   static void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
-                      const Lse& lse, const Params& params, const SeqPar& sp, int rank, int P) {
+                      const Lse& lse, const R& rule, const SeqPar& sp, int rank, int P) {
     using T = typename Q::non_const_value_type;
     using Mem = typename ExecSpace::memory_space;
-    clear_result(space, o, lse);
+    clear_result<R>(space, o, lse);
     Shards<T, Mem> kv(space, k, v, sp, rank, P);
     const Tensor<T, Mem> ob("kfa::mpi::ob", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
     const Rows<T, Mem> lb("kfa::mpi::lseb", q.extent(0), q.extent(1), q.extent(2));
     const std::vector<Segment> qrows = owned_rows(sp.layout, sp.seqlen_q, rank, P);
     for (int s = 0; s < P; ++s) {
       kv.post(space, s);
-      for_each_block(params, sp, qrows, kv.rows(s), [&](const Block& b) {
-        forward_block(space, b, q, kv.keys(s), kv.values(s), ob, lb, o, lse, params);
+      for_each_block(rule.masks(), sp, qrows, kv.rows(s), [&](const Block& b) {
+        forward_block(space, rule, b, q, kv.keys(s), kv.values(s), ob, lb, o, lse);
       });
       kv.wait(space, s);
     }
@@ -132,11 +132,11 @@ struct Ring {
   /// zeroed buffer and the incoming accumulator is added afterwards), so that message overlaps
   /// compute too. After the last step each accumulator is one hop from home. dq (zeroed by the
   /// caller) gathers the blocks of every step locally.
-  template <class ExecSpace, class Q, class K, class V, class DO, class Lse, class Delta, class DQ,
-            class DK, class DV>
+  template <class R, class ExecSpace, class Q, class K, class V, class DO, class Lse, class Delta,
+            class DQ, class DK, class DV>
   static void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const DO& dout,
                        const Lse& lse, const Delta& delta, const DQ& dq, const DK& dk, const DV& dv,
-                       const Params& params, const SeqPar& sp, int rank, int P) {
+                       const R& rule, const SeqPar& sp, int rank, int P) {
     using T = typename Q::non_const_value_type;
     using Mem = typename ExecSpace::memory_space;
     Shards<T, Mem> kv(space, k, v, sp, rank, P);
@@ -154,9 +154,9 @@ struct Ring {
       if (s > 0) ch.irecv(incoming.data, kv.size(s), kv.prev(), 2 * s - 1, sp.comm, &arriving);
       const Flat<T, Mem>& mine = acc[s % 2];
       clear(space, kv.both(mine, s));
-      for_each_block(params, sp, qrows, kv.rows(s), [&](const Block& b) {
-        backward_block(space, b, q, kv.keys(s), kv.values(s), dout, lse, delta, dq,
-                       kv.first(mine, s), kv.second(mine, s), params);
+      for_each_block(rule.masks(), sp, qrows, kv.rows(s), [&](const Block& b) {
+        backward_block(space, rule, b, q, kv.keys(s), kv.values(s), dout, lse, delta, dq,
+                       kv.first(mine, s), kv.second(mine, s));
       });
       if (s > 0) {
         wait_all(space, sp, 1, &arriving);

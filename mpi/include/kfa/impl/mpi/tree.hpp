@@ -2,12 +2,12 @@
 /// \file impl/mpi/tree.hpp
 /// Mode::tree. Every rank gathers all queries (MPI_Allgatherv), computes their partials against
 /// its own key shard, and the partials meet in MPI_Reduce_scatter with a user-defined,
-/// non-commutative MPI_Op that applies the combiner in rank order (so the result is the same on
-/// every run), leaving each rank its own rows of O and their global LSE. Chosen over an
-/// MPI_Allreduce because each rank needs only its rows: a reduce-scatter moves N (D + 1) values
-/// per rank instead of twice that. The backward gathers the rows [Q, dO, LSE, delta] likewise,
-/// computes dK/dV of its shard completely and reduces dQ by a reduce-scatter (a sum; in rank
-/// order under params.deterministic).
+/// non-commutative MPI_Op that applies the rule's join (rules.hpp) in rank order (so the result
+/// is the same on every run), leaving each rank its own rows of O and their global LSE (or r).
+/// Chosen over an MPI_Allreduce because each rank needs only its rows: a reduce-scatter moves N (D
+/// + 1) values per rank instead of twice that. The backward gathers the rows [Q, dO, LSE, delta]
+/// likewise, computes dK/dV of its shard completely and reduces dQ by a reduce-scatter (a sum; in
+/// rank order under params.deterministic).
 
 #include <kfa/backends/portability.hpp>
 #include <kfa/impl/mpi/blocks.hpp>
@@ -31,9 +31,9 @@ struct Tree {
     return double(sp.seqlen_q) * c.batch * c.heads_q * width;
   }
 
-  template <class ExecSpace, class Q, class K, class V, class O, class Lse>
+  template <class R, class ExecSpace, class Q, class K, class V, class O, class Lse>
   static void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
-                      const Lse& lse, const Params& params, const SeqPar& sp, int rank, int P) {
+                      const Lse& lse, const R& rule, const SeqPar& sp, int rank, int P) {
     using T = typename Q::non_const_value_type;
     using Mem = typename ExecSpace::memory_space;
     const std::size_t B = q.extent(0), H = q.extent(1), D = q.extent(3);
@@ -44,28 +44,28 @@ struct Tree {
     const Tensor<T, Mem> qg("kfa::mpi::qg", B, H, total, D), og("kfa::mpi::og", B, H, total, D);
     const Rows<T, Mem> lg("kfa::mpi::lg", B, H, total);
     unpack_rows(space, "kfa::mpi::unpack_q", all, qg);
-    clear_result(space, og, lg);
+    clear_result<R>(space, og, lg);
     {
       // One block result at a time, in scratch allocated once and cut at the block's rows.
       const Tensor<T, Mem> ob("kfa::mpi::ob", B, H, total, D);
       const Rows<T, Mem> lb("kfa::mpi::lb", B, H, total);
-      for_each_block(params, sp, all_rows(sp.layout, sp.seqlen_q, P),
+      for_each_block(rule.masks(), sp, all_rows(sp.layout, sp.seqlen_q, P),
                      owned_rows(sp.layout, sp.seqlen_k, rank, P), [&](const Block& b) {
-                       forward_block(space, b, qg, k, v, ob, lb, og, lg, params);
+                       forward_block(space, rule, b, qg, k, v, ob, lb, og, lg);
                      });
     }
-    // Partials as rows [lse, O], reduced with the combiner.
-    const ScopedOp combine(&combine_op<T>);
+    // Partials as rows [lse or r, O], reduced with the rule's join.
+    const ScopedOp combine(&combine_op<R, T>);
     const auto mine = reduce_scatter_rows(pack_rows(space, "kfa::mpi::pack_partial", lg, og),
                                           counts, combine.get(), /*whole_rows=*/true, sp);
     unpack_rows(space, "kfa::mpi::unpack_o", mine, lse, o);
   }
 
-  template <class ExecSpace, class Q, class K, class V, class DO, class Lse, class Delta, class DQ,
-            class DK, class DV>
+  template <class R, class ExecSpace, class Q, class K, class V, class DO, class Lse, class Delta,
+            class DQ, class DK, class DV>
   static void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const DO& dout,
                        const Lse& lse, const Delta& delta, const DQ& dq, const DK& dk, const DV& dv,
-                       const Params& params, const SeqPar& sp, int rank, int P) {
+                       const R& rule, const SeqPar& sp, int rank, int P) {
     using T = typename Q::non_const_value_type;
     using A = typename Delta::non_const_value_type;
     using Mem = typename ExecSpace::memory_space;
@@ -81,12 +81,12 @@ struct Tree {
     unpack_rows(space, "kfa::mpi::unpack_rows", all, qg, dog, lg, deltag);
     clear(space, dk);
     clear(space, dv);
-    for_each_block(params, sp, all_rows(sp.layout, sp.seqlen_q, P),
+    for_each_block(rule.masks(), sp, all_rows(sp.layout, sp.seqlen_q, P),
                    owned_rows(sp.layout, sp.seqlen_k, rank, P), [&](const Block& b) {
-                     backward_block(space, b, qg, k, v, dog, lg, deltag, dqg, dk, dv, params);
+                     backward_block(space, rule, b, qg, k, v, dog, lg, deltag, dqg, dk, dv);
                    });
     // dQ of every query, summed over ranks into each rank's rows.
-    const ScopedOp sum(params.deterministic ? &sum_op<T> : nullptr);
+    const ScopedOp sum(rule.masks().deterministic ? &sum_op<T> : nullptr);
     const auto mine = reduce_scatter_rows(pack_rows(space, "kfa::mpi::pack_dq", dqg), counts,
                                           sum.get(), /*whole_rows=*/false, sp);
     unpack_rows(space, "kfa::mpi::unpack_dq", mine, dq);
