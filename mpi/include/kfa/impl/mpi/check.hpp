@@ -140,8 +140,12 @@ Agreed agreed(std::string name, const V& v) {
 inline std::vector<Agreed> agreed_values(const Call& call, const Params& p, const SeqPar& sp) {
   // The pass first: ranks calling different passes compare different field lists.
   std::vector<Agreed> out = {{"the pass", int_word(static_cast<int>(call.pass)), &show_pass}};
+  // Every field on every rank, so that ranks calling different passes still send lists of one
+  // length to the MPI_MAX below (unequal counts were undefined behaviour there); a field the
+  // pass does not read is sent as its type's zero, equal on every rank.
   for_each_field(p, [&](const Field& f, const auto& value) {
-    if (reads(f, call.pass)) out.push_back(agreed(std::string("params.") + f.name, value));
+    using V = std::decay_t<decltype(value)>;
+    out.push_back(agreed(std::string("params.") + f.name, reads(f, call.pass) ? value : V{}));
   });
   for_each_agreed_field(sp, [&](const char* name, const auto& value) {
     out.push_back(agreed(std::string("SeqPar::") + name, value));
