@@ -193,7 +193,8 @@ bool power_of_two_at_least_8(int x) {
 TEST(TileShape, FitsAndNothingLargerFits) {
   using kfa::backends::backward_scratch_bytes;
   using kfa::backends::forward_scratch_bytes;
-  const std::size_t sizes[] = {40 * 1024, 99 * 1024, 227 * 1024};
+  const std::size_t sizes[] = {std::size_t(40) << 10, std::size_t(99) << 10,
+                               std::size_t(227) << 10};
   for (int d : kHeadDims) {
     int last_br = 0;
     for (std::size_t m : sizes) {
