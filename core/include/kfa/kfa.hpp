@@ -4,6 +4,7 @@
 
 #include <kfa/backward.hpp>
 #include <kfa/combine.hpp>
+#include <kfa/combiners.hpp>
 #include <kfa/config.hpp>
 #include <kfa/dropout.hpp>
 #include <kfa/float16.hpp>
@@ -11,3 +12,4 @@
 #include <kfa/forward.hpp>
 #include <kfa/multiscale.hpp>
 #include <kfa/params.hpp>
+#include <kfa/welford.hpp>
