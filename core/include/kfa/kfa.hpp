@@ -10,6 +10,7 @@
 #include <kfa/float16.hpp>
 #include <kfa/flops.hpp>
 #include <kfa/forward.hpp>
+#include <kfa/layer_norm.hpp>
 #include <kfa/multiscale.hpp>
 #include <kfa/params.hpp>
 #include <kfa/welford.hpp>
