@@ -168,12 +168,12 @@ double check(const LnCase& c, std::uint64_t seed) {
 
 std::vector<LnCase> cases() {
   std::vector<LnCase> out;
-  for (const int D : {2, 64, 512, 768, 1000})
+  for (const int D : {2, 64, 512, 768, 1000, 4096})
     for (const bool res : {false, true})
       for (const bool unb : {false, true}) {
         LnCase c;
         c.D = D;
-        c.rows = D >= 512 ? 9 : 37;
+        c.rows = D >= 4096 ? 3 : D >= 512 ? 9 : 37;
         c.residual = res;
         c.unbiased = unb;
         c.mean = D == 64 ? 0.0 : 1e3;

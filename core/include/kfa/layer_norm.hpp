@@ -3,13 +3,14 @@
 /// kfa::layer_norm: y = (z - mean) / sqrt(var + eps) * gamma + beta per row of D elements, with
 /// z = x + residual (residual optional), forward and backward, on any Kokkos backend.
 ///
-/// Forward: one team per row. The row's moments come from one pass over z (kfa::push per
-/// element, kfa::MomentsReducer across the team's threads, welford.hpp), because the one-pass
-/// alternative E[z^2] - E[z]^2 cancels catastrophically in float when |mean| >> std. The
-/// elements are pushed less the row's first, z_0: Welford on z itself rounds its running mean
-/// to the ulp of |mean| (with D = 2, mean 1e3 and a spread of 0.01 in float, that is 1 % of
-/// the variance), while z - z_0 is exact for elements within a factor 2 of z_0 and of the size
-/// of the spread. Then
+/// Forward: one team per row. The row's moments come from one pass over z, in blocks of
+/// ln_block elements (the moments of a block directly, from registers), merged by Chan's
+/// formula across the blocks of a thread and by kfa::MomentsReducer across the team's
+/// threads (welford.hpp), because the one-pass alternative E[z^2] - E[z]^2 cancels
+/// catastrophically in float when |mean| >> std. The elements are taken less a shift, the
+/// mean of the row's first block: Welford on z itself rounds its running mean to the ulp of
+/// |mean| (with D = 2, mean 1e3 and a spread of 0.01 in float, that is 1 % of the variance),
+/// while z - shift is of the size of the spread and its mean near 0. Then
 /// var = M2 / n_var with n_var = D (the population variance, PyTorch's LayerNorm, the default)
 /// or D - 1 (LayerNormParams::unbiased), rstd = 1 / sqrt(var + eps), and the row is written.
 /// mean and rstd are saved for the backward.
@@ -180,6 +181,12 @@ struct RowSums {
   }
 };
 
+/// Elements of a row whose moments the forward takes directly (sum, then squared deviations,
+/// in registers) before merging them with Chan's formula: a float Welford that pushes every
+/// element rounds its running mean D times, and at D = 4096 that alone (about sqrt(D) / 2
+/// ulps) exceeds the float tolerance on the mean; blocks of 32 round it D / 32 times.
+inline constexpr int ln_block = 32;
+
 /// Columns each iteration of the column-sum kernel sums: on a host a block, so that each row's
 /// columns are read contiguously; on a device one, so that there are D threads.
 template <class ExecSpace>
@@ -220,13 +227,29 @@ void layer_norm(const ExecSpace& space, const X& x, const Res& residual, const G
           if (has_res) v += static_cast<Acc>(row_elem(residual, r, j));
           return v;
         };
-        // Moments of z - z(0): numbers of the size of the row's spread, whatever its mean
-        // (the shifted-data form; Welford alone still loses digits to |mean| / std).
-        const Acc shift = z(0);
+        // Moments of z - shift, shift the mean of the first block: numbers of the size of the
+        // row's spread whatever its mean, with a mean near 0 (so rounded on a fine grid).
+        const int w0 = D < ln_block ? D : ln_block;
+        Acc shift = 0;
+        for (int j = 0; j < w0; ++j)
+          shift += z(j);
+        shift /= static_cast<Acc>(w0);
         Moments<Acc> mom;
         Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, D),
-            [&](int j, Moments<Acc>& a) { push(a, z(j) - shift); }, MomentsReducer<Acc>(mom));
+            Kokkos::TeamThreadRange(team, (D + ln_block - 1) / ln_block),
+            [&](int b, Moments<Acc>& a) {
+              const int j0 = b * ln_block, n = D - j0 < ln_block ? D - j0 : ln_block;
+              Acc sum = 0, m2 = 0;
+              for (int k = 0; k < n; ++k)
+                sum += z(j0 + k) - shift;
+              const Acc m = sum / static_cast<Acc>(n);
+              for (int k = 0; k < n; ++k) {
+                const Acc d = (z(j0 + k) - shift) - m;
+                m2 += d * d;
+              }
+              a = combine(a, Moments<Acc>{static_cast<Acc>(n), m, m2});
+            },
+            MomentsReducer<Acc>(mom));
         const Acc mu = shift + mom.mean, rs = Acc(1) / backends::sqrt(mom.m2 / n_var + eps);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, D), [&](int j) {
           row_elem(y, r, j) =
