@@ -210,9 +210,12 @@ TEST(Welford, ReducerNestedInTeams) {
   const std::vector<double> x = as_float(normal(std::size_t(rows) * D, -50.0, 3.0, 11));
   const auto v = to_space(x);
   Kokkos::View<double*[3], Device> team_out("team_out", rows), vector_out("vector_out", rows);
+  // Teams of two threads where the host space has them, so that the reducer joins across
+  // threads; the device's own choice elsewhere.
+  const Team team_policy =
+      host_accessible ? Team(rows, std::min(2, Exec().concurrency())) : Team(rows, Kokkos::AUTO);
   Kokkos::parallel_for(
-      "kfa::test::welford_team", Team(rows, Kokkos::AUTO),
-      KOKKOS_LAMBDA(const Team::member_type& t) {
+      "kfa::test::welford_team", team_policy, KOKKOS_LAMBDA(const Team::member_type& t) {
         const int r = t.league_rank();
         kfa::Moments<double> m;
         Kokkos::parallel_reduce(
