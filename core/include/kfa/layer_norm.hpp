@@ -359,7 +359,8 @@ namespace kfa {
 ///
 /// \param space    execution space the kernel runs on (asynchronously; fence before reading).
 /// \param x        (rows, D) or (B, L, D), any layout; float, double or a 16-bit kfa type.
-/// \param residual like x, added to it; an empty View (size 0) means none.
+/// \param residual like x, added to it; an empty View of the rank and value type of x (size 0,
+///                 a default-constructed one) means none.
 /// \param gamma, beta (D), of the value type of x.
 /// \param y        output like x (may not overlap the inputs).
 /// \param mean, rstd outputs (rows), float or wider: each row's mean and 1 / sqrt(var + eps),
