@@ -897,4 +897,108 @@ TEST(Cli, MultiScale) {
              "does not apply to dropout-mask");
 }
 
+// kfa layernorm: a float64 round trip through HDF5 (with a residual) against the reference,
+// --random with --json and --check in both passes and types, and bad input naming both shapes.
+Dataset ln_dataset(std::vector<hsize_t> dims, std::mt19937_64& gen, double centre, double amp) {
+  Dataset d;
+  d.dtype = DType::f64;
+  d.dims = std::move(dims);
+  std::uniform_real_distribution<double> u(centre - amp, centre + amp);
+  d.data.resize(d.size());
+  for (auto& x : d.data)
+    x = u(gen);
+  return d;
+}
+
+kfa::reference::Tensor2 ln_tensor2(const Dataset& d) {
+  kfa::reference::Tensor2 t("t", d.dims[0], d.dims[1]);
+  std::copy(d.data.begin(), d.data.end(), t.data());
+  return t;
+}
+
+kfa::reference::Tensor1 ln_tensor1(const Dataset& d) {
+  kfa::reference::Tensor1 t("t", d.dims[0]);
+  std::copy(d.data.begin(), d.data.end(), t.data());
+  return t;
+}
+
+TEST(Cli, LayerNorm) {
+  const hsize_t rows = 6, D = 40;
+  std::mt19937_64 gen(91);
+  const Dataset x = ln_dataset({rows, D}, gen, 100, 1), res = ln_dataset({rows, D}, gen, 0, 1),
+                gamma = ln_dataset({D}, gen, 1, 0.5), beta = ln_dataset({D}, gen, 0, 0.5),
+                dy = ln_dataset({rows, D}, gen, 0, 1);
+  const fs::path in = work_dir() / "ln_in.h5", out = work_dir() / "ln_out.h5";
+  kfa_apps::write_atomic(in.string(),
+                         {{"/x", &x}, {"/residual", &res}, {"/gamma", &gamma}, {"/beta", &beta}});
+  fs::remove(out);
+  const CliRun r = run_cli("layernorm forward --unbiased --eps 1e-3 --in " + in.string() +
+                           " --out " + out.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  using kfa::reference::Tensor1;
+  using kfa::reference::Tensor2;
+  Tensor2 y("y", rows, D), dx("dx", rows, D);
+  Tensor1 mean("mean", rows), rstd("rstd", rows), dgamma("dgamma", D), dbeta("dbeta", D);
+  kfa::reference::layer_norm<double>(ln_tensor2(x), ln_tensor2(res), ln_tensor1(gamma),
+                                     ln_tensor1(beta), 1e-3, true, y, mean, rstd);
+  {
+    kfa_apps::H5File f(out.string());
+    EXPECT_TRUE(kfa::reference::apply_rule<double>(ln_tensor2(f.read("/y", 2)), y, y).ok());
+    EXPECT_TRUE(
+        kfa::reference::apply_rule<double>(ln_tensor1(f.read("/mean", 1)), mean, mean).ok());
+    EXPECT_TRUE(
+        kfa::reference::apply_rule<double>(ln_tensor1(f.read("/rstd", 1)), rstd, rstd).ok());
+  }
+  const fs::path bin = work_dir() / "ln_bwd.h5";
+  kfa_apps::write_atomic(
+      bin.string(),
+      {{"/x", &x}, {"/residual", &res}, {"/gamma", &gamma}, {"/beta", &beta}, {"/dy", &dy}});
+  const CliRun b = run_cli("layernorm backward --unbiased --eps 1e-3 --in " + bin.string() +
+                           " --out " + out.string());
+  ASSERT_EQ(b.status, 0) << b.err;
+  kfa::reference::layer_norm_backward<double>(ln_tensor2(x), ln_tensor2(res), ln_tensor1(gamma),
+                                              1e-3, true, ln_tensor2(dy), dx, dgamma, dbeta);
+  {
+    kfa_apps::H5File f(out.string());
+    EXPECT_TRUE(kfa::reference::apply_rule<double>(ln_tensor2(f.read("/dx", 2)), dx, dx).ok());
+    EXPECT_TRUE(
+        kfa::reference::apply_rule<double>(ln_tensor1(f.read("/dgamma", 1)), dgamma, dgamma).ok());
+    EXPECT_TRUE(
+        kfa::reference::apply_rule<double>(ln_tensor1(f.read("/dbeta", 1)), dbeta, dbeta).ok());
+  }
+
+  for (const char* pass : {"forward", "backward"})
+    for (const char* dtype : {"float", "double", "bf16"}) {
+      const CliRun c = run_cli(std::string("layernorm ") + pass + " --random 33,300 --dtype " +
+                               dtype + " --repeat 2 --json --check");
+      ASSERT_EQ(c.status, 0) << pass << " " << dtype << ": " << c.err;
+      const std::string line = c.out.substr(c.out.rfind('{'));
+      for (const char* key : {"\"command\":\"layernorm\"", "\"check\":\"pass\"", "\"d\":300"})
+        EXPECT_NE(line.find(key), std::string::npos) << key << " missing in " << line;
+    }
+
+  // Bad input: shapes named on both sides, datasets the pass does not read, flags it does not
+  // take.
+  const Dataset short_gamma = ln_dataset({D - 1}, gen, 1, 0.5),
+                wide = ln_dataset({rows, D + 1}, gen, 0, 1);
+  const fs::path bad = work_dir() / "ln_bad.h5";
+  kfa_apps::write_atomic(bad.string(), {{"/x", &x}, {"/gamma", &short_gamma}, {"/beta", &beta}});
+  expect_bad("layernorm forward --in " + bad.string(), "/gamma has shape (39) but must be (40)");
+  expect_bad("layernorm forward --in " + bad.string(), "/x of shape (6,40)");
+  kfa_apps::write_atomic(bad.string(),
+                         {{"/x", &x}, {"/residual", &wide}, {"/gamma", &gamma}, {"/beta", &beta}});
+  expect_bad("layernorm forward --in " + bad.string(),
+             "/residual has shape (6,41) but /x has shape (6,40)");
+  expect_bad("layernorm forward --in " + bin.string(), "/dy, which kfa layernorm forward");
+  kfa_apps::write_atomic(bad.string(), {{"/x", &x}, {"/gamma", &gamma}, {"/beta", &beta}});
+  expect_bad("layernorm backward --in " + bad.string(), "missing");
+  expect_bad("layernorm forward --random 4,8 --causal",
+             "'--causal' does not apply to kfa layernorm");
+  expect_bad("layernorm forward --random 4,8 --eps -1", "--eps must be >= 0");
+  expect_bad("layernorm forward --random 4,1 --unbiased", "needs D >= 2");
+  expect_bad("layernorm forward --random 4", "--random expects ROWS,D");
+  expect_bad("layernorm sideways --random 4,8", "unknown command 'sideways'");
+  expect_bad("layernorm forward", "give --in IN.h5 --out OUT.h5 or --random ROWS,D");
+}
+
 }  // namespace

@@ -1,13 +1,18 @@
 // The combiner's properties (identity, empty+empty, associativity and commutativity over random
 // trees, far-apart maxima) checked against partials computed directly in double, and the
-// forward over key chunks merged with it against the unsplit reference.
+// forward over key chunks merged with it against the unsplit reference; the log-softmax member
+// of the combiner family (kfa/combiners.hpp) and kfa::Reducer in a host parallel_reduce.
 #include <kfa/combine.hpp>
+#include <kfa/combiners.hpp>
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "problem.hpp"
@@ -188,6 +193,173 @@ TEST(Combine, SplitKeysEqualsUnsplit) {
     const auto c = kfa::reference::check_forward<float>(pb.q, pb.k, pb.v, kfa::Params{}, o, lse);
     EXPECT_TRUE(c.o.ok()) << "O err " << c.o.err << " bound " << c.o.bound;
     EXPECT_TRUE(c.lse.ok()) << "LSE err " << c.lse.err << " bound " << c.lse.bound;
+  }
+}
+
+// The log-softmax combiner (kfa/combiners.hpp): partials of sum_j logsoftmax(x)_j y_j over random
+// chunks of elements (empty ones included, scores up to ~900 apart) merged by random trees,
+// against the closed form sum_j (x_j - LSE) y_j computed directly in double.
+constexpr int LD = 3;
+
+template <class T>
+using LogSm = kfa::combiners::LogSoftmax<T, LD>;
+
+struct LogSoftmaxDirect {
+  double lse = 0;
+  double o[LD] = {};
+};
+
+LogSoftmaxDirect log_softmax_direct(const std::vector<double>& x, const std::vector<double>& y) {
+  LogSoftmaxDirect r;
+  const double m = *std::max_element(x.begin(), x.end());
+  double d = 0;
+  for (const double v : x)
+    d += std::exp(v - m);
+  r.lse = m + std::log(d);
+  for (std::size_t j = 0; j < x.size(); ++j)
+    for (int k = 0; k < LD; ++k)
+      r.o[k] += (x[j] - r.lse) * y[j * LD + std::size_t(k)];
+  return r;
+}
+
+template <class T>
+typename LogSm<T>::state_type log_softmax_chunk(const std::vector<double>& x,
+                                                const std::vector<double>& y, std::size_t j0,
+                                                std::size_t j1) {
+  auto p = LogSm<T>::identity();
+  for (std::size_t j = j0; j < j1; ++j) {
+    T yj[LD];
+    for (int k = 0; k < LD; ++k)
+      yj[k] = T(y[j * LD + std::size_t(k)]);
+    LogSm<T>::join(p, LogSm<T>::single(T(x[j]), yj));
+  }
+  return p;
+}
+
+template <class T>
+void log_softmax_trees(double tol) {
+  std::mt19937_64 gen(31);
+  double worst = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int k = 1 + int(gen() % 64);
+    const std::size_t n = 1 + std::size_t(gen() % 200);
+    std::uniform_real_distribution<double> score(trial % 2 ? -900.0 : -5.0, 5.0), val(-1, 1);
+    std::vector<double> x(n), y(n * LD);
+    for (auto& v : x)
+      v = double(T(score(gen)));
+    for (auto& v : y)
+      v = double(T(val(gen)));
+    std::vector<std::size_t> cut(std::size_t(k) + 1, 0);
+    for (int c = 1; c < k; ++c)
+      cut[std::size_t(c)] = gen() % (n + 1);
+    cut[std::size_t(k)] = n;
+    std::sort(cut.begin(), cut.end());
+    std::vector<typename LogSm<T>::state_type> parts;
+    parts.reserve(std::size_t(k));
+    for (int c = 0; c < k; ++c)
+      parts.push_back(log_softmax_chunk<T>(x, y, cut[std::size_t(c)], cut[std::size_t(c) + 1]));
+    while (parts.size() > 1) {
+      const std::size_t i = gen() % (parts.size() - 1);
+      // join in either order: the merge is commutative as well
+      if (gen() % 2) {
+        LogSm<T>::join(parts[i], parts[i + 1]);
+      } else {
+        auto b = parts[i + 1];
+        LogSm<T>::join(b, parts[i]);
+        parts[i] = b;
+      }
+      parts.erase(parts.begin() + std::ptrdiff_t(i) + 1);
+    }
+    const LogSoftmaxDirect want = log_softmax_direct(x, y);
+    double scale = 1;
+    for (const double v : want.o)
+      scale = std::max(scale, std::fabs(v));
+    SCOPED_TRACE("trial " + std::to_string(trial) + " k=" + std::to_string(k));
+    EXPECT_LE(std::fabs(double(LogSm<T>::lse(parts[0])) - want.lse),
+              tol * std::max(1.0, std::fabs(want.lse)));
+    for (int c = 0; c < LD; ++c) {
+      const double err = std::fabs(double(parts[0].o[c]) - want.o[c]) / scale;
+      worst = std::max(worst, err);
+      EXPECT_LE(err, tol) << "o[" << c << "]";
+    }
+  }
+  std::printf("log-softmax trees: worst relative error %.3g\n", worst);
+}
+
+TEST(LogSoftmaxCombiner, RandomTreesDouble) {
+  log_softmax_trees<double>(1e-13);
+}
+TEST(LogSoftmaxCombiner, RandomTreesFloat) {
+  log_softmax_trees<float>(4e-6);
+}
+
+TEST(LogSoftmaxCombiner, EmptyIsAnExactIdentity) {
+  const std::vector<double> x = {1.5, -2, 0.25}, y = {1, 2, 3, -1, 0.5, 4, 0, 0, 1};
+  const auto a = log_softmax_chunk<double>(x, y, 0, 3);
+  for (const bool left : {true, false}) {
+    auto r = LogSm<double>::identity();
+    if (left) {
+      LogSm<double>::join(r, a);
+    } else {
+      r = a;
+      LogSm<double>::join(r, LogSm<double>::identity());
+    }
+    EXPECT_EQ(r.s.m, a.s.m);
+    EXPECT_EQ(r.s.d, a.s.d);
+    for (int k = 0; k < LD; ++k) {
+      EXPECT_EQ(r.o[k], a.o[k]);
+      EXPECT_EQ(r.ysum[k], a.ysum[k]);
+    }
+  }
+  auto e = LogSm<double>::identity();
+  LogSm<double>::join(e, LogSm<double>::identity());
+  EXPECT_EQ(e.s.d, 0.0);
+  EXPECT_EQ(LogSm<double>::lse(e), -std::numeric_limits<double>::infinity());
+}
+
+// kfa::Reducer over any combiner in a parallel_reduce on the host: log-softmax and softmax (its
+// (m, l) merged with O~ by kfa::combine_into) against the direct double computation.
+TEST(CombinerReducer, ParallelReduceEqualsDirect) {
+  const int n = 5000;
+  std::mt19937_64 gen(37);
+  std::uniform_real_distribution<double> score(-300, 20), val(-1, 1);
+  std::vector<double> x(n), y(std::size_t(n) * LD);
+  for (auto& v : x)
+    v = score(gen);
+  for (auto& v : y)
+    v = val(gen);
+  using Host = Kokkos::DefaultHostExecutionSpace;
+  LogSm<double>::state_type got;
+  Kokkos::parallel_reduce(
+      "kfa::test::log_softmax_reduce", Kokkos::RangePolicy<Host>(0, n),
+      [&](int j, LogSm<double>::state_type& acc) {
+        LogSm<double>::join(acc, LogSm<double>::single(x[std::size_t(j)], &y[std::size_t(j) * LD]));
+      },
+      kfa::Reducer<LogSm<double>>(got));
+  const LogSoftmaxDirect want = log_softmax_direct(x, y);
+  EXPECT_NEAR(LogSm<double>::lse(got), want.lse, 1e-13 * std::fabs(want.lse));
+  for (int k = 0; k < LD; ++k)
+    EXPECT_NEAR(got.o[k], want.o[k], 1e-12 * std::max(1.0, std::fabs(want.o[k])));
+
+  using Sm = kfa::combiners::Softmax<double, LD>;
+  Sm::state_type sm;
+  Kokkos::parallel_reduce(
+      "kfa::test::softmax_reduce", Kokkos::RangePolicy<Host>(0, n),
+      [&](int j, Sm::state_type& acc) {
+        Sm::state_type p;
+        p.s = {x[std::size_t(j)], 1.0};
+        for (int k = 0; k < LD; ++k)
+          p.o[k] = y[std::size_t(j) * LD + std::size_t(k)];
+        Sm::join(acc, p);
+      },
+      kfa::Reducer<Sm>(sm));
+  EXPECT_NEAR(kfa::lse(sm.s), want.lse, 1e-13 * std::fabs(want.lse));
+  const double m = *std::max_element(x.begin(), x.end());
+  for (int k = 0; k < LD; ++k) {
+    double ok = 0;  // sum_j exp(x_j - m) y_j, directly
+    for (int j = 0; j < n; ++j)
+      ok += std::exp(x[std::size_t(j)] - m) * y[std::size_t(j) * LD + std::size_t(k)];
+    EXPECT_NEAR(sm.o[k] * std::exp(sm.s.m - m), ok, 1e-12 * std::max(1.0, std::fabs(ok)));
   }
 }
 

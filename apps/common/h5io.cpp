@@ -104,6 +104,14 @@ NonFinite find_non_finite(const Dataset& d) {
   return nf;
 }
 
+void refuse_non_finite(const Dataset& d, const std::string& where) {
+  const NonFinite nf = find_non_finite(d);
+  if (nf.count > 0)
+    throw InputError(where + " holds " + std::to_string(nf.count) + " non-finite value" +
+                     (nf.count == 1 ? "" : "s") + ", the first at " + shape_of(nf.first) +
+                     "; pass --allow-nonfinite to run anyway");
+}
+
 void check_known_datasets(const std::vector<std::string>& names, const std::string& path,
                           bool multiscale) {
   static const char* const known[] = {"/q",  "/k",    "/v",  "/o",  "/lse",

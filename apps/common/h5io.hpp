@@ -126,6 +126,11 @@ struct NonFinite {
 };
 NonFinite find_non_finite(const Dataset& d);
 
+/// Throws InputError when d holds NaN or Inf (they would come out as a wrong answer that --check
+/// blames on the kernel), naming `where`, the count and the first index, and the flag that
+/// allows them (--allow-nonfinite).
+void refuse_non_finite(const Dataset& d, const std::string& where);
+
 /// "(1,2,3)".
 std::string shape_of(const std::vector<hsize_t>& dims);
 

@@ -6,6 +6,10 @@
 #include <kfa/params.hpp>
 #include <kfa/reference.hpp>
 
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <chrono>
 #include <functional>
 #include <optional>
 #include <string>
@@ -109,6 +113,30 @@ void add_check(JsonLine& j, const std::optional<Verdict>& v);
 
 /// The median of times sorted in increasing order (not empty).
 double median(const std::vector<double>& sorted);
+
+/// Wall times of a timed pass.
+struct Timing {
+  double median_s = 0;  ///< median over the repeats
+  double min_s = 0;     ///< fastest repeat
+};
+
+/// Runs pass() once untimed (warm-up; its output is the one written), then `repeat` times
+/// between fences, and returns the median and minimum wall time of the repeats.
+template <class Pass>
+Timing time_pass(long long repeat, const Pass& pass) {
+  pass();
+  Kokkos::fence();
+  std::vector<double> times;
+  for (long long r = 0; r < repeat; ++r) {
+    Kokkos::fence();
+    const auto t0 = std::chrono::steady_clock::now();
+    pass();
+    Kokkos::fence();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  return {median(times), times.front()};
+}
 
 /// kfa::Error's message without its "kfa: " prefix (the programs put their own name first).
 std::string message_of(const kfa::Error& e);

@@ -54,16 +54,21 @@ inline Dataset decay_mask(hsize_t H, hsize_t Nq, hsize_t Nk, DType t) {
   return d;
 }
 
-/// A new View of the dataset's shape (rank 4 for tensors, rank 3 for LSE and its gradient)
-/// holding its values converted to the View's type.
+/// A new View of the dataset's shape (rank 4 for tensors, rank 3 for LSE and its gradient,
+/// rank 2 and 1 for layer norm's rows and vectors) holding its values converted to the View's
+/// type.
 template <class View>
 View dataset_to_view(const Dataset& d, const char* label) {
   const auto alloc = Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label));
   View v;
   if constexpr (View::rank == 4)
     v = View(alloc, d.dims[0], d.dims[1], d.dims[2], d.dims[3]);
-  else
+  else if constexpr (View::rank == 3)
     v = View(alloc, d.dims[0], d.dims[1], d.dims[2]);
+  else if constexpr (View::rank == 2)
+    v = View(alloc, d.dims[0], d.dims[1]);
+  else
+    v = View(alloc, d.dims[0]);
   auto h = Kokkos::create_mirror_view(v);
   for (std::size_t e = 0; e < d.data.size(); ++e)
     h.data()[e] = static_cast<typename View::value_type>(d.data[e]);

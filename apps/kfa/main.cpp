@@ -16,6 +16,11 @@
 //               --scale defaults to 1; --softcap and --dropout do not apply
 //   kfa dropout-mask --shape B,H,NQ,NK --dropout P --seed N [--offset N] --out MASK.h5 [--json]
 //                writes /keep (uint8, 1 = kept): the mask forward and backward apply
+//   kfa layernorm forward|backward (--in IN.h5 --out OUT.h5 | --random ROWS,D) [--eps E]
+//               [--unbiased] [--dtype ..] [--repeat R] [--json] [--check]: kfa::layer_norm;
+//               forward reads /x (ROWS, D), /residual if present, /gamma /beta (D), writes /y
+//               /mean /rstd; backward also reads /dy and writes /dx /dgamma /dbeta
+//               (layernorm.cpp)
 //   kfa --version: kfa's version and options, the Kokkos it was compiled with
 // backward --random times the backward alone: the forward it needs runs once, untimed.
 // A backward from a file must be given the --dropout, --seed and --offset of its forward.
@@ -48,6 +53,7 @@
 
 #include "cli.hpp"
 #include "h5io.hpp"
+#include "layernorm.hpp"
 #include "report.hpp"
 #include "views.hpp"
 
@@ -68,6 +74,7 @@ const char* kUsage =
     "       kfa forward|backward --multiscale ... (same flags): multi-scale attention\n"
     "       kfa dropout-mask --shape B,H,NQ,NK --dropout P --seed N [--offset N] --out MASK.h5\n"
     "                   [--json]\n"
+    "       kfa layernorm forward|backward ...: layer norm (see kfa layernorm --help)\n"
     "       kfa --version\n"
     "  forward:  reads /q /k /v, writes /o /lse\n"
     "  backward: reads /q /k /v /o /lse /do (and /dlse if present), writes /dq /dk /dv;\n"
@@ -97,6 +104,8 @@ const char* kUsage =
 
 struct Options : kfa_apps::RunOptions {
   std::vector<long long> shape;  // dropout-mask: B,H,NQ,NK
+  bool layernorm = false;        // kfa layernorm forward|backward
+  kfa_cli::LayerNormOptions ln;  // its own options
 };
 
 // The fields of the list kfa dropout-mask reads.
@@ -119,6 +128,11 @@ std::vector<std::string> mask_flags() {
 
 Options parse(int argc, char** argv) {
   Options o;
+  if (argc >= 2 && std::string_view(argv[1]) == "layernorm") {
+    o.layernorm = true;
+    kfa_cli::parse_layer_norm(argc, argv, o, o.ln);
+    return o;
+  }
   const auto own = [&](const std::string& flag, const kfa_apps::FlagValue& value) {
     const bool mask_cmd = o.command == "dropout-mask";
     if (mask_cmd) {
@@ -192,17 +206,6 @@ void check_backward_shapes(const Problem& p) {
                        name(p.q.dtype) + "; all inputs must share one type");
 }
 
-// NaN or Inf in an input would come out as a wrong answer that --check blames on the kernel
-// (and a non-finite k or v spreads to every row sharing its key tile): refused, unless
-// --allow-nonfinite.
-void refuse_non_finite(const Dataset& d, const std::string& where) {
-  const kfa_apps::NonFinite nf = kfa_apps::find_non_finite(d);
-  if (nf.count > 0)
-    throw InputError(where + " holds " + std::to_string(nf.count) + " non-finite value" +
-                     (nf.count == 1 ? "" : "s") + ", the first at " + kfa_apps::shape_of(nf.first) +
-                     "; pass --allow-nonfinite to run anyway");
-}
-
 Dataset random_tensor(std::vector<hsize_t> dims, DType t, std::mt19937_64& gen) {
   Dataset d;
   d.dims = std::move(dims);
@@ -262,28 +265,6 @@ kfa::reference::Tensor3 to_reference3(const Dataset& d) {
   return t;
 }
 
-struct Timing {
-  double median_s = 0, min_s = 0;
-};
-
-// Runs pass() once untimed (warm-up; its output is the one written), then `repeat` times
-// between fences, and returns the median and minimum wall time of the repeats.
-template <class Pass>
-Timing time_pass(long long repeat, const Pass& pass) {
-  pass();
-  Kokkos::fence();
-  std::vector<double> times;
-  for (long long r = 0; r < repeat; ++r) {
-    Kokkos::fence();
-    const auto t0 = std::chrono::steady_clock::now();
-    pass();
-    Kokkos::fence();
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(times.begin(), times.end());
-  return {kfa_apps::median(times), times.front()};
-}
-
 template <class Q, class K>
 Dims dims_of(const Q& q, const K& k) {
   return {static_cast<long long>(q.extent(0)), static_cast<long long>(q.extent(1)),
@@ -306,7 +287,7 @@ kfa::reference::Keep4 keep_mask(const Options& o, const Dims& d) {
 }
 
 // Prints the run's summary, and its JSON line under --json; returns the exit status.
-int report(const Options& o, const Dims& d, DType t, const Timing& tm,
+int report(const Options& o, const Dims& d, DType t, const kfa_apps::Timing& tm,
            const std::optional<Verdict>& verdict, const char* written) {
   const double gflops = kfa_apps::pass_flops(o, d) / tm.median_s * 1e-9;
   std::printf("%s\n", kfa_apps::describe("kfa", o, d, t, o.multiscale ? "multiscale" : "").c_str());
@@ -362,7 +343,8 @@ int run_forward(const Options& o, Problem& p) {
   DeviceLse<T> lse(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::lse")),
                    q.extent(0), q.extent(1), q.extent(2));
 
-  const Timing tm = time_pass(o.repeat, [&] { kfa::forward(Exec(), q, k, v, out, lse, o.params); });
+  const kfa_apps::Timing tm =
+      kfa_apps::time_pass(o.repeat, [&] { kfa::forward(Exec(), q, k, v, out, lse, o.params); });
 
   // The outputs come back to the host only when something reads them.
   Dataset o_ds, lse_ds;
@@ -402,7 +384,7 @@ int run_backward(const Options& o, Problem& p) {
   dq = DeviceTensor<T>(std::string("kfa::dq"), d.batch, d.heads_q, d.seqlen_q, d.head_dim);
   dk = DeviceTensor<T>(std::string("kfa::dk"), d.batch, d.heads_kv, d.seqlen_k, d.head_dim);
   dv = DeviceTensor<T>(std::string("kfa::dv"), d.batch, d.heads_kv, d.seqlen_k, d.head_dim);
-  const Timing tm = time_pass(o.repeat, [&] {
+  const kfa_apps::Timing tm = kfa_apps::time_pass(o.repeat, [&] {
     if (dlse.size() > 0)
       kfa::backward(Exec(), q, k, v, out, lse, dout, dlse, dq, dk, dv, o.params);
     else
@@ -452,7 +434,7 @@ int run_forward_msa(const Options& o, Problem& p) {
   DeviceLse<T> rsum(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::rsum")),
                     q.extent(0), q.extent(1), q.extent(2));
   const auto mp = kfa_apps::msa_params(o);
-  const Timing tm = time_pass(o.repeat, [&] {
+  const kfa_apps::Timing tm = kfa_apps::time_pass(o.repeat, [&] {
     if (has_mask)
       kfa::msa::forward(Exec(), q, k, v, mask, out, rsum, mp);
     else
@@ -500,7 +482,7 @@ int run_backward_msa(const Options& o, Problem& p) {
   DeviceTensor<T> dq(std::string("kfa::dq"), d.batch, d.heads_q, d.seqlen_q, d.head_dim),
       dk(std::string("kfa::dk"), d.batch, d.heads_kv, d.seqlen_k, d.head_dim),
       dv(std::string("kfa::dv"), d.batch, d.heads_kv, d.seqlen_k, d.head_dim);
-  const Timing tm = time_pass(o.repeat, [&] {
+  const kfa_apps::Timing tm = kfa_apps::time_pass(o.repeat, [&] {
     if (has_mask)
       kfa::msa::backward(Exec(), q, k, v, mask, out, rsum, dout, dq, dk, dv, mp);
     else
@@ -564,6 +546,7 @@ int run_dropout_mask(const Options& o) {
 }
 
 int main_pass(Options o) {
+  if (o.layernorm) return kfa_cli::run_layer_norm(o, o.ln);
   if (o.command == "dropout-mask") return run_dropout_mask(o);
   Problem p;
   if (!o.random.empty()) {
@@ -620,7 +603,7 @@ int main_pass(Options o) {
     if (!o.allow_nonfinite)
       for (const auto& [d, ds] :
            {std::pair{&p.q, "/q"}, {&p.k, "/k"}, {&p.v, "/v"}, {&p.dout, "/do"}})
-        refuse_non_finite(*d, std::string("dataset ") + ds + " in '" + o.in + "'");
+        kfa_apps::refuse_non_finite(*d, std::string("dataset ") + ds + " in '" + o.in + "'");
     o.dtype = p.q.dtype;
   }
   return kfa_apps::with_value_type(o.dtype, [&](auto v) {
@@ -647,7 +630,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (opts.action == kfa_apps::Action::help) {
-    std::cout << kUsage << kfa_apps::pass_flags_usage();
+    if (opts.layernorm)
+      std::cout << kfa_cli::kLayerNormUsage;
+    else
+      std::cout << kUsage << kfa_apps::pass_flags_usage();
     return 0;
   }
   if (opts.action == kfa_apps::Action::version) {

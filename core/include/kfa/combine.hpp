@@ -13,6 +13,10 @@
 ///
 /// The (m, l) form is kept rather than (lse, O): the tile loop then needs one exp per score and
 /// no log, and lse = m + log l is formed once at the end.
+///
+/// Both merges are members of the combiner family (kfa/combiners.hpp: combiners::Softmax and
+/// combiners::MultiScale wrap combine_into as identity and join, beside Welford's moments and
+/// the log-softmax combiner); the kernels call combine_into directly.
 
 #include <kfa/backends/portability.hpp>
 

@@ -4,10 +4,13 @@
 
 #include <kfa/backward.hpp>
 #include <kfa/combine.hpp>
+#include <kfa/combiners.hpp>
 #include <kfa/config.hpp>
 #include <kfa/dropout.hpp>
 #include <kfa/float16.hpp>
 #include <kfa/flops.hpp>
 #include <kfa/forward.hpp>
+#include <kfa/layer_norm.hpp>
 #include <kfa/multiscale.hpp>
 #include <kfa/params.hpp>
+#include <kfa/welford.hpp>

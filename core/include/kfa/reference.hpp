@@ -15,6 +15,10 @@
 /// normaliser d_i, and drops the direct one; that formula is wrong (test_reference shows that it
 /// disagrees with finite differences), so do not "fix" the reference back to it.
 ///
+/// Layer norm (layer_norm, layer_norm_backward) is written out from its definition too: two
+/// passes over each row for the moments, and the backward by the chain rule through the
+/// variance and the mean, where the kernels use Welford's one pass and a folded formula.
+///
 /// Dropout: the reference does not generate masks. With params.dropout > 0 it must be given
 /// the keep-mask (for instance from kfa::dropout_mask) and applies it from the definition:
 /// O = (softmax(S) * Z) V with Z = keep / (1 - p), LSE unaffected.
@@ -389,6 +393,106 @@ void msa_backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Ma
           dk(b, hk, j, d) = double(round_to<T_>(gk[(std::size_t(hk) * Nk + j) * D + d]));
           dv(b, hk, j, d) = double(round_to<T_>(gv[(std::size_t(hk) * Nk + j) * D + d]));
         }
+  }
+}
+
+/// Host matrix of the reference, (rows, D): layer norm's rows.
+using Tensor2 = Kokkos::View<double**, Kokkos::LayoutRight, Kokkos::HostSpace>;
+/// Host vector of the reference: gamma, beta, a row statistic.
+using Tensor1 = Kokkos::View<double*, Kokkos::LayoutRight, Kokkos::HostSpace>;
+
+/// The arithmetic of the layer-norm reference in precision T_: as compute_t, but long double
+/// for double, so that the float64 oracle is more accurate than a double computation: layer
+/// norm's condition number grows with |mean| / std, and at mean 1e3 two correct double
+/// computations already differ by about 1e-12.
+template <class T_>
+using ln_compute_t = std::conditional_t<std::is_same_v<T_, double>, long double, compute_t<T_>>;
+
+/// z = x + residual of row r in precision T (residual empty: none), rounded to T as an
+/// unfused implementation stores the sum.
+template <class T_, class T = ln_compute_t<T_>>
+std::vector<T> ln_row(const Tensor2& x, const Tensor2& residual, int r) {
+  const int D = x.extent(1);
+  std::vector<T> z(D);
+  for (int j = 0; j < D; ++j)
+    z[j] = round_to<T_>(static_cast<T>(x(r, j)) +
+                        (residual.span() > 0 ? static_cast<T>(residual(r, j)) : T(0)));
+  return z;
+}
+
+/// Naive layer norm in precision T (double: long double, ln_compute_t) from double inputs, stored
+/// as double: per row, two passes
+/// over z = x + residual (residual empty: none): mu = sum z / D, then
+/// var = sum (z - mu)^2 / n_var with n_var = D, or D - 1 when unbiased;
+/// rstd = 1 / sqrt(var + eps), y = (z - mu) rstd gamma + beta. y like x, mean and rstd (rows).
+template <class T_>
+void layer_norm(const Tensor2& x, const Tensor2& residual, const Tensor1& gamma,
+                const Tensor1& beta, double eps, bool unbiased, const Tensor2& y,
+                const Tensor1& mean, const Tensor1& rstd) {
+  using T = ln_compute_t<T_>;
+  const int rows = x.extent(0), D = x.extent(1);
+  for (int r = 0; r < rows; ++r) {
+    const std::vector<T> z = ln_row<T_>(x, residual, r);
+    T mu = 0, var = 0;
+    for (const T v : z)
+      mu += v;
+    mu /= T(D);
+    for (const T v : z)
+      var += (v - mu) * (v - mu);
+    var /= T(unbiased ? D - 1 : D);
+    const T rs = T(1) / std::sqrt(var + static_cast<T>(eps));
+    for (int j = 0; j < D; ++j)
+      y(r, j) = double(
+          round_to<T_>((z[j] - mu) * rs * static_cast<T>(gamma(j)) + static_cast<T>(beta(j))));
+    mean(r) = double(mu);
+    rstd(r) = double(rs);
+  }
+}
+
+/// Naive layer-norm gradients in precision T by the textbook chain rule through the variance
+/// and the mean (recomputed as layer_norm does), stored as double:
+///   dxhat = dy gamma, dvar = sum dxhat (z - mu) (-1/2) (var + eps)^(-3/2),
+///   dmu = -rstd sum dxhat + dvar (-2 / n_var) sum (z - mu),
+///   dz = dxhat rstd + dvar 2 (z - mu) / n_var + dmu / D,
+///   dgamma = sum_rows dy (z - mu) rstd, dbeta = sum_rows dy.
+/// dz like x; dgamma, dbeta (D).
+template <class T_>
+void layer_norm_backward(const Tensor2& x, const Tensor2& residual, const Tensor1& gamma,
+                         double eps, bool unbiased, const Tensor2& dy, const Tensor2& dz,
+                         const Tensor1& dgamma, const Tensor1& dbeta) {
+  using T = ln_compute_t<T_>;
+  const int rows = x.extent(0), D = x.extent(1);
+  const T n_var = T(unbiased ? D - 1 : D);
+  std::vector<T> dg(D, T(0)), db(D, T(0));
+  for (int r = 0; r < rows; ++r) {
+    const std::vector<T> z = ln_row<T_>(x, residual, r);
+    T mu = 0, var = 0;
+    for (const T v : z)
+      mu += v;
+    mu /= T(D);
+    for (const T v : z)
+      var += (v - mu) * (v - mu);
+    var /= n_var;
+    const T ve = var + static_cast<T>(eps), rs = T(1) / std::sqrt(ve);
+    T dvar = 0, sum_dxhat = 0, sum_dev = 0;
+    for (int j = 0; j < D; ++j) {
+      const T dxhat = static_cast<T>(dy(r, j)) * static_cast<T>(gamma(j));
+      dvar += dxhat * (z[j] - mu);
+      sum_dxhat += dxhat;
+      sum_dev += z[j] - mu;
+    }
+    dvar *= T(-0.5) / (ve * std::sqrt(ve));
+    const T dmu = -rs * sum_dxhat + dvar * T(-2) * sum_dev / n_var;
+    for (int j = 0; j < D; ++j) {
+      const T dxhat = static_cast<T>(dy(r, j)) * static_cast<T>(gamma(j));
+      dz(r, j) = double(round_to<T_>(dxhat * rs + dvar * T(2) * (z[j] - mu) / n_var + dmu / T(D)));
+      dg[j] += static_cast<T>(dy(r, j)) * (z[j] - mu) * rs;
+      db[j] += static_cast<T>(dy(r, j));
+    }
+  }
+  for (int j = 0; j < D; ++j) {
+    dgamma(j) = double(round_to<T_>(dg[j]));
+    dbeta(j) = double(round_to<T_>(db[j]));
   }
 }
 

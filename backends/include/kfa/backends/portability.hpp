@@ -11,10 +11,12 @@ namespace kfa::backends {
 #if KOKKOS_VERSION >= 30700
 using Kokkos::exp;
 using Kokkos::log;
+using Kokkos::sqrt;
 using Kokkos::tanh;
 #else
 using Kokkos::Experimental::exp;
 using Kokkos::Experimental::log;
+using Kokkos::Experimental::sqrt;
 using Kokkos::Experimental::tanh;
 #endif
 
