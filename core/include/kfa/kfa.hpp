@@ -9,5 +9,6 @@
 #include <kfa/float16.hpp>
 #include <kfa/flops.hpp>
 #include <kfa/forward.hpp>
+#include <kfa/masks.hpp>
 #include <kfa/multiscale.hpp>
 #include <kfa/params.hpp>

@@ -24,6 +24,7 @@
 
 #include <kfa/backends/traits.hpp>
 #include <kfa/combine.hpp>
+#include <kfa/impl/bias.hpp>
 #include <kfa/impl/dropout.hpp>
 #include <kfa/impl/launch.hpp>
 #include <kfa/impl/mask.hpp>
@@ -59,7 +60,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   int heads_q, group, seqlen_q, seqlen_k, head_dim;
   int Br, Bc, q_tiles;
   int ldd, ldc;  // row strides of the scratch tiles D and Bc wide: padded by traits::pad
-  ScoreTransform<acc_t> score;
+  using bias_t = typename bias_of<Rule, acc_t>::type;  // the additive term (impl/bias.hpp)
+  ScoreTransform<acc_t, bias_t> score;
   Mask mask;
   Dropout<acc_t> dropout;
   int scratch_level;  // 0 when the tiles fit the fast scratch, else 1
@@ -81,8 +83,9 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   // The register-resident forward (TileTraits::warp_tiles: CUDA, 16-bit inputs): a team's
   // 64 query rows keep their work in registers (TileOps::warp_forward). Taken at the head dims
   // it has, when every row of q, k and v starts on 16 bytes (its copies are 16-byte ones) and
-  // without dropout (not yet drawn in registers).
-  static constexpr bool warp_type = Rule::softmax && traits::warp_tiles &&
+  // without dropout (not yet drawn in registers) or an additive term (a biased pass takes the
+  // tile path).
+  static constexpr bool warp_type = Rule::softmax && !bias_t::enabled && traits::warp_tiles &&
                                     sizeof(value_type) == 2 &&
                                     std::is_same_v<typename K::non_const_value_type, value_type> &&
                                     std::is_same_v<typename V::non_const_value_type, value_type>;
@@ -99,9 +102,9 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     seqlen_q = static_cast<int>(q.extent(2));
     seqlen_k = static_cast<int>(k.extent(2));
     head_dim = static_cast<int>(q.extent(3));
-    score = ScoreTransform<acc_t>(p, head_dim);
-    if constexpr (!Rule::softmax) score.scale = rule.scale;
     mask = make_mask(p, seqlen_q, seqlen_k, at);
+    score = ScoreTransform<acc_t, bias_t>(p, head_dim, bias_of<Rule, acc_t>::make(rule, mask, at));
+    if constexpr (!Rule::softmax) score.scale = rule.scale;
     dropout = make_dropout<acc_t>(p, at);
     if constexpr (warp_type)
       warp = ops::warp_head_dim(head_dim) && !dropout.enabled && rows_on_16_bytes(q) &&
@@ -270,7 +273,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   /// common case holds no tanh (an additive term would take the full transform).
   template <bool Capped>
   struct WarpScore {
-    ScoreTransform<acc_t> transform;
+    ScoreTransform<acc_t, bias_t> transform;
     Mask mask;
     int b, h;
     KOKKOS_INLINE_FUNCTION bool tile_visible(int q0, int n, int j0, int nc) const {
@@ -279,7 +282,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     }
     /// One query row's scores: its visible keys [lo, hi] found once, before the key loop.
     struct Row {
-      ScoreTransform<acc_t> transform;
+      ScoreTransform<acc_t, bias_t> transform;
       int b, h, i, lo, hi;
       KOKKOS_INLINE_FUNCTION acc_t operator()(int j, acc_t dot) const {
         if (j < lo || j > hi) return -backends::infinity<acc_t>();
@@ -601,14 +604,20 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
 };
 
 /// kfa::forward after its compile-time checks, on a block at `at` of the sequence (the whole
-/// sequence for a plain call): validation, then the launch.
-template <class ExecSpace, class Q, class K, class V, class O, class Lse>
+/// sequence for a plain call), with an additive term of the score (kfa/masks.hpp; NoTerm:
+/// none): validation (the term's after the tensors'), then the launch.
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class Extra = NoTerm>
 void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
-             const Params& params, const Origin& at) {
+             const Params& params, const Origin& at, const Extra& extra = {}) {
+  using T = typename Q::non_const_value_type;
   ScopedRegion region("kfa::forward");
-  validate_params<typename Q::non_const_value_type>("forward", params);
+  validate_params<T>("forward", params);
   validate_forward("forward", q, k, v, o, lse);
-  ForwardKernel<ExecSpace, Q, K, V, O, Lse>(space, q, k, v, o, lse, params, at).launch(space);
+  const auto rule =
+      term_rule<backends::accum_t<T>, ExecSpace>("forward", extra, dims_of(q, k), false);
+  ForwardKernel<ExecSpace, Q, K, V, O, Lse, std::decay_t<decltype(rule)>>(space, q, k, v, o, lse,
+                                                                          params, at, rule)
+      .launch(space);
 }
 
 }  // namespace kfa::impl

@@ -39,6 +39,8 @@ template <class Acc>
 struct NoBias {
   /// Whether the term exists; false compiles every use of it away.
   static constexpr bool enabled = false;
+  /// Whether the backward hands it dL/dS (a term with a gradient, impl/bias.hpp).
+  static constexpr bool has_gradient = false;
   /// The term of local query row i and local key j of query head h in batch b.
   KOKKOS_INLINE_FUNCTION Acc operator()(int /*b*/, int /*h*/, int /*i*/, int /*j*/) const {
     return Acc(0);
