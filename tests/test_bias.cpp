@@ -27,11 +27,16 @@ const Kind kKinds[] = {Kind::alibi, Kind::bias, Kind::bias_1h, Kind::bias_b1, Ki
 
 const char* name_of(Kind k) {
   switch (k) {
-    case Kind::alibi: return "alibi";
-    case Kind::bias: return "bias(B,H)";
-    case Kind::bias_1h: return "bias(1,H)";
-    case Kind::bias_b1: return "bias(B,1)";
-    default: return "bias(1,1)";
+    case Kind::alibi:
+      return "alibi";
+    case Kind::bias:
+      return "bias(B,H)";
+    case Kind::bias_1h:
+      return "bias(1,H)";
+    case Kind::bias_b1:
+      return "bias(B,1)";
+    default:
+      return "bias(1,1)";
   }
 }
 
@@ -162,8 +167,7 @@ void check(const Shape& s, const kfa::Params& p, Kind kind, bool backward, bool 
   if (!backward) return;
   ASSERT_TRUE(all_written(r.dq) && all_written(r.dk) && all_written(r.dv))
       << "unwritten (NaN) gradients";
-  const auto c =
-      ref::check_backward<T>(pb.q, pb.k, pb.v, p, dout, dlse, r.dq, r.dk, r.dv, {}, t);
+  const auto c = ref::check_backward<T>(pb.q, pb.k, pb.v, p, dout, dlse, r.dq, r.dk, r.dv, {}, t);
   expect_rule("dQ", c.dq);
   expect_rule("dK", c.dk);
   expect_rule("dV", c.dv);
@@ -358,20 +362,22 @@ TEST(Terms, ShapeErrors) {
     return std::string("no error");
   };
   Kokkos::View<float*, Device> slopes("slopes", 3);
-  EXPECT_NE(message([&] { kfa::forward(Exec(), q, k, v, o, lse, {}, kfa::masks::Alibi{slopes}); })
-                .find("alibi slopes has shape (3) but q has heads_q = 4"),
+  EXPECT_NE(message([&] {
+              kfa::forward(Exec(), q, k, v, o, lse, {}, kfa::masks::Alibi{slopes});
+            }).find("alibi slopes has shape (3) but q has heads_q = 4"),
             std::string::npos);
   View4<float> bias("bias", 2, 3, 10, 12);
-  EXPECT_NE(message([&] { kfa::forward(Exec(), q, k, v, o, lse, {}, kfa::masks::Bias{bias}); })
-                .find("bias has shape (2, 3, 10, 12) but q, k need (2 or 1, 4 or 1, 10, 12)"),
+  EXPECT_NE(message([&] {
+              kfa::forward(Exec(), q, k, v, o, lse, {}, kfa::masks::Bias{bias});
+            }).find("bias has shape (2, 3, 10, 12) but q, k need (2 or 1, 4 or 1, 10, 12)"),
             std::string::npos);
   View4<float> good("bias", 1, 4, 10, 12), dbias("dbias", 2, 4, 10, 12);
   View4<float> dq("dq", 2, 4, 10, 16), dk("dk", 2, 2, 12, 16), dv("dv", 2, 2, 12, 16);
-  EXPECT_NE(message([&] {
-              kfa::backward(Exec(), q, k, v, o, lse, o, dq, dk, dv, {},
-                            kfa::masks::Bias{good, dbias});
-            }).find("dbias has shape (2, 4, 10, 12) but bias has shape (1, 4, 10, 12)"),
-            std::string::npos);
+  EXPECT_NE(
+      message([&] {
+        kfa::backward(Exec(), q, k, v, o, lse, o, dq, dk, dv, {}, kfa::masks::Bias{good, dbias});
+      }).find("dbias has shape (2, 4, 10, 12) but bias has shape (1, 4, 10, 12)"),
+      std::string::npos);
 }
 
 }  // namespace

@@ -36,16 +36,18 @@ inline double rounded(DType t, double x) {
   return with_value_type(t, [x](auto v) { return static_cast<double>(decltype(v)(x)); });
 }
 
-/// A new View of the dataset's shape (rank 4 for tensors, rank 3 for LSE and its gradient)
-/// holding its values converted to the View's type.
+/// A new View of the dataset's shape (rank 4 for tensors, 3 for LSE and its gradient, 1 for
+/// ALiBi slopes) holding its values converted to the View's type.
 template <class View>
 View dataset_to_view(const Dataset& d, const char* label) {
   const auto alloc = Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label));
   View v;
   if constexpr (View::rank == 4)
     v = View(alloc, d.dims[0], d.dims[1], d.dims[2], d.dims[3]);
-  else
+  else if constexpr (View::rank == 3)
     v = View(alloc, d.dims[0], d.dims[1], d.dims[2]);
+  else
+    v = View(alloc, d.dims[0]);
   auto h = Kokkos::create_mirror_view(v);
   for (std::size_t e = 0; e < d.data.size(); ++e)
     h.data()[e] = static_cast<typename View::value_type>(d.data[e]);

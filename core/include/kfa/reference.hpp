@@ -128,8 +128,7 @@ struct Terms {
       const long long shift = p.align == Align::bottom_right ? seqlen_k - seqlen_q : 0;
       t -= alibi.at(static_cast<std::size_t>(h)) * static_cast<double>(std::llabs(j - i - shift));
     }
-    if (bias.span() > 0)
-      t += bias(bias.extent(0) == 1 ? 0 : b, bias.extent(1) == 1 ? 0 : h, i, j);
+    if (bias.span() > 0) t += bias(bias.extent(0) == 1 ? 0 : b, bias.extent(1) == 1 ? 0 : h, i, j);
     return t;
   }
 };

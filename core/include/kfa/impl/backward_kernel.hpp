@@ -590,8 +590,7 @@ template <class ExecSpace, class Q, class K, class V, class O, class Lse, class 
           class DQ, class DK, class DV, class Extra = NoTerm>
 void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
               const Lse& lse, const DO& dout, const DLse* dlse, const DQ& dq, const DK& dk,
-              const DV& dv, const Params& params, const Origin& at = {},
-              const Extra& extra = {}) {
+              const DV& dv, const Params& params, const Origin& at = {}, const Extra& extra = {}) {
   static_check_pass<ExecSpace, false, Lse>(Inputs<Q, K, V, O, DO>{}, Outputs<DQ, DK, DV>{});
   static_assert(is_view_of_rank<DLse, 3>::value &&
                     std::is_floating_point_v<typename DLse::non_const_value_type>,

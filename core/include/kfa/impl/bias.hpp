@@ -24,6 +24,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -69,6 +70,19 @@ struct AlibiBias {
     const long long d = i + shift - j;
     return -static_cast<Acc>(slopes(h)) * static_cast<Acc>(d < 0 ? -d : d);
   }
+  /// The term of head h with its slope in a register and the distance in int (local indices
+  /// and the diagonal of an int-sized problem fit), so that a tile's loop vectorises.
+  struct Line {
+    Acc slope;
+    int shift;
+    KOKKOS_INLINE_FUNCTION Acc operator()(int i, int j) const {
+      const int d = i + shift - j;
+      return -slope * static_cast<Acc>(d < 0 ? -d : d);
+    }
+  };
+  KOKKOS_INLINE_FUNCTION Line line(int /*b*/, int h) const {
+    return {static_cast<Acc>(slopes(h)), static_cast<int>(shift)};
+  }
 };
 
 /// A dense bias (B or 1, Hq or 1, seqlen_q, seqlen_k): broadcast dimensions are read at index
@@ -92,6 +106,21 @@ struct DenseBias {
   }
   KOKKOS_INLINE_FUNCTION Acc operator()(int b, int h, int i, int j) const {
     return static_cast<Acc>(bias(b * per_b, h * per_h, i + oq, j + ok));
+  }
+  /// The (b, h) plane of the bias as a pointer and row stride (unit stride along keys is
+  /// checked on the host), so that a tile's loop reads it without the View's index arithmetic.
+  struct Line {
+    const typename BiasView::value_type* plane;
+    std::ptrdiff_t row_stride;
+    int oq, ok;
+    KOKKOS_INLINE_FUNCTION Acc operator()(int i, int j) const {
+      return static_cast<Acc>(plane[static_cast<std::ptrdiff_t>(i + oq) * row_stride + (j + ok)]);
+    }
+  };
+  KOKKOS_INLINE_FUNCTION Line line(int b, int h) const {
+    return {bias.data() + static_cast<std::ptrdiff_t>(b) * per_b * bias.stride(0) +
+                static_cast<std::ptrdiff_t>(h) * per_h * bias.stride(1),
+            static_cast<std::ptrdiff_t>(bias.stride(2)), oq, ok};
   }
   KOKKOS_INLINE_FUNCTION bool wants_gradient() const { return grad.data() != nullptr; }
   KOKKOS_INLINE_FUNCTION void gradient(int b, int h, int i, int j, Acc g) const {
@@ -144,7 +173,7 @@ SoftmaxRule term_rule(const char*, const NoTerm&, const Dims&, bool) {
 /// The rule of a pass with ALiBi: checks the slopes (heads_q values) and binds them.
 template <class Acc, class ExecSpace, class Slopes>
 BiasedSoftmaxRule<AlibiBias<Acc, Slopes>> term_rule(const char* pass, const masks::Alibi<Slopes>& a,
-                                                   const Dims& n, bool /*want_grad*/) {
+                                                    const Dims& n, bool /*want_grad*/) {
   static_check_term_view<ExecSpace, Slopes>(1);
   static_assert(Slopes::rank == 1, "kfa: ALiBi slopes must be a rank-1 View (heads_q)");
   if (a.slopes.extent(0) != n.heads_q)
@@ -162,14 +191,16 @@ BiasedSoftmaxRule<DenseBias<Acc, BiasView, typename ExecSpace::memory_space>> te
   static_assert(BiasView::rank == 4,
                 "kfa: a bias must be a rank-4 View (batch or 1, heads_q or 1, seqlen_q, seqlen_k)");
   const auto& x = m.bias;
-  const std::string want = "(" + std::to_string(n.batch) + " or 1, " +
-                           std::to_string(n.heads_q) + " or 1, " + std::to_string(n.seqlen_q) +
-                           ", " + std::to_string(n.seqlen_k) + ")";
+  const std::string want = "(" + std::to_string(n.batch) + " or 1, " + std::to_string(n.heads_q) +
+                           " or 1, " + std::to_string(n.seqlen_q) + ", " +
+                           std::to_string(n.seqlen_k) + ")";
   if ((x.extent(0) != n.batch && x.extent(0) != 1) ||
       (x.extent(1) != n.heads_q && x.extent(1) != 1) || x.extent(2) != n.seqlen_q ||
       x.extent(3) != n.seqlen_k)
     fail(pass, "bias has shape ", shape_of(x), " but q, k need ", want,
          " (batch, heads_q, seqlen_q, seqlen_k)");
+  if (x.extent(3) > 1 && x.stride(3) != 1)
+    fail(pass, "bias must have unit stride in seqlen_k (dimension 3), got stride ", x.stride(3));
   using Policy = DenseBias<Acc, BiasView, typename ExecSpace::memory_space>;
   Policy p;
   p.bias = x;
@@ -209,8 +240,7 @@ void store_gradient(
       Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>>(
           space, {0, 0, 0, 0},
           {static_cast<std::int64_t>(dbias.extent(0)), static_cast<std::int64_t>(dbias.extent(1)),
-           static_cast<std::int64_t>(dbias.extent(2)),
-           static_cast<std::int64_t>(dbias.extent(3))}),
+           static_cast<std::int64_t>(dbias.extent(2)), static_cast<std::int64_t>(dbias.extent(3))}),
       KOKKOS_LAMBDA(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
         Acc sum = 0;
         for (int bb = 0; bb < nb; ++bb)

@@ -487,12 +487,22 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       // x -> S (impl/score.hpp), and -inf where a row does not see a key of [cb, ce): only in
       // tiles the mask's edge crosses (the ends of the visible intervals grow with the row).
       const bool edge = mask.lo(q0 + nr - 1) - k0 > cb || mask.hi(q0) + 1 - k0 < ce;
-      if (edge || !score.identity()) {
+      if (!score.identity()) {  // a row of S^T (a key) at a time: the transform's loops vectorise
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cb, ce), [&](int c) {
+          acc_t* col = st + static_cast<std::ptrdiff_t>(c) * ldq;
+          score.column(team, b, h, q0, nr, k0 + c, col);
+          if (edge)
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, nr), [&](int r) {
+              if (k0 + c < mask.lo(q0 + r) || k0 + c > mask.hi(q0 + r))
+                col[r] = -backends::infinity<acc_t>();
+            });
+        });
+        team.team_barrier();
+      } else if (edge) {
         ops::for_each_element(team, ce - cb, nr, [&](int jj, int r) {
           const int c = cb + jj, i = q0 + r;
-          acc_t& x = st[c * ldq + r];
-          if (!score.identity()) x = score.value(x, b, h, i, k0 + c);
-          if (k0 + c < mask.lo(i) || k0 + c > mask.hi(i)) x = -backends::infinity<acc_t>();
+          if (k0 + c < mask.lo(i) || k0 + c > mask.hi(i))
+            st[c * ldq + r] = -backends::infinity<acc_t>();
         });
         team.team_barrier();
       }
