@@ -137,6 +137,7 @@ Dims dims_of(const Q& q, const K& k) {
   return {q.extent(0), q.extent(1), q.extent(2), k.extent(2)};
 }
 
+/// A View's extents for the messages, "(2, 4, 10, 12)".
 template <class View>
 std::string shape_of(const View& v) {
   std::string s = "(";
@@ -145,14 +146,14 @@ std::string shape_of(const View& v) {
   return s + ")";
 }
 
+/// Compile-time checks of a term's View: floating point, accessible from the execution space.
 template <class ExecSpace, class View>
-constexpr void static_check_term_view(std::size_t rank) {
+constexpr void static_check_term_view() {
   static_assert(Kokkos::is_view<View>::value, "kfa: mask object fields must be Kokkos::View");
   using T = typename View::non_const_value_type;
   static_assert(std::is_floating_point_v<T> || backends::is_narrow_float<T>::value,
                 "kfa: ALiBi slopes and bias tensors must hold floating-point values");
   static_check_accessible<ExecSpace, View>();
-  (void)rank;
 }
 
 /// Whether Extra is a term of kfa/masks.hpp (selects the public overloads that take one).
@@ -174,7 +175,7 @@ SoftmaxRule term_rule(const char*, const NoTerm&, const Dims&, bool) {
 template <class Acc, class ExecSpace, class Slopes>
 BiasedSoftmaxRule<AlibiBias<Acc, Slopes>> term_rule(const char* pass, const masks::Alibi<Slopes>& a,
                                                     const Dims& n, bool /*want_grad*/) {
-  static_check_term_view<ExecSpace, Slopes>(1);
+  static_check_term_view<ExecSpace, Slopes>();
   static_assert(Slopes::rank == 1, "kfa: ALiBi slopes must be a rank-1 View (heads_q)");
   if (a.slopes.extent(0) != n.heads_q)
     fail(pass, "alibi slopes has shape ", shape_of(a.slopes), " but q has heads_q = ", n.heads_q,
@@ -187,7 +188,7 @@ BiasedSoftmaxRule<AlibiBias<Acc, Slopes>> term_rule(const char* pass, const mask
 template <class Acc, class ExecSpace, class BiasView, class DBiasView>
 BiasedSoftmaxRule<DenseBias<Acc, BiasView, typename ExecSpace::memory_space>> term_rule(
     const char* pass, const masks::Bias<BiasView, DBiasView>& m, const Dims& n, bool want_grad) {
-  static_check_term_view<ExecSpace, BiasView>(4);
+  static_check_term_view<ExecSpace, BiasView>();
   static_assert(BiasView::rank == 4,
                 "kfa: a bias must be a rank-4 View (batch or 1, heads_q or 1, seqlen_q, seqlen_k)");
   const auto& x = m.bias;
@@ -207,7 +208,7 @@ BiasedSoftmaxRule<DenseBias<Acc, BiasView, typename ExecSpace::memory_space>> te
   p.per_b = x.extent(0) == 1 ? 0 : 1;
   p.per_h = x.extent(1) == 1 ? 0 : 1;
   if (want_grad && m.dbias.data() != nullptr) {
-    static_check_term_view<ExecSpace, DBiasView>(4);
+    static_check_term_view<ExecSpace, DBiasView>();
     static_assert(DBiasView::rank == 4 && std::is_same_v<typename DBiasView::value_type,
                                                          typename DBiasView::non_const_value_type>,
                   "kfa: dbias must be a non-const rank-4 View shaped like bias");
