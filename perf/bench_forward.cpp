@@ -33,6 +33,37 @@ void shapes(benchmark::internal::Benchmark* b) {
   b->UseManualTime()->Unit(benchmark::kMillisecond);
 }
 
+// The same with ALiBi (kfa::masks::Alibi, the standard slopes) or a dense bias of one head
+// broadcast over the heads: the cost of an additive score term against BM_forward.
+template <class T>
+void BM_forward_term(benchmark::State& state) {
+  const int B = 1, H = state.range(0), N = state.range(1), D = state.range(2);
+  kfa::Params p;
+  p.causal = state.range(3) != 0;
+  kfa_bench::Tensors<T> t(B, H, N, D, false);
+  using Acc = typename decltype(t.lse)::value_type;
+  Kokkos::View<Acc*, Exec::memory_space> slopes("slopes", H);
+  auto hs = Kokkos::create_mirror_view(slopes);
+  const auto standard = kfa::masks::alibi_slopes(H);
+  for (int h = 0; h < H; ++h)
+    hs(h) = static_cast<Acc>(standard[static_cast<std::size_t>(h)]);
+  Kokkos::deep_copy(slopes, hs);
+  Kokkos::View<Acc****, Kokkos::LayoutRight, Exec::memory_space> bias("bias", 1, 1, N, N);
+  if (state.range(4) == 0)
+    kfa_bench::time_iterations(state, [&] {
+      kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p, kfa::masks::Alibi{slopes});
+    });
+  else
+    kfa_bench::time_iterations(
+        state, [&] { kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p, kfa::masks::Bias{bias}); });
+  state.counters["FLOP/s"] = kfa_bench::flop_rate(kfa::forward_flops(B, H, N, N, D, p));
+}
+
+BENCHMARK_TEMPLATE(BM_forward_term, float)
+    ->ArgNames({"H", "N", "D", "causal", "bias"})
+    ->ArgsProduct({{4}, {2048}, {64}, {0, 1}, {0, 1}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_forward, float)->Apply(shapes);
 BENCHMARK_TEMPLATE(BM_forward, double)->Apply(shapes);
 // 16-bit storage on the host: bf16 on the pair products where the CPU has AVX-512 BF16, half

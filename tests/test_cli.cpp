@@ -279,6 +279,110 @@ TEST(Cli, BackwardRoundTripThroughHdf5) {
   }
 }
 
+// Score terms: --alibi on --random passes --check; /alibi_slopes and /bias in files, the
+// forward against the reference, the backward's /dbias against the reference's gradient of the
+// bias; shape mismatches and conflicting terms exit 2 naming both sides.
+TEST(Cli, ScoreTerms) {
+  for (const char* cmd : {"forward", "backward"}) {
+    const CliRun r = run_cli(std::string(cmd) +
+                             " --random 2,4,60,32 --heads-kv 2 --causal --alibi --json --check");
+    ASSERT_EQ(r.status, 0) << cmd << ": " << r.err;
+    EXPECT_NE(r.out.substr(r.out.rfind('{')).find("\"check\":\"pass\""), std::string::npos)
+        << r.out;
+  }
+  const Shape shape{2, 4, 2, 37, 51, 16};
+  Problem pb(shape, 2026);
+  const DType dtype = DType::f64;
+  const Dataset q = from_tensor(pb.q, dtype), k = from_tensor(pb.k, dtype),
+                v = from_tensor(pb.v, dtype);
+  std::mt19937_64 gen(12);
+  const Dataset bias = from_tensor(random_tensor("bias", 1, 4, 37, 51, gen, 2.0), dtype);
+  Dataset slopes;
+  slopes.dims = {4};
+  slopes.dtype = dtype;
+  slopes.data = {0.5, 0.25, 0.125, 0.0625};
+  kfa::reference::Terms terms;
+  terms.bias = to_tensor(bias);
+  const fs::path in = work_dir() / "tin.h5", fwd = work_dir() / "tfwd.h5",
+                 bin = work_dir() / "tbin.h5", out = work_dir() / "tout.h5",
+                 ain = work_dir() / "tain.h5";
+  kfa_apps::write_atomic(in.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/bias", &bias}});
+  const CliRun f = run_cli("forward --causal --in " + in.string() + " --out " + fwd.string());
+  ASSERT_EQ(f.status, 0) << f.err;
+  kfa::Params p;
+  p.causal = true;
+  kfa_apps::H5File fo(fwd.string());
+  const Dataset o = fo.read("/o", 4), lse = fo.read("/lse", 3);
+  Tensor3 lse_t("lse", 2, 4, 37);
+  std::copy(lse.data.begin(), lse.data.end(), lse_t.data());
+  const Tensor4 qt = to_tensor(q), kt = to_tensor(k), vt = to_tensor(v);
+  const auto c =
+      kfa::reference::check_forward<double>(qt, kt, vt, p, to_tensor(o), lse_t, {}, terms);
+  EXPECT_TRUE(c.ok()) << "O err " << c.o.err << ", LSE err " << c.lse.err;
+  const Dataset dout = from_tensor(random_tensor("do", 2, 4, 37, 16, gen), dtype);
+  kfa_apps::write_atomic(bin.string(), {{"/q", &q},
+                                        {"/k", &k},
+                                        {"/v", &v},
+                                        {"/o", &o},
+                                        {"/lse", &lse},
+                                        {"/do", &dout},
+                                        {"/bias", &bias}});
+  fs::remove(out);
+  const CliRun b =
+      run_cli("backward --causal --check --in " + bin.string() + " --out " + out.string());
+  ASSERT_EQ(b.status, 0) << b.err;
+  kfa_apps::H5File fb(out.string());
+  const Dataset dbias = fb.read("/dbias", 4);
+  EXPECT_EQ(dbias.dims, bias.dims);
+  const auto cb = kfa::reference::check_dbias<double>(qt, kt, vt, p, to_tensor(dout), {},
+                                                      to_tensor(dbias), {}, terms);
+  EXPECT_TRUE(cb.ok()) << "dbias err " << cb.err << " (bound " << cb.bound << ")";
+  // ALiBi from a file, top-left: the reference with the same slopes.
+  kfa_apps::write_atomic(ain.string(),
+                         {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/alibi_slopes", &slopes}});
+  fs::remove(fwd);
+  const CliRun a =
+      run_cli("forward --align top-left --check --in " + ain.string() + " --out " + fwd.string());
+  ASSERT_EQ(a.status, 0) << a.err;
+  {
+    kfa_apps::H5File fa(fwd.string());
+    const Dataset oa = fa.read("/o", 4), la = fa.read("/lse", 3);
+    std::copy(la.data.begin(), la.data.end(), lse_t.data());
+    kfa::reference::Terms at;
+    at.alibi = slopes.data;
+    kfa::Params tl;
+    tl.align = kfa::Align::top_left;
+    EXPECT_TRUE(
+        kfa::reference::check_forward<double>(qt, kt, vt, tl, to_tensor(oa), lse_t, {}, at).ok());
+  }
+  // Errors, each naming both shapes or both sources.
+  Dataset bad_slopes = slopes;
+  bad_slopes.dims = {3};
+  bad_slopes.data.pop_back();
+  const Dataset bad_bias = from_tensor(random_tensor("bias", 1, 3, 37, 51, gen), dtype);
+  const fs::path e1 = work_dir() / "te1.h5", e2 = work_dir() / "te2.h5", e3 = work_dir() / "te3.h5";
+  kfa_apps::write_atomic(e1.string(),
+                         {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/alibi_slopes", &bad_slopes}});
+  kfa_apps::write_atomic(e2.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/bias", &bad_bias}});
+  kfa_apps::write_atomic(
+      e3.string(),
+      {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/bias", &bias}, {"/alibi_slopes", &slopes}});
+  const std::pair<std::string, std::string> bad[] = {
+      {"forward --in " + e1.string(), "/alibi_slopes has shape (3) but /q has shape (2,4,37,16)"},
+      {"forward --in " + e2.string(), "/bias has shape (1,3,37,51) but /q has shape (2,4,37,16)"},
+      {"forward --in " + e3.string(), "both given"},
+      {"forward --alibi --in " + ain.string(), "--alibi and dataset /alibi_slopes"},
+      {"forward --multiscale --alibi --in " + ain.string(),
+       "--alibi does not apply to --multiscale"},
+  };
+  for (const auto& [args, want] : bad) {
+    const CliRun r = run_cli(args + " --out " + (work_dir() / "never.h5").string());
+    EXPECT_EQ(r.status, 2) << args;
+    EXPECT_NE(r.err.find(want), std::string::npos) << args << ": " << r.err;
+    EXPECT_FALSE(fs::exists(work_dir() / "never.h5"));
+  }
+}
+
 // --dtype bf16 and half: kfa::bf16 and kfa::half tensors on every build, through files
 // (bfloat16 and float16 datasets, LSE in float32) and --random, each passing the check.
 TEST(Cli, SixteenBitTensors) {

@@ -242,6 +242,61 @@ TEST(Reference, ZeroQueryGivesMeanOfVisibleValues) {
   }
 }
 
+// The score terms from their definitions: a zero query with ALiBi gives weights
+// exp(-slope |j - i - shift|) over the visible keys; a bias that is constant along each row
+// (broadcast over the batch) leaves O and shifts LSE by the constant, and its gradient sums
+// to dlse_i along the row (softmax's invariance: sum_j dL/dbias_ij = dL/dc_i = dlse_i).
+TEST(Reference, TermsFollowTheirDefinitions) {
+  kfa::Params p;
+  p.causal = true;
+  Problem pb({2, 2, 1, 5, 8, 4}, 31);
+  Tensor4 zq("zq", 2, 2, 5, 4);
+  ref::Terms alibi;
+  alibi.alibi = {0.75, 0.3};
+  Tensor4 o("o", 2, 2, 5, 4), o0("o0", 2, 2, 5, 4);
+  Tensor3 lse("lse", 2, 2, 5), lse0("lse0", 2, 2, 5);
+  ref::forward<double>(zq, pb.k, pb.v, p, o, lse, {}, alibi);
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 5; ++i) {
+      double sum = 0, num = 0;
+      for (int j = 0; j <= i + 3; ++j) {  // shift = 8 - 5
+        const double w = std::exp(-alibi.alibi[h] * std::abs(j - i - 3));
+        sum += w;
+        num += w * pb.v(1, 0, j, 2);
+      }
+      EXPECT_NEAR(lse(1, h, i), std::log(sum), 1e-14);
+      EXPECT_NEAR(o(1, h, i, 2), num / sum, 1e-14);
+    }
+  ref::Terms rows;
+  rows.bias = Tensor4("bias", 1, 2, 5, 8);
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 5; ++i)
+      for (int j = 0; j < 8; ++j)
+        rows.bias(0, h, i, j) = 0.5 * h - 0.25 * i;
+  ref::forward<double>(pb.q, pb.k, pb.v, p, o, lse, {}, rows);
+  ref::forward<double>(pb.q, pb.k, pb.v, p, o0, lse0);
+  for (int b = 0; b < 2; ++b)
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 5; ++i) {
+        EXPECT_NEAR(lse(b, h, i), lse0(b, h, i) + 0.5 * h - 0.25 * i, 1e-13);
+        for (int d = 0; d < 4; ++d)
+          EXPECT_NEAR(o(b, h, i, d), o0(b, h, i, d), 1e-14);
+      }
+  std::mt19937_64 gen(4);
+  const Tensor4 dout = random_tensor("dout", 2, 2, 5, 4, gen);
+  const Tensor3 dlse = random_dlse({2, 2, 1, 5, 8, 4}, gen);
+  Tensor4 dq("dq", 2, 2, 5, 4), dk("dk", 2, 1, 8, 4), dv("dv", 2, 1, 8, 4);
+  rows.dbias = Tensor4("dbias", 1, 2, 5, 8);
+  ref::backward<double>(pb.q, pb.k, pb.v, p, dout, dlse, dq, dk, dv, {}, rows);
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 5; ++i) {
+      double sum = 0;
+      for (int j = 0; j < 8; ++j)
+        sum += rows.dbias(0, h, i, j);
+      EXPECT_NEAR(sum, dlse(0, h, i) + dlse(1, h, i), 1e-13);
+    }
+}
+
 // A single key: O = v_0 and LSE is the (soft-capped) score itself.
 TEST(Reference, SingleKeyClosedForm) {
   kfa::Params p;

@@ -113,26 +113,28 @@ void refuse_non_finite(const Dataset& d, const std::string& where) {
 }
 
 void check_known_datasets(const std::vector<std::string>& names, const std::string& path,
-                          bool multiscale) {
+                          bool multiscale, bool terms) {
   static const char* const known[] = {"/q",  "/k",    "/v",  "/o",  "/lse",
                                       "/do", "/dlse", "/dq", "/dk", "/dv"};
-  static const char* const known_msa[] = {"/mask", "/rsum"};  // --multiscale's own
+  static const char* const known_msa[] = {"/mask", "/rsum"};            // --multiscale's own
+  static const char* const known_terms[] = {"/alibi_slopes", "/bias"};  // kfa's score terms
+  const auto in = [](const auto& list, const std::string& n) {
+    return std::find(std::begin(list), std::end(list), n) != std::end(list);
+  };
   // --multiscale reads neither the softmax statistic nor its gradient.
   const auto softmax_only = [&](const std::string& n) { return n == "/lse" || n == "/dlse"; };
   for (const std::string& n : names)
-    if ((std::find(std::begin(known), std::end(known), n) == std::end(known) ||
-         (multiscale && softmax_only(n))) &&
-        (!multiscale ||
-         std::find(std::begin(known_msa), std::end(known_msa), n) == std::end(known_msa))) {
+    if ((!in(known, n) || (multiscale && softmax_only(n))) && !(multiscale && in(known_msa, n)) &&
+        !(terms && in(known_terms, n))) {
       std::string msg = "'";
       msg += path;
       msg += "' holds ";
       msg += n;
       msg +=
           ", which kfa does not read (forward reads /q /k /v; backward also /o /lse /do and "
-          "/dlse; --multiscale also /mask, and /rsum instead of /lse and no /dlse): remove it, or "
-          "it would "
-          "be silently ignored";
+          "/dlse; --multiscale also /mask, and /rsum instead of /lse and no /dlse; kfa, "
+          "without --multiscale, also /alibi_slopes or /bias): remove it, or it would be "
+          "silently ignored";
       throw InputError(msg);
     }
 }

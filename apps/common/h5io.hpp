@@ -135,10 +135,11 @@ void refuse_non_finite(const Dataset& d, const std::string& where);
 std::string shape_of(const std::vector<hsize_t>& dims);
 
 /// Throws InputError for a top-level object of the file that no kfa pass reads or writes
-/// (a /mask the passes would silently not apply); with `multiscale`, /mask and /rsum are read
-/// and /lse and /dlse are not.
+/// (a /mask the passes would silently not apply). `multiscale`: --multiscale's /mask and
+/// /rsum are read, /lse and /dlse are not; `terms`: the score terms /alibi_slopes and /bias
+/// are read.
 void check_known_datasets(const std::vector<std::string>& names, const std::string& path,
-                          bool multiscale = false);
+                          bool multiscale = false, bool terms = false);
 
 /// Writes the datasets to path atomically (temporary file, then rename). Throws WriteError
 /// (temporary file removed) when writing fails, InputError when the disk has too little free

@@ -54,9 +54,9 @@ inline Dataset decay_mask(hsize_t H, hsize_t Nq, hsize_t Nk, DType t) {
   return d;
 }
 
-/// A new View of the dataset's shape (rank 4 for tensors, rank 3 for LSE and its gradient,
-/// rank 2 and 1 for layer norm's rows and vectors) holding its values converted to the View's
-/// type.
+/// A new View of the dataset's shape (rank 4 for tensors, 3 for LSE and its gradient, 2 for
+/// layer norm's rows, 1 for its vectors and for ALiBi slopes) holding its values converted to
+/// the View's type.
 template <class View>
 View dataset_to_view(const Dataset& d, const char* label) {
   const auto alloc = Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label));

@@ -22,6 +22,9 @@
 //               /mean /rstd; backward also reads /dy and writes /dx /dgamma /dbeta
 //               (layernorm.cpp)
 //   kfa --version: kfa's version and options, the Kokkos it was compiled with
+// Score terms (kfa/masks.hpp, softmax passes): /alibi_slopes (heads_q) or --alibi (the standard
+// slopes 2^(-8 (h + 1) / heads_q)) for ALiBi; /bias (batch or 1, heads_q or 1, seqlen_q,
+// seqlen_k) for an additive bias, whose gradient the backward writes as /dbias.
 // backward --random times the backward alone: the forward it needs runs once, untimed.
 // A backward from a file must be given the --dropout, --seed and --offset of its forward.
 //
@@ -79,6 +82,9 @@ const char* kUsage =
     "  forward:  reads /q /k /v, writes /o /lse\n"
     "  backward: reads /q /k /v /o /lse /do (and /dlse if present), writes /dq /dk /dv;\n"
     "            give it the --dropout, --seed and --offset of the forward\n"
+    "  score terms: /alibi_slopes (heads_q) or --alibi (slopes 2^(-8 (h+1) / heads_q)) add\n"
+    "            ALiBi, -slope_h |i + shift - j|; /bias (B or 1, H or 1, NQ, NK) adds a bias to\n"
+    "            the scores and makes the backward write its gradient /dbias\n"
     "  --multiscale: O = (S V) / max(rowsum |S|, 1), S = scale (Q K^T) * M; forward reads\n"
     "            /q /k /v [/mask (H, NQ, NK)], writes /o /rsum; backward reads /q /k /v [/mask]\n"
     "            /o /rsum /do, writes /dq /dk /dv; --random uses the decay mask\n"
@@ -106,6 +112,7 @@ struct Options : kfa_apps::RunOptions {
   std::vector<long long> shape;  // dropout-mask: B,H,NQ,NK
   bool layernorm = false;        // kfa layernorm forward|backward
   kfa_cli::LayerNormOptions ln;  // its own options
+  bool alibi = false;            // forward/backward: ALiBi with the standard slopes
 };
 
 // The fields of the list kfa dropout-mask reads.
@@ -144,6 +151,11 @@ Options parse(int argc, char** argv) {
         throw InputError("'" + flag + "' does not apply to dropout-mask (it takes " + list + ")");
       }
     }
+    if (flag == "--alibi") {
+      if (mask_cmd) throw InputError("--alibi applies to forward and backward only");
+      o.alibi = true;
+      return true;
+    }
     if (flag != "--shape") return false;
     if (!mask_cmd) throw InputError("--shape applies to dropout-mask only");
     o.shape = kfa_apps::parse_dims(flag, value(), "B,H,NQ,NK",
@@ -160,6 +172,7 @@ Options parse(int argc, char** argv) {
     return o;
   }
   kfa_apps::check_sources(o);
+  if (o.multiscale && o.alibi) throw InputError("--alibi does not apply to --multiscale");
   kfa_apps::check_multiscale(o);
   return o;
 }
@@ -171,7 +184,37 @@ struct Problem {
   Dataset o, lse, dout, dlse;  // backward from a file: the forward's outputs and the gradients
   Dataset mask;                // --multiscale: M, or empty (M = 1); lse then holds /rsum
   const char* stat = "/lse";   // the name of the forward's row statistic
+  Dataset slopes, bias;        // score terms: ALiBi slopes (heads_q) or a bias, or neither
 };
+
+// The score terms' shapes against /q and /k: slopes (heads_q), bias (B or 1, H or 1, NQ, NK);
+// one term per pass.
+void check_term_shapes(const Problem& p) {
+  const auto& q = p.q.dims;
+  if (!p.slopes.dims.empty() && !p.bias.dims.empty())
+    throw InputError(
+        "ALiBi slopes and /bias were both given; a pass takes one score term (add "
+        "the ALiBi term to /bias instead)");
+  if (!p.slopes.dims.empty() && p.slopes.dims[0] != q[1])
+    throw InputError("dataset /alibi_slopes has shape " + kfa_apps::shape_of(p.slopes.dims) +
+                     " but /q has shape " + kfa_apps::shape_of(q) + ": one slope per query head");
+  const auto& b = p.bias.dims;
+  if (!b.empty() && ((b[0] != q[0] && b[0] != 1) || (b[1] != q[1] && b[1] != 1) || b[2] != q[2] ||
+                     b[3] != p.k.dims[2]))
+    throw InputError("dataset /bias has shape " + kfa_apps::shape_of(b) + " but /q has shape " +
+                     kfa_apps::shape_of(q) + " and /k " + kfa_apps::shape_of(p.k.dims) +
+                     ": it must be (batch or 1, heads or 1, seqlen of /q, seqlen of /k)");
+}
+
+// The standard ALiBi slopes of --alibi for `heads` query heads, as a dataset.
+Dataset standard_slopes(hsize_t heads) {
+  Dataset d;
+  d.dims = {heads};
+  d.dtype = DType::f64;
+  const auto s = kfa::masks::alibi_slopes(static_cast<int>(heads));
+  d.data.assign(s.begin(), s.end());
+  return d;
+}
 
 void check_file_shapes(const Problem& p) {
   const char* names[] = {"batch", "heads", "seqlen", "head_dim"};
@@ -333,6 +376,32 @@ Inputs<T> upload_inputs(const Options& o, Problem& p) {
   return in;
 }
 
+// The score terms' device views hold the accumulation type (float, or double for double).
+template <class T>
+using DeviceBias = Kokkos::View<Lse<T>****, Kokkos::LayoutRight, Exec::memory_space>;
+
+// Calls pass(term) with the problem's score term (kfa/masks.hpp) on the device, or pass() when
+// it has none; dbias: the backward's gradient of a bias (empty in the forward).
+template <class T, class Pass>
+void with_term(const Problem& p, const DeviceBias<T>& dbias, const Pass& pass) {
+  if (!p.slopes.dims.empty()) {
+    using Slopes = Kokkos::View<Lse<T>*, Kokkos::LayoutRight, Exec::memory_space>;
+    pass(kfa::masks::Alibi{kfa_apps::dataset_to_view<Slopes>(p.slopes, "kfa::alibi_slopes")});
+  } else if (!p.bias.dims.empty()) {
+    pass(kfa::masks::Bias{kfa_apps::dataset_to_view<DeviceBias<T>>(p.bias, "kfa::bias"), dbias});
+  } else {
+    pass();
+  }
+}
+
+// The score terms for the reference.
+kfa::reference::Terms reference_terms(const Problem& p) {
+  kfa::reference::Terms t;
+  t.alibi = p.slopes.data;
+  if (!p.bias.dims.empty()) t.bias = to_reference(p.bias);
+  return t;
+}
+
 template <class T>
 int run_forward(const Options& o, Problem& p) {
   const Inputs<T> in = upload_inputs<T>(o, p);
@@ -343,8 +412,11 @@ int run_forward(const Options& o, Problem& p) {
   DeviceLse<T> lse(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::lse")),
                    q.extent(0), q.extent(1), q.extent(2));
 
-  const kfa_apps::Timing tm =
-      kfa_apps::time_pass(o.repeat, [&] { kfa::forward(Exec(), q, k, v, out, lse, o.params); });
+  kfa_apps::Timing tm;
+  with_term<T>(p, {}, [&](const auto&... term) {
+    tm = kfa_apps::time_pass(o.repeat,
+                             [&] { kfa::forward(Exec(), q, k, v, out, lse, o.params, term...); });
+  });
 
   // The outputs come back to the host only when something reads them.
   Dataset o_ds, lse_ds;
@@ -355,9 +427,9 @@ int run_forward(const Options& o, Problem& p) {
 
   std::optional<Verdict> verdict;
   if (o.check) {
-    const auto c = kfa::reference::check_forward<T>(to_reference(p.q), to_reference(p.k),
-                                                    to_reference(p.v), o.params, to_reference(o_ds),
-                                                    to_reference3(lse_ds), keep_mask(o, d));
+    const auto c = kfa::reference::check_forward<T>(
+        to_reference(p.q), to_reference(p.k), to_reference(p.v), o.params, to_reference(o_ds),
+        to_reference3(lse_ds), keep_mask(o, d), reference_terms(p));
     verdict = Verdict{{{"O", "o", c.o}, {"LSE", "lse", c.lse}}};
   }
   if (!o.out.empty()) kfa_apps::write_atomic(o.out, {{"/o", &o_ds}, {"/lse", &lse_ds}});
@@ -375,7 +447,9 @@ int run_backward(const Options& o, Problem& p) {
   if (p.o.dims.empty()) {  // --random: the forward it needs, once and untimed
     out = DeviceTensor<T>(std::string("kfa::o"), d.batch, d.heads_q, d.seqlen_q, d.head_dim);
     lse = decltype(lse)(std::string("kfa::lse"), d.batch, d.heads_q, d.seqlen_q);
-    kfa::forward(Exec(), q, k, v, out, lse, o.params);
+    with_term<T>(p, {}, [&](const auto&... term) {
+      kfa::forward(Exec(), q, k, v, out, lse, o.params, term...);
+    });
   } else {
     out = to_device<T>(p.o, "kfa::o");
     lse = to_device3<Lse<T>>(p.lse, "kfa::lse");
@@ -384,18 +458,26 @@ int run_backward(const Options& o, Problem& p) {
   dq = DeviceTensor<T>(std::string("kfa::dq"), d.batch, d.heads_q, d.seqlen_q, d.head_dim);
   dk = DeviceTensor<T>(std::string("kfa::dk"), d.batch, d.heads_kv, d.seqlen_k, d.head_dim);
   dv = DeviceTensor<T>(std::string("kfa::dv"), d.batch, d.heads_kv, d.seqlen_k, d.head_dim);
-  const kfa_apps::Timing tm = kfa_apps::time_pass(o.repeat, [&] {
-    if (dlse.size() > 0)
-      kfa::backward(Exec(), q, k, v, out, lse, dout, dlse, dq, dk, dv, o.params);
-    else
-      kfa::backward(Exec(), q, k, v, out, lse, dout, dq, dk, dv, o.params);
+  DeviceBias<T> dbias;  // the bias's gradient, shaped like it
+  if (!p.bias.dims.empty())
+    dbias = DeviceBias<T>(std::string("kfa::dbias"), p.bias.dims[0], p.bias.dims[1], p.bias.dims[2],
+                          p.bias.dims[3]);
+  kfa_apps::Timing tm;
+  with_term<T>(p, dbias, [&](const auto&... term) {
+    tm = kfa_apps::time_pass(o.repeat, [&] {
+      if (dlse.size() > 0)
+        kfa::backward(Exec(), q, k, v, out, lse, dout, dlse, dq, dk, dv, o.params, term...);
+      else
+        kfa::backward(Exec(), q, k, v, out, lse, dout, dq, dk, dv, o.params, term...);
+    });
   });
 
-  Dataset dq_ds, dk_ds, dv_ds;
+  Dataset dq_ds, dk_ds, dv_ds, dbias_ds;
   if (o.check || !o.out.empty()) {
     dq_ds = kfa_apps::view_to_dataset(dq, o.dtype);
     dk_ds = kfa_apps::view_to_dataset(dk, o.dtype);
     dv_ds = kfa_apps::view_to_dataset(dv, o.dtype);
+    if (dbias.size() > 0) dbias_ds = kfa_apps::view_to_dataset(dbias, lse_dtype(o.dtype));
   }
   std::optional<Verdict> verdict;
   if (o.check) {
@@ -404,12 +486,23 @@ int run_backward(const Options& o, Problem& p) {
     const auto c = kfa::reference::check_backward<T>(
         to_reference(p.q), to_reference(p.k), to_reference(p.v), o.params, to_reference(p.dout),
         to_reference3(p.dlse), to_reference(dq_ds), to_reference(dk_ds), to_reference(dv_ds),
-        keep_mask(o, d));
+        keep_mask(o, d), reference_terms(p));
     verdict = Verdict{{{"dQ", "dq", c.dq}, {"dK", "dk", c.dk}, {"dV", "dv", c.dv}}};
+    if (dbias.size() > 0)
+      verdict->checks.push_back({"dbias", "dbias",
+                                 kfa::reference::check_dbias<T>(
+                                     to_reference(p.q), to_reference(p.k), to_reference(p.v),
+                                     o.params, to_reference(p.dout), to_reference3(p.dlse),
+                                     to_reference(dbias_ds), keep_mask(o, d), reference_terms(p))});
   }
-  if (!o.out.empty())
-    kfa_apps::write_atomic(o.out, {{"/dq", &dq_ds}, {"/dk", &dk_ds}, {"/dv", &dv_ds}});
-  return report(o, d, o.dtype, tm, verdict, "/dq /dk /dv");
+  if (!o.out.empty()) {
+    std::vector<std::pair<std::string, const Dataset*>> w{
+        {"/dq", &dq_ds}, {"/dk", &dk_ds}, {"/dv", &dv_ds}};
+    if (dbias.size() > 0) w.emplace_back("/dbias", &dbias_ds);
+    kfa_apps::write_atomic(o.out, w);
+  }
+  return report(o, d, o.dtype, tm, verdict,
+                dbias.size() > 0 ? "/dq /dk /dv /dbias" : "/dq /dk /dv");
 }
 
 template <class T>
@@ -564,9 +657,10 @@ int main_pass(Options o) {
       kfa_apps::require_memory(16.0 * double(H) * double(N) * double(Nk), "the --multiscale mask");
       p.mask = kfa_apps::decay_mask(H, N, Nk, o.dtype);
     }
+    if (o.alibi) p.slopes = standard_slopes(H);
   } else {
     kfa_apps::H5File in(o.in);
-    kfa_apps::check_known_datasets(in.names(), o.in, o.multiscale);
+    kfa_apps::check_known_datasets(in.names(), o.in, o.multiscale, !o.multiscale);
     if (o.multiscale) p.stat = "/rsum";
     // Every header first: shapes, types and the memory they need are checked before anything
     // is allocated or read.
@@ -582,6 +676,14 @@ int main_pass(Options o) {
       if (in.has("/dlse")) p.dlse = in.header("/dlse", 3);
       check_backward_shapes(p);
     }
+    if (in.has("/alibi_slopes")) {
+      if (o.alibi)
+        throw InputError("--alibi and dataset /alibi_slopes in '" + o.in +
+                         "' were both given; give one");
+      p.slopes = in.header("/alibi_slopes", 1);
+    }
+    if (in.has("/bias")) p.bias = in.header("/bias", 4);
+    check_term_shapes(p);
     check_memory(p.q.dtype, double(p.q.size()), double(p.k.size()), double(p.q.dims[3]), bwd,
                  "dataset /q " + kfa_apps::shape_of(p.q.dims) + " with /k " +
                      kfa_apps::shape_of(p.k.dims) + " (" + name(p.q.dtype) + ") in '" + o.in + "'");
@@ -600,9 +702,17 @@ int main_pass(Options o) {
       p.dout = in.read("/do", 4);
       if (in.has("/dlse")) p.dlse = in.read("/dlse", 3);
     }
+    if (!p.slopes.dims.empty()) p.slopes = in.read("/alibi_slopes", 1);
+    if (!p.bias.dims.empty()) p.bias = in.read("/bias", 4);
+    if (o.alibi) p.slopes = standard_slopes(p.q.dims[1]);
+    check_term_shapes(p);
     if (!o.allow_nonfinite)
-      for (const auto& [d, ds] :
-           {std::pair{&p.q, "/q"}, {&p.k, "/k"}, {&p.v, "/v"}, {&p.dout, "/do"}})
+      for (const auto& [d, ds] : {std::pair{&p.q, "/q"},
+                                  {&p.k, "/k"},
+                                  {&p.v, "/v"},
+                                  {&p.dout, "/do"},
+                                  {&p.slopes, "/alibi_slopes"},
+                                  {&p.bias, "/bias"}})
         kfa_apps::refuse_non_finite(*d, std::string("dataset ") + ds + " in '" + o.in + "'");
     o.dtype = p.q.dtype;
   }

@@ -5,6 +5,7 @@
 #include <kfa/float16.hpp>
 #include <kfa/impl/backward_kernel.hpp>
 #include <kfa/impl/validate.hpp>
+#include <kfa/masks.hpp>
 #include <kfa/params.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -57,6 +58,32 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
               const Lse& lse, const DO& dout, const DLse& dlse, const DQ& dq, const DK& dk,
               const DV& dv, const Params& params = {}) {
   impl::backward(space, q, k, v, o, lse, dout, &dlse, dq, dk, dv, params);
+}
+
+/// The two overloads above with an additive term of the score (kfa/masks.hpp), the one the
+/// forward was given: kfa::masks::Alibi{slopes}, or kfa::masks::Bias{bias, dbias}, whose dbias
+/// (when not empty) receives dL/dbias summed over the broadcast dimensions of bias, computed
+/// without atomics (bitwise repeatable for any dQ mode) from a (batch, heads_q, seqlen_q,
+/// seqlen_k) buffer in the accumulation type that the call allocates.
+template <
+    class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK,
+    class DV, class Extra,
+    std::enable_if_t<impl::is_view_of_rank<DQ, 4>::value && impl::is_term<Extra>::value, int> = 0>
+void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+              const Lse& lse, const DO& dout, const DQ& dq, const DK& dk, const DV& dv,
+              const Params& params, const Extra& extra) {
+  impl::backward(space, q, k, v, o, lse, dout, static_cast<const Lse*>(nullptr), dq, dk, dv, params,
+                 impl::Origin{}, extra);
+}
+/// \copydoc backward
+template <
+    class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DLse, class DQ,
+    class DK, class DV, class Extra,
+    std::enable_if_t<impl::is_view_of_rank<DLse, 3>::value && impl::is_term<Extra>::value, int> = 0>
+void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+              const Lse& lse, const DO& dout, const DLse& dlse, const DQ& dq, const DK& dk,
+              const DV& dv, const Params& params, const Extra& extra) {
+  impl::backward(space, q, k, v, o, lse, dout, &dlse, dq, dk, dv, params, impl::Origin{}, extra);
 }
 
 }  // namespace kfa

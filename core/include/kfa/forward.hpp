@@ -5,6 +5,7 @@
 #include <kfa/float16.hpp>
 #include <kfa/impl/forward_kernel.hpp>
 #include <kfa/impl/validate.hpp>
+#include <kfa/masks.hpp>
 #include <kfa/params.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -34,6 +35,18 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
              const Params& params = {}) {
   impl::static_check_pass<ExecSpace, true, Lse>(impl::Inputs<Q, K, V>{}, impl::Outputs<O>{});
   impl::forward(space, q, k, v, o, lse, params, impl::Origin{});
+}
+
+/// As above with an additive term of the score, S = softcap(scale Q K^T) + bias
+/// (kfa/masks.hpp): kfa::masks::Alibi{slopes} or kfa::masks::Bias{bias}. Passes with a term
+/// take the tile kernels on every backend (not the register-resident CUDA forward).
+/// \throws kfa::Error as above, and for a term whose shape does not fit q and k.
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class Extra,
+          std::enable_if_t<impl::is_term<Extra>::value, int> = 0>
+void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
+             const Params& params, const Extra& extra) {
+  impl::static_check_pass<ExecSpace, true, Lse>(impl::Inputs<Q, K, V>{}, impl::Outputs<O>{});
+  impl::forward(space, q, k, v, o, lse, params, impl::Origin{}, extra);
 }
 
 }  // namespace kfa

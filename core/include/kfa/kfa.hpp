@@ -11,6 +11,7 @@
 #include <kfa/flops.hpp>
 #include <kfa/forward.hpp>
 #include <kfa/layer_norm.hpp>
+#include <kfa/masks.hpp>
 #include <kfa/multiscale.hpp>
 #include <kfa/params.hpp>
 #include <kfa/welford.hpp>

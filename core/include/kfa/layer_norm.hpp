@@ -44,7 +44,6 @@
 
 #include <cmath>
 #include <cstddef>
-#include <sstream>
 #include <string>
 #include <type_traits>
 
@@ -69,17 +68,6 @@ KOKKOS_INLINE_FUNCTION typename V::reference_type row_elem(const V& v, int r, in
     const int L = static_cast<int>(v.extent(1));
     return v(r / L, r % L, j);
   }
-}
-
-/// "(a, b, ...)": a view's shape for error messages.
-template <class V>
-std::string shape_of(const V& v) {
-  std::ostringstream os;
-  os << "(";
-  for (int d = 0; d < static_cast<int>(V::rank); ++d)
-    os << (d ? ", " : "") << v.extent(d);
-  os << ")";
-  return os.str();
 }
 
 /// Compile-time checks of the row tensors (x, residual, y; dy, dz in the backward), the

@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -113,6 +114,29 @@ inline bool visible(const Params& p, long long i, long long j, long long seqlen_
   return true;
 }
 
+/// The additive terms of the score (kfa/masks.hpp) for the reference, as host data: ALiBi
+/// slopes and a dense bias, either, both or neither. Both are read from their definitions:
+///   ALiBi: -alibi[h] |j - i - shift|, shift = seqlen_k - seqlen_q (bottom_right) or 0;
+///   bias:  bias(b or 0, h or 0, i, j), an extent of 1 broadcasting.
+/// `dbias`, when allocated (shaped like bias), receives dL/dbias from reference::backward.
+struct Terms {
+  std::vector<double> alibi;  ///< heads_q slopes; empty: no ALiBi
+  Tensor4 bias;               ///< (batch or 1, heads_q or 1, seqlen_q, seqlen_k); empty: none
+  Tensor4 dbias;              ///< output of backward, shaped like bias; empty: not computed
+
+  /// The sum of the terms for query i, key j of head h in batch b.
+  double operator()(const Params& p, int b, int h, long long i, long long j, long long seqlen_q,
+                    long long seqlen_k) const {
+    double t = 0;
+    if (!alibi.empty()) {
+      const long long shift = p.align == Align::bottom_right ? seqlen_k - seqlen_q : 0;
+      t -= alibi.at(static_cast<std::size_t>(h)) * static_cast<double>(std::llabs(j - i - shift));
+    }
+    if (bias.span() > 0) t += bias(bias.extent(0) == 1 ? 0 : b, bias.extent(1) == 1 ? 0 : h, i, j);
+    return t;
+  }
+};
+
 /// The score of a query-key pair from its dot product q.k, in precision T, as kfa::Params
 /// defines it, and its derivative: the reference's one statement of the transform, which
 /// every pass below uses. The kernels have their own (impl/score.hpp); the two share no code,
@@ -120,8 +144,8 @@ inline bool visible(const Params& p, long long i, long long j, long long seqlen_
 /// is written here and there.
 ///   S = softcap(x), x = scale q.k, softcap(x) = cap tanh(x / cap) (x itself when cap = 0),
 /// S rounded to T_ as an unfused implementation stores it, and dS/dx = 1 - (S / cap)^2 taken
-/// from the stored S, as an unfused backward takes tanh's derivative from its output. (An
-/// additive term would be added to S after the softcap and subtracted before the slope.)
+/// from the stored S, as an unfused backward takes tanh's derivative from its output. The
+/// additive term (Terms) is added after the softcap and the slope, and the sum rounded to T_.
 template <class T_>
 struct ScoreMap {
   using T = compute_t<T_>;  ///< the arithmetic type
@@ -133,13 +157,14 @@ struct ScoreMap {
       : scale(static_cast<T>(p.scale < 0 ? 1.0 / std::sqrt(double(head_dim)) : p.scale)),
         cap(static_cast<T>(p.softcap)) {}
 
-  /// S of a pair whose dot product is `dot`, and dS/dx in `slope`.
-  T operator()(T dot, T& slope) const {
+  /// S of a pair whose dot product is `dot` with the additive term `term`, and dS/dx in
+  /// `slope`.
+  T operator()(T dot, T& slope, T term = 0) const {
     T s = scale * dot;
     if (cap > 0) s = cap * std::tanh(s / cap);
     s = round_to<T_>(s);
     slope = cap > 0 ? T(1) - (s / cap) * (s / cap) : T(1);
-    return s;
+    return term != T(0) ? round_to<T_>(s + term) : s;
   }
 };
 
@@ -147,7 +172,8 @@ struct ScoreMap {
 /// j, with dS/dx into slope[j]; returns their maximum (-inf when none is visible).
 template <class T_, class T = compute_t<T_>>
 T scores_row(const Tensor4& q, const Tensor4& k, const Params& p, int b, int h, int hk, int i,
-             const ScoreMap<T_>& score, std::vector<T>& s, std::vector<T>& slope) {
+             const ScoreMap<T_>& score, const Terms& terms, std::vector<T>& s,
+             std::vector<T>& slope) {
   const int Nq = q.extent(2), Nk = k.extent(2), D = q.extent(3);
   T mx = -std::numeric_limits<T>::infinity();
   for (int j = 0; j < Nk; ++j) {
@@ -155,7 +181,7 @@ T scores_row(const Tensor4& q, const Tensor4& k, const Params& p, int b, int h, 
     T dot = 0;
     for (int d = 0; d < D; ++d)
       dot += static_cast<T>(q(b, h, i, d)) * static_cast<T>(k(b, hk, j, d));
-    s[j] = score(dot, slope[j]);
+    s[j] = score(dot, slope[j], static_cast<T>(terms(p, b, h, i, j, Nq, Nk)));
     mx = std::max(mx, s[j]);
   }
   return mx;
@@ -163,10 +189,11 @@ T scores_row(const Tensor4& q, const Tensor4& k, const Params& p, int b, int h, 
 
 /// Naive forward computed in precision T from double inputs; results stored as double.
 /// o and lse must be allocated with the shapes of q and (batch, heads_q, seqlen_q); keep is
-/// the dropout keep-mask, needed only when p.dropout > 0.
+/// the dropout keep-mask, needed only when p.dropout > 0; terms the additive terms, if any.
 template <class T_>
 void forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params& p,
-             const Tensor4& o, const Tensor3& lse, const Keep4& keep = {}) {
+             const Tensor4& o, const Tensor3& lse, const Keep4& keep = {},
+             const Terms& terms = {}) {
   using T = compute_t<T_>;
   constexpr bool narrow = backends::is_narrow_float<T_>::value;
   const int B = q.extent(0), Hq = q.extent(1), Nq = q.extent(2), D = q.extent(3);
@@ -178,7 +205,7 @@ void forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params&
     for (int h = 0; h < Hq; ++h) {
       const int hk = h / (Hq / Hk);
       for (int i = 0; i < Nq; ++i) {
-        const T mx = scores_row<T_>(q, k, p, b, h, hk, i, score, s, slope);
+        const T mx = scores_row<T_>(q, k, p, b, h, hk, i, score, terms, s, slope);
         T sum = 0;
         std::fill(acc.begin(), acc.end(), T(0));
         for (int j = 0; j < Nk; ++j)
@@ -206,17 +233,21 @@ void forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params&
 ///   dK_j = scale sum_i dS_ij Q_i,
 /// dK and dV summed over the query heads sharing a kv head. dlse may be an empty view (no LSE
 /// gradient); keep is the dropout keep-mask, needed only when p.dropout > 0. Outputs must be
-/// allocated with the shapes of q, k and v.
+/// allocated with the shapes of q, k and v. With terms, the scores have them added, and
+/// terms.dbias (when allocated) receives dL/dbias_ij = P_ij (Z_ij dO_i . V_j - D_i + dlse_i),
+/// dS before the softcap's slope, summed over the broadcast dimensions of terms.bias.
 template <class T_>
 void backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params& p,
               const Tensor4& dout, const Tensor3& dlse, const Tensor4& dq, const Tensor4& dk,
-              const Tensor4& dv, const Keep4& keep = {}) {
+              const Tensor4& dv, const Keep4& keep = {}, const Terms& terms = {}) {
   using T = compute_t<T_>;
   const int B = q.extent(0), Hq = q.extent(1), Nq = q.extent(2), D = q.extent(3);
   const int Hk = k.extent(1), Nk = k.extent(2);
   const DropoutWeight<T> z(p, keep, B, Hq, Nq, Nk);
   const ScoreMap<T_> score(p, D);
   const bool has_dlse = dlse.span() > 0;
+  const bool want_dbias = terms.dbias.span() > 0;
+  if (want_dbias) Kokkos::deep_copy(terms.dbias, 0.0);
   std::vector<T> s(Nk), slope(Nk), pr(Nk), o(D), gq(D), gk(std::size_t(Hk) * Nk * D), gv(gk.size());
   for (int b = 0; b < B; ++b) {
     std::fill(gk.begin(), gk.end(), T(0));
@@ -224,7 +255,7 @@ void backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params
     for (int h = 0; h < Hq; ++h) {
       const int hk = h / (Hq / Hk);
       for (int i = 0; i < Nq; ++i) {
-        const T mx = scores_row<T_>(q, k, p, b, h, hk, i, score, s, slope);
+        const T mx = scores_row<T_>(q, k, p, b, h, hk, i, score, terms, s, slope);
         T sum = 0;
         for (int j = 0; j < Nk; ++j)
           if (visible(p, i, j, Nq, Nk)) sum += pr[j] = std::exp(s[j] - mx);
@@ -248,7 +279,11 @@ void backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params
             dp += static_cast<T>(dout(b, h, i, d)) * static_cast<T>(v(b, hk, j, d));
           dp = round_to<T_>(dp);
           const T zj = z(b, h, i, j);
-          const T ds = round_to<T_>(pr[j] * (zj * dp - di + gl) * slope[j]);
+          const T g = pr[j] * (zj * dp - di + gl);
+          if (want_dbias)
+            terms.dbias(terms.dbias.extent(0) == 1 ? 0 : b, terms.dbias.extent(1) == 1 ? 0 : h, i,
+                        j) += double(round_to<T_>(g));
+          const T ds = round_to<T_>(g * slope[j]);
           T* gkj = &gk[(std::size_t(hk) * Nk + j) * D];
           T* gvj = &gv[(std::size_t(hk) * Nk + j) * D];
           const T pz = pr[j] * zj;
@@ -561,16 +596,17 @@ Check apply_rule(const A& tested, const N& naive, const R& ref, double factor = 
 ///   double: err <= 1e-12 * max(1, max|ref64|).
 /// The floor covers outputs where naive_err happens to be 0 (for instance O of a row with a
 /// single visible key) while a fused kernel still rounds once more. keep: the dropout
-/// keep-mask the tested run used, needed only when p.dropout > 0.
+/// keep-mask the tested run used, needed only when p.dropout > 0; terms: its additive terms.
 template <class T>
 ForwardCheck check_forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params& p,
-                           const Tensor4& o, const Tensor3& lse, const Keep4& keep = {}) {
+                           const Tensor4& o, const Tensor3& lse, const Keep4& keep = {},
+                           const Terms& terms = {}) {
   Tensor4 o64("kfa::ref::o64", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
   Tensor3 lse64("kfa::ref::lse64", q.extent(0), q.extent(1), q.extent(2));
-  forward<double>(q, k, v, p, o64, lse64, keep);
+  forward<double>(q, k, v, p, o64, lse64, keep, terms);
   Tensor4 oT("kfa::ref::oT", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
   Tensor3 lseT("kfa::ref::lseT", q.extent(0), q.extent(1), q.extent(2));
-  if (!std::is_same_v<T, double>) forward<T>(q, k, v, p, oT, lseT, keep);
+  if (!std::is_same_v<T, double>) forward<T>(q, k, v, p, oT, lseT, keep, terms);
   return {apply_rule<T>(o, oT, o64), apply_rule<T>(lse, lseT, lse64)};
 }
 
@@ -584,23 +620,46 @@ struct BackwardCheck {
 };
 
 /// Applies the rule to gradients (dq, dk, dv) computed in precision T by the code under test
-/// from (q, k, v, dout, dlse); dlse may be empty; keep as for backward. Same rule as check_forward
-/// with the factor 2: the fused backward rounds the same products as the naive one, in another
-/// order.
+/// from (q, k, v, dout, dlse); dlse may be empty; keep and terms as for backward (terms.dbias
+/// is not read: the rule on a tested dbias is check_dbias). Same rule as check_forward with the
+/// factor 2: the fused backward rounds the same products as the naive one, in another order.
 template <class T>
 BackwardCheck check_backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params& p,
                              const Tensor4& dout, const Tensor3& dlse, const Tensor4& dq,
-                             const Tensor4& dk, const Tensor4& dv, const Keep4& keep = {}) {
+                             const Tensor4& dk, const Tensor4& dv, const Keep4& keep = {},
+                             Terms terms = {}) {
+  terms.dbias = Tensor4();
   auto like = [](const char* label, const Tensor4& t) {
     return Tensor4(std::string(label), t.extent(0), t.extent(1), t.extent(2), t.extent(3));
   };
   Tensor4 dq64 = like("kfa::ref::dq64", q), dk64 = like("kfa::ref::dk64", k),
           dv64 = like("kfa::ref::dv64", v);
-  backward<double>(q, k, v, p, dout, dlse, dq64, dk64, dv64, keep);
+  backward<double>(q, k, v, p, dout, dlse, dq64, dk64, dv64, keep, terms);
   Tensor4 dqT = like("kfa::ref::dqT", q), dkT = like("kfa::ref::dkT", k),
           dvT = like("kfa::ref::dvT", v);
-  if (!std::is_same_v<T, double>) backward<T>(q, k, v, p, dout, dlse, dqT, dkT, dvT, keep);
+  if (!std::is_same_v<T, double>) backward<T>(q, k, v, p, dout, dlse, dqT, dkT, dvT, keep, terms);
   return {apply_rule<T>(dq, dqT, dq64), apply_rule<T>(dk, dkT, dk64), apply_rule<T>(dv, dvT, dv64)};
+}
+
+/// The rule on a dbias computed in precision T by the code under test, for the problem of
+/// check_backward with terms.bias (terms.dbias is not read).
+template <class T>
+Check check_dbias(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params& p,
+                  const Tensor4& dout, const Tensor3& dlse, const Tensor4& dbias,
+                  const Keep4& keep = {}, Terms terms = {}) {
+  auto like = [](const char* label, const Tensor4& t) {
+    return Tensor4(std::string(label), t.extent(0), t.extent(1), t.extent(2), t.extent(3));
+  };
+  Tensor4 dq = like("kfa::ref::dq", q), dk = like("kfa::ref::dk", k), dv = like("kfa::ref::dv", v);
+  terms.dbias = like("kfa::ref::dbias64", terms.bias);
+  backward<double>(q, k, v, p, dout, dlse, dq, dk, dv, keep, terms);
+  const Tensor4 db64 = terms.dbias;
+  Tensor4 dbT = like("kfa::ref::dbiasT", terms.bias);
+  if (!std::is_same_v<T, double>) {
+    terms.dbias = dbT;
+    backward<T>(q, k, v, p, dout, dlse, dq, dk, dv, keep, terms);
+  }
+  return apply_rule<T>(dbias, dbT, db64);
 }
 
 /// The tolerance rule on a multi-scale forward (o, rsum) computed in precision T, against

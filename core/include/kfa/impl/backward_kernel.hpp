@@ -28,6 +28,7 @@
 
 #include <kfa/backends/traits.hpp>
 #include <kfa/combine.hpp>
+#include <kfa/impl/bias.hpp>
 #include <kfa/impl/counters.hpp>
 #include <kfa/impl/dropout.hpp>
 #include <kfa/impl/launch.hpp>
@@ -80,7 +81,8 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
   int heads_q, heads_k, group, seqlen_q, seqlen_k, head_dim;
   int Bt, q_tiles, k_tiles;  // Br = Bc = Bt
   int ldd, ldt;  // row strides of the scratch tiles D and Bt wide: padded by traits::pad
-  ScoreTransform<acc_t> score;
+  using bias_t = typename bias_of<Rule, acc_t>::type;  // the additive term (impl/bias.hpp)
+  ScoreTransform<acc_t, bias_t> score;
   Mask mask;
   Dropout<acc_t> dropout;
   int level_kv, level_q;  // scratch levels of KeyValueKernel and QueryKernel
@@ -101,9 +103,9 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
     ldt = Bt + traits::pad;
     q_tiles = (seqlen_q + Bt - 1) / Bt;
     k_tiles = (seqlen_k + Bt - 1) / Bt;
-    score = ScoreTransform<acc_t>(p, head_dim);
-    if constexpr (!Rule::softmax) score.scale = rule.scale;
     mask = make_mask(p, seqlen_q, seqlen_k, at);
+    score = ScoreTransform<acc_t, bias_t>(p, head_dim, bias_of<Rule, acc_t>::make(rule, mask, at));
+    if constexpr (!Rule::softmax) score.scale = rule.scale;
     dropout = make_dropout<acc_t>(p, at);
     level_kv = base::scratch_level(scratch_bytes(true));
     level_q = base::scratch_level(scratch_bytes(false));
@@ -235,9 +237,10 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
   /// P * Z and dS of query tile q0 (nr rows, staged in sc) of head (b, h) against key tile k0
   /// (nc keys), into sc.p and sc.ds (Bt x Bt, columns [0, nc)): S = Q_i K_j^T and
   /// dP = dO_i V_j^T as tile products on the keys any row sees, then the row step. Ends with a
-  /// team barrier, so the caller may read P and dS at once.
+  /// team barrier, so the caller may read P and dS at once. `owner`: this call is the one pass
+  /// over the element that hands dL/dS to an additive term with a gradient (the key-tile pass).
   KOKKOS_INLINE_FUNCTION void tile_p_ds(const member_t& team, int b, int h, int q0, int nr, int k0,
-                                        int nc, const Tiles& sc) const {
+                                        int nc, const Tiles& sc, bool owner) const {
     const int D = head_dim;
     int cb, ce;  // never empty: callers check tiles_meet first
     mask.tile_columns(q0, nr, k0, nc, cb, ce);
@@ -247,17 +250,17 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
     team.team_barrier();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
       row_p_ds(team, b, h, q0 + r, k0, nc, sc.lse_s[r], sc.delta_s[r], sc.p + r * ldt,
-               sc.ds + r * ldt);
+               sc.ds + r * ldt, owner);
     });
     team.team_barrier();
   }
 
   /// Row i of head (b, h) against the key tile at k0 (nc keys): turns the scores S in prow and
   /// dP in dsrow into P * Z and dS (zero for masked keys, and for the whole row when the query
-  /// saw no key).
+  /// saw no key). With `owner`, hands dL/dS of each visible element to the additive term.
   KOKKOS_INLINE_FUNCTION void row_p_ds(const member_t& team, int b, int h, int i, int k0, int nc,
-                                       acc_t lse_i, acc_t delta_i, acc_t* prow,
-                                       acc_t* dsrow) const {
+                                       acc_t lse_i, acc_t delta_i, acc_t* prow, acc_t* dsrow,
+                                       bool owner) const {
     const int lo = mask.lo(i) - k0, hi = mask.hi(i) + 1 - k0;
     int c0 = lo > 0 ? lo : 0, c1 = hi < nc ? hi : nc;
     // A query that saw no key has LSE = -inf; its P is 0, not exp(+inf). (Multi-scale: r is
@@ -294,7 +297,10 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
       const acc_t p = backends::exp(score.at(prow[c], b, h, i, k0 + c, slope) - lse_i);
       prow[c] = p * z;
       // dL/dS (an additive term's gradient) times dS/dx.
-      dsrow[c] = p * (dsrow[c] * z - delta_i) * slope;
+      const acc_t g = p * (dsrow[c] * z - delta_i);
+      if constexpr (bias_t::has_gradient)
+        if (owner && score.bias.wants_gradient()) score.bias.gradient(b, h, i, k0 + c, g);
+      dsrow[c] = g * slope;
     });
   }
 };
@@ -383,7 +389,7 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
         this->tiles_staged.add(team, TileCounter::key_value, nr);
         this->load_query_tile(team, b, h, q0, nr, sc.qs, sc.dos, sc.lse_s, sc.delta_s);
         team.team_barrier();
-        this->tile_p_ds(team, b, h, q0, nr, k0, nc, sc);
+        this->tile_p_ds(team, b, h, q0, nr, k0, nc, sc, true);
         if constexpr (atomic_capable) {
           if (atomic_dq) {  // dQ_i += scale dS K_j, added into dq
             ops::gemm(team, nr, D, nc, sc.ds, ldt, 1, sc.ks, ldd, sc.dqs, ldd, false);
@@ -467,7 +473,7 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
       this->tiles_staged.add(team, TileCounter::query, nc);
       load_key_tile(team, b, hk, k0, nc, sc);
       team.team_barrier();
-      this->tile_p_ds(team, b, h, q0, nr, k0, nc, sc);
+      this->tile_p_ds(team, b, h, q0, nr, k0, nc, sc, false);
       ops::gemm(team, nr, D, nc, sc.ds, ldt, 1, sc.ks, ldd, sc.dqs, ldd, true);  // dQ_i += dS K_j
     }
     team.team_barrier();
@@ -573,7 +579,7 @@ struct SymmetricKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
         step.dos = other.dos;
         step.lse_s = other.lse_s;
         step.delta_s = other.delta_s;
-        this->tile_p_ds(team, b, h, i0, ni, j0, nj, step);
+        this->tile_p_ds(team, b, h, i0, ni, j0, nj, step, true);  // owns dS(i, j) for d_bias
         ops::gemm(team, nj, D, ni, own.p, 1, ldt, other.dos, ldd, own.dvs, ldd, true);
         ops::gemm(team, nj, D, ni, own.ds, 1, ldt, other.qs, ldd, own.dks, ldd, true);
       }
@@ -583,7 +589,7 @@ struct SymmetricKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
         step.ks = other.ks;
         step.kt = other.kt;
         step.vt = other.vt;
-        this->tile_p_ds(team, b, h, j0, nj, i0, ni, step);
+        this->tile_p_ds(team, b, h, j0, nj, i0, ni, step, false);
         ops::gemm(team, nj, D, ni, own.ds, ldt, 1, other.ks, ldd, own.dqs, ldd, true);
       }
     }
@@ -712,12 +718,14 @@ void backward_validated(const ExecSpace& space, const Q& q, const K& k, const V&
                   mode);
 }
 
-/// kfa::backward with an optional dlse (nullptr: none): static checks, validation, launches.
+/// kfa::backward with an optional dlse (nullptr: none) and an additive term of the score
+/// (kfa/masks.hpp; NoTerm: none): static checks, validation (the term's after the tensors'),
+/// launches, and the term's gradient where it has one and the caller asked for it.
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DLse,
-          class DQ, class DK, class DV>
+          class DQ, class DK, class DV, class Extra = NoTerm>
 void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
               const Lse& lse, const DO& dout, const DLse* dlse, const DQ& dq, const DK& dk,
-              const DV& dv, const Params& params, const Origin& at = {}) {
+              const DV& dv, const Params& params, const Origin& at = {}, const Extra& extra = {}) {
   static_check_pass<ExecSpace, false, Lse>(Inputs<Q, K, V, O, DO>{}, Outputs<DQ, DK, DV>{});
   static_assert(is_view_of_rank<DLse, 3>::value &&
                     std::is_floating_point_v<typename DLse::non_const_value_type>,
@@ -729,7 +737,10 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
   ScopedRegion region("kfa::backward");
   validate_params<T>("backward", params);
   validate_backward("backward", q, k, v, o, lse, dout, dlse, dq, dk, dv);
-  backward_validated(space, q, k, v, o, lse, dout, dlse, dq, dk, dv, params, at, SoftmaxRule{});
+  const auto rule =
+      term_rule<backends::accum_t<T>, ExecSpace>("backward", extra, dims_of(q, k), true);
+  backward_validated(space, q, k, v, o, lse, dout, dlse, dq, dk, dv, params, at, rule);
+  store_gradient(space, rule, extra);
 }
 
 /// The tile kernels of a backward block whose delta is known (backward_delta over the whole

@@ -24,6 +24,7 @@
 
 #include <kfa/backends/traits.hpp>
 #include <kfa/combine.hpp>
+#include <kfa/impl/bias.hpp>
 #include <kfa/impl/counters.hpp>
 #include <kfa/impl/dropout.hpp>
 #include <kfa/impl/launch.hpp>
@@ -60,7 +61,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   int heads_q, group, seqlen_q, seqlen_k, head_dim;
   int Br, Bc, q_tiles;
   int ldd, ldc;  // row strides of the scratch tiles D and Bc wide: padded by traits::pad
-  ScoreTransform<acc_t> score;
+  using bias_t = typename bias_of<Rule, acc_t>::type;  // the additive term (impl/bias.hpp)
+  ScoreTransform<acc_t, bias_t> score;
   Mask mask;
   Dropout<acc_t> dropout;
   int scratch_level;  // 0 when the tiles fit the fast scratch, else 1
@@ -82,8 +84,9 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   // The register-resident forward (TileTraits::warp_tiles: CUDA, 16-bit inputs): a team's
   // 64 query rows keep their work in registers (TileOps::warp_forward). Taken at the head dims
   // it has, when every row of q, k and v starts on 16 bytes (its copies are 16-byte ones) and
-  // without dropout (not yet drawn in registers).
-  static constexpr bool warp_type = Rule::softmax && traits::warp_tiles &&
+  // without dropout (not yet drawn in registers) or an additive term (a biased pass takes the
+  // tile path).
+  static constexpr bool warp_type = Rule::softmax && !bias_t::enabled && traits::warp_tiles &&
                                     sizeof(value_type) == 2 &&
                                     std::is_same_v<typename K::non_const_value_type, value_type> &&
                                     std::is_same_v<typename V::non_const_value_type, value_type>;
@@ -101,9 +104,9 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     seqlen_q = static_cast<int>(q.extent(2));
     seqlen_k = static_cast<int>(k.extent(2));
     head_dim = static_cast<int>(q.extent(3));
-    score = ScoreTransform<acc_t>(p, head_dim);
-    if constexpr (!Rule::softmax) score.scale = rule.scale;
     mask = make_mask(p, seqlen_q, seqlen_k, at);
+    score = ScoreTransform<acc_t, bias_t>(p, head_dim, bias_of<Rule, acc_t>::make(rule, mask, at));
+    if constexpr (!Rule::softmax) score.scale = rule.scale;
     dropout = make_dropout<acc_t>(p, at);
     if constexpr (warp_type)
       warp = ops::warp_head_dim(head_dim) && !dropout.enabled && rows_on_16_bytes(q) &&
@@ -272,7 +275,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   /// common case holds no tanh (an additive term would take the full transform).
   template <bool Capped>
   struct WarpScore {
-    ScoreTransform<acc_t> transform;
+    ScoreTransform<acc_t, bias_t> transform;
     Mask mask;
     int b, h;
     KOKKOS_INLINE_FUNCTION bool tile_visible(int q0, int n, int j0, int nc) const {
@@ -281,7 +284,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     }
     /// One query row's scores: its visible keys [lo, hi] found once, before the key loop.
     struct Row {
-      ScoreTransform<acc_t> transform;
+      ScoreTransform<acc_t, bias_t> transform;
       int b, h, i, lo, hi;
       KOKKOS_INLINE_FUNCTION acc_t operator()(int j, acc_t dot) const {
         if (j < lo || j > hi) return -backends::infinity<acc_t>();
@@ -488,12 +491,22 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       // x -> S (impl/score.hpp), and -inf where a row does not see a key of [cb, ce): only in
       // tiles the mask's edge crosses (the ends of the visible intervals grow with the row).
       const bool edge = mask.lo(q0 + nr - 1) - k0 > cb || mask.hi(q0) + 1 - k0 < ce;
-      if (edge || !score.identity()) {
+      if (!score.identity()) {  // a row of S^T (a key) at a time: the transform's loops vectorise
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cb, ce), [&](int c) {
+          acc_t* col = st + static_cast<std::ptrdiff_t>(c) * ldq;
+          score.column(team, b, h, q0, nr, k0 + c, col);
+          if (edge)
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, nr), [&](int r) {
+              if (k0 + c < mask.lo(q0 + r) || k0 + c > mask.hi(q0 + r))
+                col[r] = -backends::infinity<acc_t>();
+            });
+        });
+        team.team_barrier();
+      } else if (edge) {
         ops::for_each_element(team, ce - cb, nr, [&](int jj, int r) {
           const int c = cb + jj, i = q0 + r;
-          acc_t& x = st[c * ldq + r];
-          if (!score.identity()) x = score.value(x, b, h, i, k0 + c);
-          if (k0 + c < mask.lo(i) || k0 + c > mask.hi(i)) x = -backends::infinity<acc_t>();
+          if (k0 + c < mask.lo(i) || k0 + c > mask.hi(i))
+            st[c * ldq + r] = -backends::infinity<acc_t>();
         });
         team.team_barrier();
       }
@@ -605,15 +618,20 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
 };
 
 /// kfa::forward after its compile-time checks, on a block at `at` of the sequence (the whole
-/// sequence for a plain call): validation, then the launch, under the row rule `rule` (kfa::mpi
-/// runs its multi-scale blocks here too, with `params` the masks of the multi-scale call).
-template <class ExecSpace, class Q, class K, class V, class O, class Lse, class Rule = SoftmaxRule>
+/// sequence for a plain call), with an additive term of the score (kfa/masks.hpp; NoTerm:
+/// none) or a row rule itself (kfa::mpi runs its multi-scale blocks here, with `params` the
+/// masks of the multi-scale call): validation (the term's after the tensors'), then the launch.
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class Extra = NoTerm>
 void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
-             const Params& params, const Origin& at, const Rule& rule = {}) {
+             const Params& params, const Origin& at, const Extra& extra = {}) {
+  using T = typename Q::non_const_value_type;
   ScopedRegion region("kfa::forward");
-  validate_params<typename Q::non_const_value_type>("forward", params);
+  validate_params<T>("forward", params);
   validate_forward("forward", q, k, v, o, lse);
-  ForwardKernel<ExecSpace, Q, K, V, O, Lse, Rule>(space, q, k, v, o, lse, params, at, rule)
+  const auto rule =
+      term_rule<backends::accum_t<T>, ExecSpace>("forward", extra, dims_of(q, k), false);
+  ForwardKernel<ExecSpace, Q, K, V, O, Lse, std::decay_t<decltype(rule)>>(space, q, k, v, o, lse,
+                                                                          params, at, rule)
       .launch(space);
 }
 

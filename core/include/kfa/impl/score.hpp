@@ -28,6 +28,8 @@
 #include <Kokkos_Core.hpp>
 
 #include <cmath>
+#include <type_traits>
+#include <utility>
 
 namespace kfa::impl {
 
@@ -39,11 +41,35 @@ template <class Acc>
 struct NoBias {
   /// Whether the term exists; false compiles every use of it away.
   static constexpr bool enabled = false;
+  /// Whether the backward hands it dL/dS (a term with a gradient, impl/bias.hpp).
+  static constexpr bool has_gradient = false;
   /// The term of local query row i and local key j of query head h in batch b.
   KOKKOS_INLINE_FUNCTION Acc operator()(int /*b*/, int /*h*/, int /*i*/, int /*j*/) const {
     return Acc(0);
   }
 };
+
+/// A policy's term for one (batch, head) as a function of (i, j): the policy's `line(b, h)`
+/// where it has one (its per-head values loaded once, before the loops over a tile, which
+/// then hold nothing the stores to the tile could alias), else its call operator.
+template <class Bias, class = void>
+struct has_line : std::false_type {};
+template <class Bias>
+struct has_line<Bias, std::void_t<decltype(std::declval<const Bias&>().line(0, 0))>>
+    : std::true_type {};
+template <class Bias>
+struct CallLine {
+  Bias bias;
+  int b, h;
+  KOKKOS_INLINE_FUNCTION auto operator()(int i, int j) const { return bias(b, h, i, j); }
+};
+template <class Bias>
+KOKKOS_INLINE_FUNCTION auto line_of(const Bias& bias, int b, int h) {
+  if constexpr (has_line<Bias>::value)
+    return bias.line(b, h);
+  else
+    return CallLine<Bias>{bias, b, h};
+}
 
 /// The score transform of one pass in the accumulation type Acc, made once on the host from
 /// Params and head_dim and copied into the kernels.
@@ -82,13 +108,31 @@ struct ScoreTransform {
     if (capped())
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, c0, c1),
                            [&](int c) { srow[c] = cap * backends::tanh(srow[c] * inv_cap); });
-    if constexpr (Bias::enabled)
+    if constexpr (Bias::enabled) {
+      const auto line = line_of(bias, b, h);
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, c0, c1),
-                           [&](int c) { srow[c] += bias(b, h, i, k0 + c); });
+                           [&](int c) { srow[c] += line(i, k0 + c); });
+    }
+  }
+
+  /// Forward, key-major: turns x into S in place on the first nr elements of scol, the column
+  /// of local key j against the query rows from local query q0 (a row of S^T). Called by one
+  /// thread; its vector lanes share the rows.
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void column(const Member& member, int b, int h, int q0, int nr, int j,
+                                     Acc* scol) const {
+    if (capped())
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, nr),
+                           [&](int r) { scol[r] = cap * backends::tanh(scol[r] * inv_cap); });
+    if constexpr (Bias::enabled) {
+      const auto line = line_of(bias, b, h);
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, nr),
+                           [&](int r) { scol[r] += line(q0 + r, j); });
+    }
   }
 
   /// Forward, one element: S of x for local query i and local key j of head (b, h), as `row`
-  /// makes it (the key-major forward transforms its tile element by element).
+  /// and `column` make it.
   KOKKOS_INLINE_FUNCTION Acc value(Acc x, int b, int h, int i, int j) const {
     Acc s = capped() ? cap * backends::tanh(x * inv_cap) : x;
     if constexpr (Bias::enabled) s += bias(b, h, i, j);

@@ -150,6 +150,15 @@ void validate_params(const char* pass, const Params& p) {
   }
 }
 
+/// A View's extents for the messages, "(2, 4, 10, 12)".
+template <class View>
+std::string shape_of(const View& v) {
+  std::string s = "(";
+  for (unsigned d = 0; d < View::rank; ++d)
+    s += (d ? ", " : "") + std::to_string(v.extent(d));
+  return s + ")";
+}
+
 /// The largest extent the kernels index with int: batch, heads, seqlen and head_dim each, and
 /// batch * heads (one team index per (batch, head) pair).
 inline constexpr long long max_extent = INT_MAX;
