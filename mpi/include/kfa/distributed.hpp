@@ -91,8 +91,9 @@ void check_locally(const Call& call, const R& rule, const SeqPar& sp, int rank, 
                    const K& k) {
   rule.template validate<T>(call.name, q, sp);
   if (call.pass == Passes::backward && rule.params.dq_mode == DqMode::symmetric)
-    kfa::impl::fail(call.name, "params.dq_mode symmetric needs the whole self-attention problem "
-                               "in one call; kfa::mpi's blocks take atomic or query_pass");
+    kfa::impl::fail(call.name,
+                    "params.dq_mode symmetric needs the whole self-attention problem "
+                    "in one call; kfa::mpi's blocks take atomic or query_pass");
   check_seqpar(call.name, sp);
   with_mode(sp.mode, [&](auto mode) {
     check_message_size(call.name, sp, mode.largest_message(sp, P, call));
