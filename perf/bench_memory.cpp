@@ -20,6 +20,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <numeric>
 #include <random>
@@ -211,7 +212,8 @@ void BM_scratch(benchmark::State& state) {
             float part = 0;
             Kokkos::parallel_reduce(
                 Kokkos::TeamVectorRange(team, kElems / 16),
-                [&](int e, float& acc) { acc += block_sum(s.data() + 16 * e); }, part);
+                [&](int e, float& acc) { acc += block_sum(s.data() + std::ptrdiff_t(16) * e); },
+                part);
             total += part;
             team.team_barrier();
           }
