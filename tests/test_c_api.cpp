@@ -151,6 +151,7 @@ TEST(CApi, ParamsMirrorEveryField) {
   c.offset = 6;
   c.deterministic = 1;
   c.num_splits = 7;
+  c.dq_mode = KFA_DQ_SYMMETRIC;
   const kfa::Params changed = kfa::c_api::to_params(c);
   const kfa::Params round_trip = kfa::c_api::to_params(kfa::c_api::from_params(changed));
   int fields = 0;
@@ -168,7 +169,7 @@ TEST(CApi, ParamsMirrorEveryField) {
     EXPECT_FALSE(ch == d) << f.name << ": not carried from kfa_params to kfa::Params";
     EXPECT_TRUE(rt == ch) << f.name << ": from_params does not invert to_params";
   });
-  EXPECT_EQ(fields, 11) << "kfa::Params changed: update kfa_params, the Fortran kfa_params and "
+  EXPECT_EQ(fields, 12) << "kfa::Params changed: update kfa_params, the Fortran kfa_params and "
                            "c/src/params.hpp";
 }
 
@@ -243,6 +244,8 @@ TEST(CApi, ErrorsNameTheArgument) {
                  fwd([bad](T5&, P5&, kfa_params& p, PP&) { p.dropout = bad; }));
   expect_error(KFA_ERROR_INVALID_ARGUMENT, "params.align = 2",
                fwd([](T5&, P5&, kfa_params& p, PP&) { p.align = 2; }));
+  expect_error(KFA_ERROR_INVALID_ARGUMENT, "params.dq_mode = 7",
+               fwd([](T5&, P5&, kfa_params& p, PP&) { p.dq_mode = 7; }));
   expect_error(KFA_ERROR_INVALID_ARGUMENT, "window_left",
                fwd([](T5&, P5&, kfa_params& p, PP&) { p.window_left = -2; }));
   // Where the memory is.

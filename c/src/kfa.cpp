@@ -85,6 +85,9 @@ kfa::Params params_of(const char* fn, const kfa_params* params) {
   if (params->align != KFA_ALIGN_BOTTOM_RIGHT && params->align != KFA_ALIGN_TOP_LEFT)
     fail(KFA_ERROR_INVALID_ARGUMENT, fn, "params.align = ", params->align,
          " is neither KFA_ALIGN_BOTTOM_RIGHT (0) nor KFA_ALIGN_TOP_LEFT (1)");
+  if (params->dq_mode < KFA_DQ_AUTO || params->dq_mode > KFA_DQ_SYMMETRIC)
+    fail(KFA_ERROR_INVALID_ARGUMENT, fn, "params.dq_mode = ", params->dq_mode,
+         " is not a kfa_dq_mode (KFA_DQ_AUTO 0 .. KFA_DQ_SYMMETRIC 3)");
   return kfa::c_api::to_params(*params);
 }
 

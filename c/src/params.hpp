@@ -6,7 +6,8 @@
 
 namespace kfa::c_api {
 
-/// The C struct as kfa::Params; align must already be a kfa_align value.
+/// The C struct as kfa::Params; align and dq_mode must already be kfa_align and kfa_dq_mode
+/// values.
 inline Params to_params(const kfa_params& c) {
   Params p;
   p.scale = c.scale;
@@ -20,6 +21,7 @@ inline Params to_params(const kfa_params& c) {
   p.offset = c.offset;
   p.deterministic = c.deterministic != 0;
   p.num_splits = c.num_splits;
+  p.dq_mode = static_cast<DqMode>(c.dq_mode);  // kfa_dq_mode's values are DqMode's, in order
   return p;
 }
 
@@ -37,6 +39,7 @@ inline kfa_params from_params(const Params& p) {
   c.offset = p.offset;
   c.deterministic = p.deterministic ? 1 : 0;
   c.num_splits = p.num_splits;
+  c.dq_mode = static_cast<int>(p.dq_mode);
   return c;
 }
 

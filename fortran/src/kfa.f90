@@ -23,6 +23,8 @@ module kfa
                                        KFA_ERROR_INTERNAL = 6
   !> Mask alignments (kfa_align), for params%align.
   integer(c_int), parameter, public :: KFA_ALIGN_BOTTOM_RIGHT = 0, KFA_ALIGN_TOP_LEFT = 1
+  integer(c_int), parameter, public :: KFA_DQ_AUTO = 0, KFA_DQ_ATOMIC = 1, KFA_DQ_QUERY_PASS = 2, &
+                                       KFA_DQ_SYMMETRIC = 3
 
   !> kfa::mpi's sequence layouts and modes (kfa_mpi_layout, kfa_mpi_mode).
   integer(c_int), parameter, public :: KFA_MPI_LAYOUT_CONTIGUOUS = 0, KFA_MPI_LAYOUT_ZIGZAG = 1, &
@@ -37,7 +39,7 @@ module kfa
     integer(c_int) :: causal, align, window_left, window_right
     real(c_double) :: softcap, dropout
     integer(c_int64_t) :: seed, offset
-    integer(c_int) :: deterministic, num_splits
+    integer(c_int) :: deterministic, num_splits, dq_mode
   end type kfa_params
 
   ! kfa_tensor in kfa.h: extents and strides in C's order; strides 0 = contiguous.

@@ -32,6 +32,14 @@ typedef enum kfa_align {
   KFA_ALIGN_TOP_LEFT = 1       ///< Query i sees key j <= i (PyTorch SDPA's is_causal).
 } kfa_align;
 
+/// How the backward computes dQ: the `dq_mode` field of kfa_params (kfa::DqMode).
+typedef enum kfa_dq_mode {
+  KFA_DQ_AUTO = 0,        ///< Atomics where they are cheap, the query pass where asked to repeat.
+  KFA_DQ_ATOMIC = 1,      ///< Atomic adds from the key-tile teams (FlashAttention-2).
+  KFA_DQ_QUERY_PASS = 2,  ///< A second, query-outer pass: no atomics, bitwise repeatable.
+  KFA_DQ_SYMMETRIC = 3    ///< One kernel for self-attention: no atomics, bitwise repeatable.
+} kfa_dq_mode;
+
 /// Where the tensors of one call live: the `memory` argument of the passes (an int, so that any
 /// value a caller passes is defined; others are rejected).
 typedef enum kfa_memory {
@@ -54,6 +62,7 @@ typedef struct kfa_params {
   uint64_t offset;    ///< Dropout stream.
   int deterministic;  ///< Backward without atomics, bitwise repeatable.
   int num_splits;     ///< Forward split-KV chunks: 0 lets kfa choose, 1 never splits.
+  int dq_mode;        ///< A kfa_dq_mode value (backward).
 } kfa_params;
 
 /// One tensor: a pointer to its first element, its extents in the order
