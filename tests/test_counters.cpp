@@ -62,8 +62,8 @@ TEST(TileSkip, CausalSquareStagesHalfTheTiles) {
   kfa::Params p;
   p.causal = true;
   const Shape s{1, 2, 2, 1024, 1024, 64};
-  for (bool deterministic : {false, true}) {
-    p.deterministic = deterministic;
+  for (bool deterministic : {false, true}) {  // atomic dQ, or the query pass
+    p.dq_mode = deterministic ? kfa::DqMode::query_pass : kfa::DqMode::atomic;
     const auto c = run_both(s, p);
     EXPECT_EQ(c[0], 2u * 136u) << "forward key tiles";
     EXPECT_EQ(c[1], 2u * 136u) << "backward key-tile kernel: query tiles";
@@ -79,7 +79,7 @@ TEST(TileSkip, EveryMaskEveryKernel) {
     for (const kfa::Params& mask : masks())
       for (bool deterministic : {false, true}) {
         kfa::Params p = mask;
-        p.deterministic = deterministic;
+        p.dq_mode = deterministic ? kfa::DqMode::query_pass : kfa::DqMode::atomic;
         p.num_splits = 1;
         SCOPED_TRACE(::testing::Message()
                      << s << " " << describe(p) << (deterministic ? " deterministic" : " atomic"));

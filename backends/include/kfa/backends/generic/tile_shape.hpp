@@ -9,9 +9,12 @@
 /// layouts of the query-major kernels (the layouts of every backend but the host's key-major
 /// one), so that a backend with M bytes of fast team scratch can compute its shapes for any
 /// head dim. At Kokkos' CUDA level-0 limit (40,936 bytes, float tiles, rows padded by 4) it
-/// gives, at the bucket bounds 32, 64 and 128, exactly the table of cuda/traits.hpp; inside
-/// the buckets it picks other shapes (tests/test_tiles.cpp lists them), which only a GPU
+/// gives, at the bucket bounds 32, 64 and 128, exactly the table of cuda/traits.hpp (under the
+/// byte counts of Kokkos 3.4 and of Kokkos 4, whose scratch carves align differently); inside
+/// the buckets it picks other shapes (tests/test_portable.cpp lists them), which only a GPU
 /// measurement can rank, so cuda/traits.hpp keeps its table for now.
+
+#include <Kokkos_Macros.hpp>
 
 #include <cstddef>
 
@@ -25,10 +28,15 @@ struct TileShape {
 };
 
 namespace tile_shape_detail {
-/// Bytes of a team-scratch array of n elements of `elem` bytes: Kokkos' View::shmem_size(n),
-/// which adds one element for the alignment of the next carve.
+/// Bytes of a team-scratch array of n elements of `elem` bytes as Kokkos' View::shmem_size(n)
+/// counts them: the elements plus room to align the carve, one element before Kokkos 4, the
+/// larger of an element and the scratch alignment (8 bytes) since.
 constexpr std::size_t array_bytes(std::size_t n, std::size_t elem) {
+#if KOKKOS_VERSION >= 40000
+  return n * elem + (elem > 8 ? elem : 8);
+#else
   return (n + 1) * elem;
+#endif
 }
 }  // namespace tile_shape_detail
 
