@@ -75,7 +75,7 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
   impl::backward(space, q, k, v, o, lse, dout, static_cast<const Lse*>(nullptr), dq, dk, dv, params,
                  impl::Origin{}, extra);
 }
-/// \copydoc backward
+/// As the overload above, with the gradient through the LSE (dlse) as well.
 template <
     class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DLse, class DQ,
     class DK, class DV, class Extra,

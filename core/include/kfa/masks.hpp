@@ -29,7 +29,7 @@ namespace kfa::masks {
 /// space. No gradient is taken for the slopes.
 template <class Slopes>
 struct Alibi {
-  Slopes slopes;
+  Slopes slopes;  ///< One slope per query head (heads_q), floating point.
 };
 
 /// Deduction guide, so that `kfa::masks::Alibi{view}` names the type.
@@ -43,13 +43,14 @@ Alibi(Slopes) -> Alibi<Slopes>;
 /// to, and deterministically (a fixed summation order, no atomics). kfa::forward ignores it.
 template <class BiasView, class DBiasView = typename BiasView::non_const_type>
 struct Bias {
-  BiasView bias;
-  DBiasView dbias{};
+  BiasView bias;      ///< The bias, (batch or 1, heads_q or 1, seqlen_q, seqlen_k).
+  DBiasView dbias{};  ///< Its gradient, shaped like bias; empty: not computed.
 };
 
-/// Deduction guides: `kfa::masks::Bias{bias}` and `kfa::masks::Bias{bias, dbias}`.
+/// Deduction guide: `kfa::masks::Bias{bias}` (no gradient).
 template <class BiasView>
 Bias(BiasView) -> Bias<BiasView>;
+/// Deduction guide: `kfa::masks::Bias{bias, dbias}`.
 template <class BiasView, class DBiasView>
 Bias(BiasView, DBiasView) -> Bias<BiasView, DBiasView>;
 
