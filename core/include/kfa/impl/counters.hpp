@@ -37,7 +37,7 @@ struct TileCount {
   template <class Member>
   KOKKOS_INLINE_FUNCTION void add(const Member& team, TileCounter which, int rows) const {
     Kokkos::single(Kokkos::PerTeam(team), [&]() {
-      Kokkos::atomic_increment(&counts(static_cast<int>(which)));
+      Kokkos::atomic_add(&counts(static_cast<int>(which)), 1ULL);
       Kokkos::atomic_add(&counts(4 + static_cast<int>(which)),
                          static_cast<unsigned long long>(rows));
     });
