@@ -151,6 +151,20 @@ TEST(Backward, LargeLogits) {
   }
 }
 
+// Runs the backward 50 times; every run's gradients must equal the first's bit for bit.
+// Returns the first.
+Gradients<float> expect_bitwise_repeatable(const Problem& pb, const kfa::Params& p,
+                                           const Tensor4& dout) {
+  const auto first = run_backward<float>(pb, p, dout);
+  for (int rep = 1; rep < 50; ++rep) {
+    const auto g = run_backward<float>(pb, p, dout);
+    EXPECT_EQ(ref::max_abs_diff(g.dq, first.dq), 0.0) << "repeat " << rep;
+    EXPECT_EQ(ref::max_abs_diff(g.dk, first.dk), 0.0) << "repeat " << rep;
+    EXPECT_EQ(ref::max_abs_diff(g.dv, first.dv), 0.0) << "repeat " << rep;
+  }
+  return first;
+}
+
 // Deterministic mode: 50 runs bitwise identical. Atomic mode: within rounding of it.
 TEST(Backward, DeterministicIsBitwiseRepeatable) {
   kfa::Params p;
@@ -159,13 +173,7 @@ TEST(Backward, DeterministicIsBitwiseRepeatable) {
   Problem pb(s, 31);
   std::mt19937_64 gen(32);
   const Tensor4 dout = random_tensor("dout", 1, 4, 150, 64, gen);
-  const auto first = run_backward<float>(pb, deterministic(p), dout);
-  for (int rep = 1; rep < 50; ++rep) {
-    const auto g = run_backward<float>(pb, deterministic(p), dout);
-    ASSERT_EQ(ref::max_abs_diff(g.dq, first.dq), 0.0) << "repeat " << rep;
-    ASSERT_EQ(ref::max_abs_diff(g.dk, first.dk), 0.0) << "repeat " << rep;
-    ASSERT_EQ(ref::max_abs_diff(g.dv, first.dv), 0.0) << "repeat " << rep;
-  }
+  const auto first = expect_bitwise_repeatable(pb, deterministic(p), dout);
   // Same products, dQ summed in another order (per key tile into dq): rounding only, bounded
   // like the tolerance floor, relative to the largest dQ.
   const auto atomic = run_backward<float>(pb, p, dout);
@@ -279,13 +287,7 @@ TEST(BackwardSymmetric, RepeatableAndWithin64UlpOfTheQueryPass) {
   Problem pb(s, 41);
   std::mt19937_64 gen(42);
   const Tensor4 dout = random_tensor("dout", 1, 2, 150, 64, gen);
-  const auto first = run_backward<float>(pb, symmetric(p), dout);
-  for (int rep = 1; rep < 50; ++rep) {
-    const auto g = run_backward<float>(pb, symmetric(p), dout);
-    ASSERT_EQ(ref::max_abs_diff(g.dq, first.dq), 0.0) << "repeat " << rep;
-    ASSERT_EQ(ref::max_abs_diff(g.dk, first.dk), 0.0) << "repeat " << rep;
-    ASSERT_EQ(ref::max_abs_diff(g.dv, first.dv), 0.0) << "repeat " << rep;
-  }
+  const auto first = expect_bitwise_repeatable(pb, symmetric(p), dout);
   kfa::Params qp = p;
   qp.dq_mode = kfa::DqMode::query_pass;
   const auto pass = run_backward<float>(pb, qp, dout);
