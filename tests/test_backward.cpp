@@ -155,7 +155,7 @@ TEST(Backward, LargeLogits) {
 // Returns the first.
 Gradients<float> expect_bitwise_repeatable(const Problem& pb, const kfa::Params& p,
                                            const Tensor4& dout) {
-  const auto first = run_backward<float>(pb, p, dout);
+  auto first = run_backward<float>(pb, p, dout);
   for (int rep = 1; rep < 50; ++rep) {
     const auto g = run_backward<float>(pb, p, dout);
     EXPECT_EQ(ref::max_abs_diff(g.dq, first.dq), 0.0) << "repeat " << rep;

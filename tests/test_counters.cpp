@@ -146,7 +146,7 @@ TEST(TileSkip, SymmetricPairsTilesMeetingEitherWay) {
 TEST(IoModel, ForwardClosedFormAndQuadraticGrowth) {
   const int B = 2, H = 3, D = 64, br = 64, bc = 32, e = 4, lse = 4;
   for (int n : {100, 1024, 4096}) {
-    const double tr = (n + br - 1) / br;
+    const double tr = double((n + br - 1) / br);  // whole query tiles
     const double want = double(e) * B * H * D * (2.0 * n + 2.0 * tr * n) + double(lse) * B * H * n;
     EXPECT_DOUBLE_EQ(kfa::forward_traffic(B, H, n, n, D, e, lse, {}, br, bc).total(), want);
   }
