@@ -26,8 +26,8 @@ struct Tiles {
 int main() {
   std::printf(
       "| tiles | D | N | causal | kfa fwd MiB | unfused fwd MiB | unfused / kfa | "
-      "kfa bwd atomic MiB | kfa bwd query pass MiB |\n");
-  std::printf("|---|---:|---:|:---:|---:|---:|---:|---:|---:|\n");
+      "kfa bwd atomic MiB | kfa bwd query pass MiB | kfa bwd symmetric MiB |\n");
+  std::printf("|---|---:|---:|:---:|---:|---:|---:|---:|---:|---:|\n");
   const double mib = 1024.0 * 1024.0;
   for (int d : {64, 128}) {
     const Tiles tiles[] = {
@@ -41,12 +41,17 @@ int main() {
           const double fwd = kfa::forward_traffic(1, 1, n, n, d, 4, 4, p, t.br, t.bc).total();
           const double unf = unfused_forward_bytes(n, d, 4);
           const double atomic =
-              kfa::backward_traffic(1, 1, 1, n, n, d, 4, 4, 4, p, t.bt, false).total();
+              kfa::backward_traffic(1, 1, 1, n, n, d, 4, 4, 4, p, t.bt, kfa::DqMode::atomic)
+                  .total();
           const double pass =
-              kfa::backward_traffic(1, 1, 1, n, n, d, 4, 4, 4, p, t.bt, true).total();
-          std::printf("| %s | %d | %d | %s | %.1f | %.1f | %.2f | %.1f | %.1f |\n", t.name, d, n,
-                      causal ? "yes" : "no", fwd / mib, unf / mib, unf / fwd, atomic / mib,
-                      pass / mib);
+              kfa::backward_traffic(1, 1, 1, n, n, d, 4, 4, 4, p, t.bt, kfa::DqMode::query_pass)
+                  .total();
+          const double sym =
+              kfa::backward_traffic(1, 1, 1, n, n, d, 4, 4, 4, p, t.bt, kfa::DqMode::symmetric)
+                  .total();
+          std::printf("| %s | %d | %d | %s | %.1f | %.1f | %.2f | %.1f | %.1f | %.1f |\n", t.name,
+                      d, n, causal ? "yes" : "no", fwd / mib, unf / mib, unf / fwd, atomic / mib,
+                      pass / mib, sym / mib);
         }
   }
   return 0;

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
 
 #include "problem.hpp"
 
@@ -18,15 +19,29 @@ using namespace kfa_test;
 using traits = kfa::backends::TileTraits<Exec, float>;
 using kfa::impl::TileCounter;
 
+/// What the kernels counted: tiles and their rows per TileCounter.
+struct Counts {
+  std::array<unsigned long long, kfa::impl::tile_counter_slots> c{};
+  static int tiles_at(TileCounter k) { return static_cast<int>(k); }
+  static int rows_at(TileCounter k) { return kfa::impl::tile_counters + static_cast<int>(k); }
+  /// Tiles staged in the loop of `k`.
+  unsigned long long tiles(TileCounter k) const { return c[tiles_at(k)]; }
+  /// Their rows.
+  unsigned long long rows(TileCounter k) const { return c[rows_at(k)]; }
+};
+
 /// Zeroes the counters, runs f, and returns what the kernels counted.
 template <class F>
-std::array<unsigned long long, 8> count_tiles(const F& f) {
+Counts count_tiles(const F& f) {
   auto& counts = kfa::impl::test_tile_counters<Exec::memory_space>();
   Kokkos::deep_copy(counts, 0ULL);
   f();
   Kokkos::fence();
   auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), counts);
-  return {h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)};
+  Counts out;
+  for (std::size_t i = 0; i < out.c.size(); ++i)
+    out.c[i] = h(i);
+  return out;
 }
 
 /// Tile pairs (query tile of `rows`, key tile of `cols`) of one head that hold a visible pair.
@@ -43,15 +58,15 @@ long long meeting_tiles(const Shape& s, const kfa::Params& p, int rows, int cols
   return n;
 }
 
-std::array<unsigned long long, 8> run_both(const Shape& s, const kfa::Params& p) {
+Counts run_both(const Shape& s, const kfa::Params& p) {
   Problem pb(s, seed_of(s, 0));
   std::mt19937_64 gen(1);
   const Tensor4 dout = random_tensor("dout", s.batch, s.heads_q, s.seqlen_q, s.head_dim, gen);
   const auto fwd = count_tiles([&] { run_forward<float>(pb, p); });
   // run_backward runs the forward first: the backward's counts are what the pair adds.
   auto both = count_tiles([&] { run_backward<float>(pb, p, dout); });
-  both[0] = fwd[0];  // the forward's own run; the pair's forward counted the same again
-  both[4] = fwd[4];
+  for (int at : {Counts::tiles_at(TileCounter::forward), Counts::rows_at(TileCounter::forward)})
+    both.c[at] = fwd.c[at];
   return both;
 }
 
@@ -65,9 +80,11 @@ TEST(TileSkip, CausalSquareStagesHalfTheTiles) {
   for (bool deterministic : {false, true}) {  // atomic dQ, or the query pass
     p.dq_mode = deterministic ? kfa::DqMode::query_pass : kfa::DqMode::atomic;
     const auto c = run_both(s, p);
-    EXPECT_EQ(c[0], 2u * 136u) << "forward key tiles";
-    EXPECT_EQ(c[1], 2u * 136u) << "backward key-tile kernel: query tiles";
-    EXPECT_EQ(c[2], deterministic ? 2u * 136u : 0u) << "backward query-tile kernel: key tiles";
+    EXPECT_EQ(c.tiles(TileCounter::forward), 2u * 136u) << "forward key tiles";
+    EXPECT_EQ(c.tiles(TileCounter::key_value), 2u * 136u)
+        << "backward key-tile kernel: query tiles";
+    EXPECT_EQ(c.tiles(TileCounter::query), deterministic ? 2u * 136u : 0u)
+        << "backward query-tile kernel: key tiles";
   }
   EXPECT_EQ(meeting_tiles(s, p, 64, 64), 136);  // the host count agrees: 16 * 17 / 2
 }
@@ -88,9 +105,12 @@ TEST(TileSkip, EveryMaskEveryKernel) {
         const long long fwd = heads * meeting_tiles(s, p, traits::block_q(d), traits::block_k(d));
         const long long bwd = heads * meeting_tiles(s, p, bt, bt);
         const auto c = run_both(s, p);
-        EXPECT_EQ(c[0], static_cast<unsigned long long>(fwd)) << "forward";
-        EXPECT_EQ(c[1], static_cast<unsigned long long>(bwd)) << "key-tile kernel";
-        EXPECT_EQ(c[2], static_cast<unsigned long long>(deterministic ? bwd : 0)) << "query-tile";
+        EXPECT_EQ(c.tiles(TileCounter::forward), static_cast<unsigned long long>(fwd)) << "forward";
+        EXPECT_EQ(c.tiles(TileCounter::key_value), static_cast<unsigned long long>(bwd))
+            << "key-tile kernel";
+        EXPECT_EQ(c.tiles(TileCounter::query),
+                  static_cast<unsigned long long>(deterministic ? bwd : 0))
+            << "query-tile";
       }
 }
 
@@ -105,8 +125,9 @@ TEST(TileSkip, SplitsStageEachTileOnce) {
       Problem pb(s, seed_of(s, splits));
       const auto c = count_tiles([&] { run_forward<float>(pb, p); });
       const int d = s.head_dim;
-      EXPECT_EQ(c[0], static_cast<unsigned long long>(
-                          2 * meeting_tiles(s, p, traits::block_q(d), traits::block_k(d))));
+      EXPECT_EQ(c.tiles(TileCounter::forward),
+                static_cast<unsigned long long>(
+                    2 * meeting_tiles(s, p, traits::block_q(d), traits::block_k(d))));
     }
 }
 
@@ -133,8 +154,10 @@ TEST(TileSkip, SymmetricPairsTilesMeetingEitherWay) {
           pairs += meet;
         }
       const auto c = run_both(s, p);
-      EXPECT_EQ(c[1] + c[2], 0u) << "the two-kernel path ran";
-      EXPECT_EQ(c[3], static_cast<unsigned long long>(pairs) * s.batch * s.heads_q);
+      EXPECT_EQ(c.tiles(TileCounter::key_value) + c.tiles(TileCounter::query), 0u)
+          << "the two-kernel path ran";
+      EXPECT_EQ(c.tiles(TileCounter::symmetric),
+                static_cast<unsigned long long>(pairs) * s.batch * s.heads_q);
     }
 }
 
@@ -146,7 +169,7 @@ TEST(TileSkip, SymmetricPairsTilesMeetingEitherWay) {
 TEST(IoModel, ForwardClosedFormAndQuadraticGrowth) {
   const int B = 2, H = 3, D = 64, br = 64, bc = 32, e = 4, lse = 4;
   for (int n : {100, 1024, 4096}) {
-    const double tr = double((n + br - 1) / br);  // whole query tiles
+    const double tr = std::ceil(double(n) / br);  // query tiles
     const double want = double(e) * B * H * D * (2.0 * n + 2.0 * tr * n) + double(lse) * B * H * n;
     EXPECT_DOUBLE_EQ(kfa::forward_traffic(B, H, n, n, D, e, lse, {}, br, bc).total(), want);
   }
@@ -162,43 +185,63 @@ TEST(IoModel, ForwardClosedFormAndQuadraticGrowth) {
   EXPECT_NEAR(half / full, 0.5, 0.02);
 }
 
-// The model charges exactly the key rows the kernels stage: its bytes equal the bytes rebuilt
-// from the counted rows, forward and both two-kernel backward modes, over the mask matrix.
+// The model charges exactly the rows the kernels stage: its bytes equal the bytes rebuilt from
+// the counted rows, forward and every backward dQ mode (symmetric on self-attention shapes),
+// over the mask matrix.
 TEST(IoModel, EqualsTheBytesOfTheRowsTheKernelsStage) {
-  const Shape shapes[] = {
-      {1, 2, 1, 113, 203, 64}, {2, 2, 2, 203, 113, 32}, {1, 4, 2, 130, 130, 16}};
+  const Shape shapes[] = {{1, 2, 1, 113, 203, 64},
+                          {2, 2, 2, 203, 113, 32},
+                          {1, 4, 2, 130, 130, 16},
+                          {2, 2, 2, 150, 150, 32}};
   const double e = sizeof(float), lse = sizeof(float), acc = sizeof(float);
   for (const Shape& s : shapes)
     for (const kfa::Params& mask : masks())
-      for (bool query_pass : {false, true}) {
+      for (kfa::DqMode mode :
+           {kfa::DqMode::atomic, kfa::DqMode::query_pass, kfa::DqMode::symmetric}) {
+        if (mode == kfa::DqMode::symmetric && (s.seqlen_q != s.seqlen_k || s.heads_q != s.heads_k))
+          continue;
         kfa::Params p = mask;
         p.num_splits = 1;
-        p.dq_mode = query_pass ? kfa::DqMode::query_pass : kfa::DqMode::atomic;
+        p.dq_mode = mode;
         SCOPED_TRACE(::testing::Message() << s << " " << describe(p));
         const int d = s.head_dim, bt = traits::block_bwd(d);
         const double b = s.batch, hq = s.heads_q, hk = s.heads_k, nq = s.seqlen_q, nk = s.seqlen_k,
                      D = d;
         const auto c = run_both(s, p);
+        const auto rows = [&](TileCounter k) { return double(c.rows(k)); };
         const auto fwd = kfa::forward_traffic(s.batch, s.heads_q, s.seqlen_q, s.seqlen_k, d, 4, 4,
                                               p, traits::block_q(d), traits::block_k(d));
-        EXPECT_DOUBLE_EQ(fwd.read, b * hq * nq * D * e + 2.0 * double(c[4]) * D * e);
+        EXPECT_DOUBLE_EQ(fwd.read, b * hq * nq * D * e + 2.0 * rows(TileCounter::forward) * D * e);
         EXPECT_DOUBLE_EQ(fwd.written, b * hq * nq * (D * e + lse));
         const auto bwd = kfa::backward_traffic(s.batch, s.heads_q, s.heads_k, s.seqlen_q,
-                                               s.seqlen_k, d, 4, 4, 4, p, bt, query_pass);
-        const double per_q_row = 2 * D * e + lse + acc;
-        double read = b * hq * nq * D * 2 * e + b * hk * nk * 2 * D * e + double(c[5]) * per_q_row;
-        double written = b * hq * nq * acc + b * hk * nk * 2 * D * e;
-        if (query_pass) {
-          read +=
-              b * hk * nk * 2 * D * e + b * hq * nq * per_q_row + double(c[6]) * D * (e + 2 * acc);
-          written += b * hk * nk * 2 * D * acc + b * hq * nq * D * e;
+                                               s.seqlen_k, d, 4, 4, 4, p, bt, mode);
+        const double per_q_row = 2 * D * e + lse + acc, per_k_row = 2 * D * e;
+        // The preprocessing: dO and O read, delta written.
+        double read = b * hq * nq * D * 2 * e;
+        double written = b * hq * nq * acc;
+        if (mode == kfa::DqMode::symmetric) {
+          EXPECT_EQ(c.tiles(TileCounter::key_value) + c.tiles(TileCounter::query), 0u);
+          read += b * hq * nq * (per_q_row + per_k_row) +
+                  rows(TileCounter::symmetric_query) * per_q_row +
+                  rows(TileCounter::symmetric_key) * per_k_row;
+          written += b * hq * nq * 3 * D * e;
         } else {
-          read += double(c[5]) * D * e;
-          written += b * hq * nq * D * e + double(c[5]) * D * e;
+          read += b * hk * nk * per_k_row + rows(TileCounter::key_value) * per_q_row;
+          written += b * hk * nk * per_k_row;
+        }
+        if (mode == kfa::DqMode::query_pass) {
+          read += b * hk * nk * per_k_row + b * hq * nq * per_q_row +
+                  rows(TileCounter::query) * D * (e + 2 * acc);
+          written += b * hk * nk * 2 * D * acc + b * hq * nq * D * e;
+        } else if (mode == kfa::DqMode::atomic) {
+          read += rows(TileCounter::key_value) * D * e;
+          written += b * hq * nq * D * e + rows(TileCounter::key_value) * D * e;
         }
         EXPECT_DOUBLE_EQ(bwd.read, read);
         EXPECT_DOUBLE_EQ(bwd.written, written);
       }
+  EXPECT_THROW(kfa::backward_traffic(1, 1, 1, 64, 64, 32, 4, 4, 4, {}, 32, kfa::DqMode::automatic),
+               kfa::Error);
 }
 
 }  // namespace

@@ -80,42 +80,56 @@ inline Traffic forward_traffic(int batch, int heads_q, int seqlen_q, int seqlen_
   return t;
 }
 
-/// The backward's traffic in DqMode::atomic or DqMode::query_pass (`query_pass`), both with
-/// Bt x Bt tiles (block): the preprocessing reads dO and O and writes delta (acc_bytes per row;
-/// with atomics it also zeroes dQ); the key-tile kernel reads K_j and V_j once per team (B x Hk
-/// x key tiles) and, for each query head of the group and each query tile it meets, Q_i, dO_i,
-/// the LSE and delta, plus with atomics a read and a write of dQ_i (acc-sized where dq is);
-/// it writes dK and dV once. The query pass first transposes K and V into acc-typed copies,
-/// then per query tile reads Q_i, dO_i, LSE and delta once and for each key tile it meets K_j
-/// and the two transposed tiles, and writes dQ once. elem_bytes: q, k, v, o, dout and the
-/// gradients' values (float or double: a 16-bit dQ with atomics goes through a float copy,
-/// not modelled); lse_bytes and acc_bytes: the LSE's and the accumulation type's sizes.
+/// The backward's traffic in dQ mode `mode` (DqMode::automatic is not a strategy: resolve it
+/// first), with Bt x Bt tiles (block). All modes: the preprocessing reads dO and O and writes
+/// delta (acc_bytes per row; with atomics it also zeroes dQ). Atomic and query pass: the
+/// key-tile kernel reads K_j and V_j once per team (B x Hk x key tiles) and, for each query
+/// head of the group and each query tile it meets, Q_i, dO_i, the LSE and delta, plus with
+/// atomics a read and a write of dQ_i (acc-sized where dq is); it writes dK and dV once. The
+/// query pass first transposes K and V into acc-typed copies, then per query tile reads Q_i,
+/// dO_i, LSE and delta once and for each key tile it meets K_j and the two transposed tiles, and
+/// writes dQ once. Symmetric (heads_q = heads_k, seqlen_q = seqlen_k): per team (b, h, tile j)
+/// tile j's K, V, Q, dO, LSE and delta once; per tile i, Q_i, dO_i, LSE_i, delta_i when query
+/// tile i meets key tile j and K_i, V_i when query tile j meets key tile i; dQ, dK, dV written
+/// once. elem_bytes: q, k, v, o, dout and the gradients' values (float or double: a 16-bit dQ
+/// with atomics goes through a float copy, not modelled); lse_bytes and acc_bytes: the LSE's
+/// and the accumulation type's sizes.
 inline Traffic backward_traffic(int batch, int heads_q, int heads_k, int seqlen_q, int seqlen_k,
                                 int head_dim, int elem_bytes, int lse_bytes, int acc_bytes,
-                                const Params& params, int block, bool query_pass) {
+                                const Params& params, int block, DqMode mode) {
+  if (mode == DqMode::automatic)
+    throw Error("backward_traffic: mode is DqMode::automatic; pass the mode the backward runs");
   const double b = batch, e = elem_bytes, d = head_dim, nq = seqlen_q, nk = seqlen_k;
   double rows_q = 0, rows_k = 0;  // summed over meeting (query tile, key tile) pairs
   for_each_meeting_tile(params, seqlen_q, seqlen_k, block, block, [&](int, int nr, int, int nc) {
     rows_q += nr;
     rows_k += nc;
   });
+  const double per_q_row = 2 * d * e + lse_bytes + acc_bytes;  // Q, dO, LSE, delta
+  const double per_k_row = 2 * d * e;                          // K, V
   Traffic t;
   // Preprocessing: delta = rowsum(dO * O) (- dLSE, not counted), dQ zeroed for atomics.
   t.read += b * heads_q * nq * d * 2 * e;
-  t.written += b * heads_q * nq * acc_bytes + (query_pass ? 0 : b * heads_q * nq * d * e);
+  t.written +=
+      b * heads_q * nq * acc_bytes + (mode == DqMode::atomic ? b * heads_q * nq * d * e : 0);
+  if (mode == DqMode::symmetric) {
+    t.read +=
+        b * heads_q * (nq * (per_q_row + per_k_row) + rows_q * per_q_row + rows_k * per_k_row);
+    t.written += b * heads_q * nq * 3 * d * e;
+    return t;
+  }
   // Key-tile kernel: K_j, V_j per team; per meeting query tile of each query head Q_i, dO_i,
   // LSE_i, delta_i (and dQ_i's read-modify-write with atomics); dK, dV written once.
-  const double per_q_row = 2 * d * e + lse_bytes + acc_bytes;
-  t.read += b * heads_k * nk * 2 * d * e + b * heads_q * rows_q * per_q_row;
-  t.written += b * heads_k * nk * 2 * d * e;
-  if (!query_pass) {
+  t.read += b * heads_k * nk * per_k_row + b * heads_q * rows_q * per_q_row;
+  t.written += b * heads_k * nk * per_k_row;
+  if (mode == DqMode::atomic) {
     t.read += b * heads_q * rows_q * d * e;
     t.written += b * heads_q * rows_q * d * e;
     return t;
   }
   // Query pass: K and V transposed once into acc_t copies; per query tile Q_i, dO_i, LSE_i,
   // delta_i once; per meeting key tile K_j and the transposed K_j^T, V_j^T; dQ written once.
-  t.read += b * heads_k * nk * 2 * d * e + b * heads_q * nq * per_q_row +
+  t.read += b * heads_k * nk * per_k_row + b * heads_q * nq * per_q_row +
             b * heads_q * rows_k * d * (e + 2.0 * acc_bytes);
   t.written += b * heads_k * nk * 2 * d * acc_bytes + b * heads_q * nq * d * e;
   return t;

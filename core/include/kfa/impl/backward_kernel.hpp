@@ -569,9 +569,14 @@ struct SymmetricKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
       if (!i_sees_j && !j_sees_i) continue;
       team.team_barrier();  // the previous tile i is no longer read
       this->tiles_staged.add(team, TileCounter::symmetric, ni);
-      if (i_sees_j)
+      if (i_sees_j) {
+        this->tiles_staged.add(team, TileCounter::symmetric_query, ni);
         this->load_query_tile(team, b, h, i0, ni, other.qs, other.dos, other.lse_s, other.delta_s);
-      if (j_sees_i) this->load_key_tile(team, b, h, i0, ni, other.ks, other.kt, other.vt);
+      }
+      if (j_sees_i) {
+        this->tiles_staged.add(team, TileCounter::symmetric_key, ni);
+        this->load_key_tile(team, b, h, i0, ni, other.ks, other.kt, other.vt);
+      }
       team.team_barrier();
       if (i_sees_j) {  // rows of tile i against keys of tile j
         Tiles step = own;
