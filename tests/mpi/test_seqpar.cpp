@@ -1,14 +1,18 @@
-// The sequence-parallel forward and backward (kfa::mpi) at any rank count: every mode x layout
+// The combiner family as MPI reductions (kfa/combiner_op.hpp), and the sequence-parallel
+// forward and backward (kfa::mpi) at any rank count: every mode x layout
 // x mask (and dropout, GQA, seqlen_q != seqlen_k, dlse, sequences shorter than the rank count)
 // gives each rank its rows of the double-precision reference under the tolerance rule, and so
 // does multi-scale attention (kfa::mpi::msa, float and double, dense and decay masks); the
 // deterministic backward is bitwise repeatable; invalid input on one rank makes every rank
 // throw the same kfa::Error. Run by ctest under mpiexec -n 1, 2, 3, 4.
 #include <gtest/gtest.h>
+#include <kfa/combiner_op.hpp>
 #include <kfa/distributed.hpp>
+#include <kfa/welford.hpp>
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -212,6 +216,101 @@ std::vector<Case> cases() {
   out.push_back({{1, 1, 1, 3, 3, 16}, m[1]});  // fewer rows than some rank counts need
   out.push_back({{1, 1, 1, 1, 5, 16}, m[0]});  // one query: most ranks own no query
   return out;
+}
+
+// ---- The combiner family across ranks (kfa/combiner_op.hpp) ---------------------------------
+
+/// Rows of values split across the ranks, some ranks holding none: every rank generates the
+/// whole row (the same generator) and merges only its share, so the merged partials can be
+/// checked against a two-pass computation over the whole row in long double.
+struct ShardedRows {
+  static constexpr int rows = 4, width = 2;  // width: the values each element carries (y, v)
+  std::vector<std::vector<double>> x, y;     // x[row][k]; y[row][k * width + w]
+  int begin = 0, end = 0;                    // this rank's elements [begin, end)
+  ShardedRows() {
+    const int P = comm_size(), r = comm_rank();
+    std::vector<int> share(P);
+    for (int q = 0; q < P; ++q)
+      share[q] = q % 3 == 1 ? 0 : 5 + 3 * q;  // rank 1 (and 4, ...) holds nothing
+    int total = 0;
+    for (int q = 0; q < P; ++q) {
+      if (q == r) begin = total;
+      total += share[q];
+    }
+    end = begin + share[r];
+    std::mt19937_64 gen(7);
+    std::normal_distribution<double> dist(0.0, 1.0);
+    x.assign(rows, std::vector<double>(total));
+    y.assign(rows, std::vector<double>(std::size_t(total) * width));
+    for (int i = 0; i < rows; ++i) {
+      for (double& v : x[i])
+        v = 1e3 + 3.0 * dist(gen) + 2.0 * i;  // a large mean: naive moments would cancel
+      for (double& v : y[i])
+        v = dist(gen);
+    }
+  }
+};
+
+TEST(CombinerOp, EveryMemberMergesShardsAsTheWholeRow) {
+  const ShardedRows d;
+  using Welford = kfa::combiners::Welford<double>;
+  using Softmax = kfa::combiners::Softmax<double, ShardedRows::width>;
+  using LogSoftmax = kfa::combiners::LogSoftmax<double, ShardedRows::width>;
+  std::vector<Welford::state_type> mom(ShardedRows::rows, Welford::identity());
+  std::vector<Softmax::state_type> soft(ShardedRows::rows, Softmax::identity());
+  std::vector<LogSoftmax::state_type> logs(ShardedRows::rows, LogSoftmax::identity());
+  for (int i = 0; i < ShardedRows::rows; ++i)
+    for (int k = d.begin; k < d.end; ++k) {
+      const double xs = d.x[i][k] - 1e3;  // scores of moderate size for the softmax members
+      const double* yk = &d.y[i][std::size_t(k) * ShardedRows::width];
+      kfa::push(mom[i], d.x[i][k]);
+      Softmax::state_type one;
+      one.s = {xs, 1.0};
+      for (int w = 0; w < ShardedRows::width; ++w)
+        one.o[w] = yk[w];
+      Softmax::join(soft[i], one);
+      LogSoftmax::join(logs[i], LogSoftmax::single(xs, yk));
+    }
+  kfa::mpi::allreduce<Welford>(mom.data(), ShardedRows::rows, MPI_COMM_WORLD);
+  kfa::mpi::allreduce<Softmax>(soft.data(), ShardedRows::rows, MPI_COMM_WORLD);
+  kfa::mpi::allreduce<LogSoftmax>(logs.data(), ShardedRows::rows, MPI_COMM_WORLD);
+
+  for (int i = 0; i < ShardedRows::rows; ++i) {
+    const auto& x = d.x[i];
+    const std::size_t n = x.size();
+    long double mean = 0, m2 = 0, mx = -1e300L, z = 0;
+    for (double v : x)
+      mean += v;
+    mean /= n;
+    for (double v : x) {
+      m2 += (v - mean) * (v - mean);
+      mx = std::max<long double>(mx, v - 1e3);
+    }
+    for (double v : x)
+      z += std::exp(static_cast<long double>(v - 1e3) - mx);
+    const long double lse = mx + std::log(z);
+    EXPECT_EQ(mom[i].n, double(n));
+    EXPECT_NEAR(mom[i].mean, double(mean), 1e-12 * std::fabs(double(mean)));
+    EXPECT_NEAR(mom[i].m2, double(m2), 1e-10 * double(m2));
+    EXPECT_NEAR(soft[i].s.m + std::log(soft[i].s.l), double(lse), 1e-12);
+    EXPECT_NEAR(LogSoftmax::lse(logs[i]), double(lse), 1e-12);
+    for (int w = 0; w < ShardedRows::width; ++w) {
+      long double out = 0, ll = 0;
+      for (std::size_t k = 0; k < n; ++k) {
+        const long double yk = d.y[i][k * ShardedRows::width + w];
+        out += std::exp(static_cast<long double>(x[k] - 1e3) - lse) * yk;
+        ll += (static_cast<long double>(x[k] - 1e3) - lse) * yk;
+      }
+      EXPECT_NEAR(soft[i].o[w] / soft[i].s.l, double(out), 1e-12);
+      EXPECT_NEAR(logs[i].o[w], double(ll), 1e-10 * std::max(1.0, std::fabs(double(ll))));
+    }
+  }
+  // Rank order: the same bytes on every rank.
+  std::vector<char> mine(reinterpret_cast<const char*>(mom.data()),
+                         reinterpret_cast<const char*>(mom.data() + mom.size()));
+  std::vector<char> first = mine;
+  MPI_Bcast(first.data(), int(first.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
+  EXPECT_EQ(mine, first);
 }
 
 TEST(SeqPar, ForwardEveryModeAndLayoutMatchesReference) {
