@@ -3,7 +3,9 @@
 
 Drives the kfa program through HDF5 files (as a user would) and compares its forward (O, LSE)
 and backward (dQ, dK, dV) with softmax attention written out in torch float64 and its autograd:
-no mask, causal in both alignments, sliding windows, GQA, softcap, a dLSE term, and dropout
+no mask, causal in both alignments, sliding windows, GQA, softcap, a dLSE term, score terms
+(an additive bias, broadcast over batch or heads, with its gradient dbias; ALiBi from --alibi,
+-slope_h |i + shift - j| with slopes 2^(-8 (h + 1) / Hq)), and dropout
 through the mask `kfa dropout-mask` writes (O = (softmax(S) * Z) V, Z = keep / (1 - p): torch
 differentiates that formula itself, so the backward's dropout terms are checked against
 something that does not share them). The first case is the seed problem, (4, 4096, 32) with
@@ -58,8 +60,18 @@ def visible(nq, nk, causal, align, left, right):
     return vis
 
 
-def attention(q, k, v, case, keep=None):
-    """O and LSE of softmax attention, written out (torch 1.13 has no fused SDPA)."""
+def alibi(hq, nq, nk, align):
+    """-slope_h |i + shift - j| as an (hq, nq, nk) tensor; shift aligns as the masks do."""
+    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / hq) for h in range(hq)], dtype=torch.float64)
+    shift = nk - nq if align == "bottom-right" else 0
+    i = torch.arange(nq, dtype=torch.float64).view(nq, 1)
+    j = torch.arange(nk, dtype=torch.float64).view(1, nk)
+    return -slopes.view(hq, 1, 1) * (i + shift - j).abs()
+
+
+def attention(q, k, v, case, keep=None, bias=None):
+    """O and LSE of softmax attention, written out (torch 1.13 has no fused SDPA); `bias`
+    (broadcastable to the scores) is added after the softcap."""
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
@@ -68,6 +80,11 @@ def attention(q, k, v, case, keep=None):
     cap = case.get("softcap", 0)
     if cap > 0:
         s = cap * torch.tanh(s / cap)
+    if bias is not None:
+        s = s + bias
+    if case.get("alibi"):
+        align = case.get("align", "bottom-right")
+        s = s + alibi(q.shape[1], q.shape[2], k.shape[2], align).to(s.dtype)
     vis = visible(q.shape[2], k.shape[2], case.get("causal", False),
                   case.get("align", "bottom-right"), *case.get("window", (-1, -1)))
     s = s.masked_fill(~vis, float("-inf"))
@@ -90,6 +107,8 @@ def flags(case):
         out += ["--softcap", repr(case["softcap"])]
     if "scale" in case:
         out += ["--scale", repr(case["scale"])]
+    if case.get("alibi"):
+        out.append("--alibi")
     if "dropout" in case:
         out += ["--dropout", repr(case["dropout"]), "--seed", str(case["seed"]),
                 "--offset", str(case.get("offset", 0))]
@@ -125,9 +144,14 @@ def check_case(kfa, work, case):
     v = rng.random((B, Hk, Nk, D)).astype(dtype)
     dout = (rng.random((B, Hq, Nq, D)) - 0.5).astype(dtype)
     dlse = (rng.random((B, Hq, Nq)) - 0.5).astype(dtype) if case.get("dlse") else None
+    terms = {}  # datasets of the score terms, in both passes' input files
+    if "bias" in case:  # (B or 1, Hq or 1, Nq, Nk), values of the scores' size
+        bb, bh = case["bias"]
+        shape = (B if bb else 1, Hq if bh else 1, Nq, Nk)
+        terms["bias"] = (2 * rng.random(shape) - 1).astype(dtype)
     inp, out, bwd_in, bwd_out = (os.path.join(work, f) for f in
                                  ("in.h5", "out.h5", "bwd_in.h5", "bwd_out.h5"))
-    write(inp, q=q, k=k, v=v)
+    write(inp, q=q, k=k, v=v, **terms)
     run(kfa, ["forward", "--in", inp, "--out", out] + flags(case))
     o_kfa, lse_kfa = read(out, "o", "lse")
 
@@ -140,23 +164,26 @@ def check_case(kfa, work, case):
         keep = torch.from_numpy(read(mask, "keep")[0].astype(np.float64))
 
     t = {n: torch.tensor(x.astype(np.float64), requires_grad=True)
-         for n, x in (("q", q), ("k", k), ("v", v))}
-    o_ref, lse_ref = attention(t["q"], t["k"], t["v"], case, keep)
+         for n, x in (("q", q), ("k", k), ("v", v)) + tuple(terms.items())}
+    o_ref, lse_ref = attention(t["q"], t["k"], t["v"], case, keep, t.get("bias"))
     loss = (o_ref * torch.from_numpy(dout.astype(np.float64))).sum()
     if dlse is not None:
         loss = loss + (lse_ref * torch.from_numpy(dlse.astype(np.float64))).sum()
     loss.backward()
     naive = {}
     if dtype != np.float64:  # the same formula in float32: what the rule allows float to miss
-        t32 = {n: torch.tensor(x, requires_grad=True) for n, x in (("q", q), ("k", k), ("v", v))}
+        t32 = {n: torch.tensor(x, requires_grad=True)
+               for n, x in (("q", q), ("k", k), ("v", v)) + tuple(terms.items())}
         o32, lse32 = attention(t32["q"], t32["k"], t32["v"], case,
-                               None if keep is None else keep.float())
+                               None if keep is None else keep.float(), t32.get("bias"))
         l32 = (o32 * torch.from_numpy(dout)).sum()
         if dlse is not None:
             l32 = l32 + (lse32 * torch.from_numpy(dlse)).sum()
         l32.backward()
         naive = {"O": o32.detach(), "LSE": lse32.detach(), "dQ": t32["q"].grad,
                  "dK": t32["k"].grad, "dV": t32["v"].grad}
+        if "bias" in t32:
+            naive["dbias"] = t32["bias"].grad
 
     lines, ok = [], True
     for name, got, ref in (("O", o_kfa, o_ref.detach()), ("LSE", lse_kfa, lse_ref.detach())):
@@ -176,14 +203,16 @@ def check_case(kfa, work, case):
             ok = False
 
     if case.get("backward", True):
-        files = dict(q=q, k=k, v=v, o=o_kfa, lse=lse_kfa, do=dout)
+        files = dict(q=q, k=k, v=v, o=o_kfa, lse=lse_kfa, do=dout, **terms)
         if dlse is not None:
             files["dlse"] = dlse.astype(lse_kfa.dtype)
         write(bwd_in, **files)
         run(kfa, ["backward", "--in", bwd_in, "--out", bwd_out] + flags(case))
         dq, dk, dv = read(bwd_out, "dq", "dk", "dv")
-        for name, got, ref in (("dQ", dq, t["q"].grad), ("dK", dk, t["k"].grad),
-                               ("dV", dv, t["v"].grad)):
+        grads = [("dQ", dq, t["q"].grad), ("dK", dk, t["k"].grad), ("dV", dv, t["v"].grad)]
+        if "bias" in t:  # summed over the broadcast dimensions by autograd and by kfa
+            grads.append(("dbias", read(bwd_out, "dbias")[0], t["bias"].grad))
+        for name, got, ref in grads:
             line, good = bound_ok(name, got, ref.numpy(), dtype, naive.get(name))
             lines.append(line)
             ok &= good
@@ -213,6 +242,19 @@ CASES = [
          softcap=3.0, dtype=np.float32),
     dict(name="float32: dropout, window", shape=(1, 2, 2, 100, 100, 32), window=(30, 0),
          dropout=0.1, seed=3, dtype=np.float32),
+    dict(name="bias (B, H), causal, dLSE", shape=(2, 2, 2, 70, 90, 32), bias=(True, True),
+         causal=True, dlse=True),
+    dict(name="bias broadcast over batch, GQA, softcap", shape=(2, 4, 2, 60, 60, 16),
+         bias=(False, True), softcap=2.0),
+    dict(name="bias broadcast over heads, dropout, window", shape=(2, 2, 1, 50, 80, 32),
+         bias=(True, False), window=(25, 10), dropout=0.2, seed=5),
+    dict(name="ALiBi, causal top-left, GQA", shape=(1, 4, 2, 90, 70, 32), alibi=True,
+         causal=True, align="top-left"),
+    dict(name="ALiBi bottom-right, dLSE", shape=(2, 2, 2, 40, 100, 16), alibi=True, dlse=True),
+    dict(name="float32: bias (1, 1), causal", shape=(1, 2, 2, 80, 80, 32), bias=(False, False),
+         causal=True, dtype=np.float32),
+    dict(name="float32: ALiBi, window", shape=(1, 4, 4, 100, 100, 32), alibi=True,
+         window=(40, 40), dtype=np.float32),
 ]
 
 
