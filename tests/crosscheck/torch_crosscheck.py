@@ -17,47 +17,15 @@ rule of core/include/kfa/reference.hpp: err <= 2 * err(torch float32) + 8 * eps 
 usage: torch_crosscheck.py KFA [--quick]   (exit 0 when every case passes)
 """
 import os
-import subprocess
 import sys
 import tempfile
 
-import h5py
 import numpy as np
 import torch
 
+from harness import compare, read, run, visible, write
+
 torch.set_num_threads(1)
-
-
-def run(kfa, args):
-    r = subprocess.run([kfa] + args, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"kfa {' '.join(args)} exited {r.returncode}: {r.stderr.strip()}")
-    return r.stdout
-
-
-def write(path, **datasets):
-    with h5py.File(path, "w") as f:
-        for name, x in datasets.items():
-            f[name] = x
-
-
-def read(path, *names):
-    with h5py.File(path, "r") as f:
-        return [np.array(f[n]) for n in names]
-
-
-def visible(nq, nk, causal, align, left, right):
-    """The mask of kfa::Params as a (nq, nk) bool tensor, from torch.triu/tril offsets."""
-    shift = nk - nq if align == "bottom-right" else 0
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
-    ones = torch.ones(nq, nk, dtype=torch.bool)
-    vis = ones.clone()
-    if right >= 0:
-        vis &= torch.tril(ones, diagonal=shift + right)
-    if left >= 0:
-        vis &= torch.triu(ones, diagonal=shift - left)
-    return vis
 
 
 def alibi(hq, nq, nk, align):
@@ -115,25 +83,6 @@ def flags(case):
     return out
 
 
-def bound_ok(name, got, ref, dtype, naive=None):
-    """The project's rule; returns a line and whether it passed."""
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    finite = np.isfinite(ref)
-    if not np.array_equal(finite, np.isfinite(got)) or not np.array_equal(got[~finite],
-                                                                           ref[~finite]):
-        return f"{name}: non-finite entries differ", False
-    err = float(np.max(np.abs(got[finite] - ref[finite]), initial=0))
-    scale = max(1.0, float(np.max(np.abs(ref[finite]), initial=0)))
-    if dtype == np.float64:
-        bound = 1e-12 * scale
-    else:
-        naive_err = float(np.max(np.abs(np.asarray(naive, np.float64)[finite] - ref[finite]),
-                                 initial=0))
-        bound = 2 * naive_err + 8 * float(np.finfo(np.float32).eps) * scale
-    ok = err <= bound
-    return f"{name}: err {err:.3g} (bound {bound:.3g}) {'ok' if ok else 'FAIL'}", ok
-
-
 def check_case(kfa, work, case):
     B, Hq, Hk, Nq, Nk, D = case["shape"]
     dtype = case.get("dtype", np.float64)
@@ -187,7 +136,7 @@ def check_case(kfa, work, case):
 
     lines, ok = [], True
     for name, got, ref in (("O", o_kfa, o_ref.detach()), ("LSE", lse_kfa, lse_ref.detach())):
-        line, good = bound_ok(name, got, ref.numpy(), dtype, naive.get(name))
+        line, good = compare(name, got, ref, naive.get(name) if dtype != np.float64 else None)
         lines.append(line)
         ok &= good
     if case.get("seed_formula"):
@@ -213,7 +162,7 @@ def check_case(kfa, work, case):
         if "bias" in t:  # summed over the broadcast dimensions by autograd and by kfa
             grads.append(("dbias", read(bwd_out, "dbias")[0], t["bias"].grad))
         for name, got, ref in grads:
-            line, good = bound_ok(name, got, ref.numpy(), dtype, naive.get(name))
+            line, good = compare(name, got, ref, naive.get(name) if dtype != np.float64 else None)
             lines.append(line)
             ok &= good
     return ok, lines

@@ -11,30 +11,20 @@ dV) must agree within 1e-12 * max(1, max|ref|), the project's float64 rule.
 Usage: torch_multiscale.py PATH/TO/kfa [WORK_DIR]. Exit 0 on success, 1 on a mismatch.
 """
 import os
-import subprocess
 import sys
 import tempfile
 
 import h5py
-import numpy as np
 import torch
+
+import harness
 
 torch.set_default_dtype(torch.float64)
 
 
 def visible(nq, nk, causal, align, wl, wr):
     """The causal/window visibility of kfa::Params, as a (nq, nk) float 0/1 matrix."""
-    i = torch.arange(nq).unsqueeze(1)
-    j = torch.arange(nk).unsqueeze(0)
-    d = j - i - ((nk - nq) if align == "bottom-right" else 0)
-    ok = torch.ones(nq, nk, dtype=torch.bool)
-    if causal:
-        ok &= d <= 0
-    if wl >= 0:
-        ok &= d >= -wl
-    if wr >= 0:
-        ok &= d <= wr
-    return ok.to(torch.float64)
+    return harness.visible(nq, nk, causal, align, wl, wr).to(torch.float64)
 
 
 def torch_msa(q, k, v, m, scale, vis, dout):
@@ -54,17 +44,11 @@ def torch_msa(q, k, v, m, scale, vis, dout):
 
 
 def run(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"FAIL: {' '.join(cmd)} exited {r.returncode}: {r.stderr.strip()}")
+    harness.run_or_exit(cmd)
 
 
 def check(name, got, ref, case):
-    bound = 1e-12 * max(1.0, float(ref.abs().max()))
-    err = float((torch.as_tensor(np.asarray(got)) - ref).abs().max())
-    ok = err <= bound
-    print(f"{'ok  ' if ok else 'FAIL'} {case}: {name} err {err:.3e} bound {bound:.3e}")
-    return ok
+    return harness.check(case, name, got, ref)
 
 
 def main():

@@ -13,13 +13,14 @@ Inputs have means up to 1e3, with and without a residual.
 Usage: torch_layer_norm.py PATH/TO/kfa [WORK_DIR]. Exit 0 on success, 1 on a mismatch.
 """
 import os
-import subprocess
 import sys
 import tempfile
 
 import h5py
 import numpy as np
 import torch
+
+import harness
 
 
 def torch_ln(x, res, gamma, beta, dy, eps, unbiased):
@@ -45,23 +46,11 @@ def torch_ln(x, res, gamma, beta, dy, eps, unbiased):
 
 
 def run(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"FAIL: {' '.join(cmd)} exited {r.returncode}: {r.stderr.strip()}")
+    harness.run_or_exit(cmd)
 
 
 def check(name, got, ref64, ref32, case):
-    got = torch.as_tensor(np.asarray(got, dtype=np.float64))
-    scale = max(1.0, float(ref64.abs().max()))
-    if ref32 is None:
-        bound = 1e-12 * scale
-    else:
-        naive = float((ref32.to(torch.float64) - ref64).abs().max())
-        bound = 2 * naive + 8 * float(np.finfo(np.float32).eps) * scale
-    err = float((got - ref64).abs().max())
-    ok = err <= bound
-    print(f"{'ok  ' if ok else 'FAIL'} {case}: {name} err {err:.3e} bound {bound:.3e}")
-    return ok
+    return harness.check(case, name, got, ref64, ref32)
 
 
 def main():
