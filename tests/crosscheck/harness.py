@@ -74,8 +74,9 @@ def compare(name, got, ref, naive=None):
     return f"{name}: err {err:.3g} (bound {bound:.3g}) {'ok' if ok else 'FAIL'}", ok
 
 
-def check(case, name, got, ref, naive=None):
-    """compare(), printed as one line under `case`; returns whether it passed."""
+def check(name, got, ref, naive, case):
+    """compare(name, got, ref, naive), printed as one line under `case`; returns whether it
+    passed."""
     line, ok = compare(name, got, ref, naive)
     print(f"{'ok  ' if ok else 'FAIL'} {case}: {line}")
     return ok

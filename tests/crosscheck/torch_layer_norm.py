@@ -20,7 +20,8 @@ import h5py
 import numpy as np
 import torch
 
-import harness
+from harness import check
+from harness import run_or_exit as run
 
 
 def torch_ln(x, res, gamma, beta, dy, eps, unbiased):
@@ -43,14 +44,6 @@ def torch_ln(x, res, gamma, beta, dy, eps, unbiased):
         rstd = 1 / torch.sqrt(z.var(-1, unbiased=unbiased) + eps)
     dres = None if res is None else res.grad
     return y.detach(), mean, rstd, x.grad, dres, gamma.grad, beta.grad
-
-
-def run(cmd):
-    harness.run_or_exit(cmd)
-
-
-def check(name, got, ref64, ref32, case):
-    return harness.check(case, name, got, ref64, ref32)
 
 
 def main():
