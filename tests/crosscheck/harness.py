@@ -7,8 +7,10 @@ kfa. The rule: float64 within 1e-12 * max(1, max|ref|); a narrower type within
 2 * |naive - ref| + 8 eps(float32) * max(1, max|ref|), naive being torch's own computation in
 that type.
 """
+import os
 import subprocess
 import sys
+import tempfile
 
 import h5py
 import numpy as np
@@ -88,3 +90,12 @@ def run_or_exit(cmd):
         return run(cmd[0], cmd[1:])
     except RuntimeError as e:
         sys.exit(f"FAIL: {e}")
+
+
+def program_and_workdir(prefix):
+    """The command line `SCRIPT PATH/TO/kfa [WORK_DIR]`: the program and a folder for the
+    files (a new temporary one named PREFIX... without WORK_DIR)."""
+    kfa = sys.argv[1]
+    work = sys.argv[2] if len(sys.argv) > 2 else tempfile.mkdtemp(prefix=prefix)
+    os.makedirs(work, exist_ok=True)
+    return kfa, work

@@ -14,12 +14,12 @@ Usage: torch_layer_norm.py PATH/TO/kfa [WORK_DIR]. Exit 0 on success, 1 on a mis
 """
 import os
 import sys
-import tempfile
 
 import h5py
 import numpy as np
 import torch
 
+import harness
 from harness import check
 from harness import run_or_exit as run
 
@@ -47,9 +47,7 @@ def torch_ln(x, res, gamma, beta, dy, eps, unbiased):
 
 
 def main():
-    kfa = sys.argv[1]
-    work = sys.argv[2] if len(sys.argv) > 2 else tempfile.mkdtemp(prefix="kfa_torch_ln_")
-    os.makedirs(work, exist_ok=True)
+    kfa, work = harness.program_and_workdir("kfa_torch_ln_")
     gen = torch.Generator().manual_seed(2026)
     cases = [
         # (rows, D, mean of x, residual, unbiased, eps)

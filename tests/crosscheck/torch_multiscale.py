@@ -12,7 +12,6 @@ Usage: torch_multiscale.py PATH/TO/kfa [WORK_DIR]. Exit 0 on success, 1 on a mis
 """
 import os
 import sys
-import tempfile
 
 import h5py
 import torch
@@ -46,9 +45,7 @@ def torch_msa(q, k, v, m, scale, vis, dout):
 
 
 def main():
-    kfa = sys.argv[1]
-    work = sys.argv[2] if len(sys.argv) > 2 else tempfile.mkdtemp(prefix="kfa_torch_msa_")
-    os.makedirs(work, exist_ok=True)
+    kfa, work = harness.program_and_workdir("kfa_torch_msa_")
     gen = torch.Generator().manual_seed(2026)
     cases = [
         # (B, Hq, Hk, Nq, Nk, D, mask kind, causal, align, window left, right, scale)
