@@ -163,7 +163,7 @@ MhaOut mha_reference(const MhaCase& c, const MhaInputs& in, const Keep4& keep) {
   Tensor4 o("o", B, hq, L, hd);
   Tensor3 lse("lse", B, hq, L);
   kfa::reference::forward<T>(q, k, v, ap, o, lse, keep);
-  Tensor2 o2("o2", rows, hq * hd);
+  Tensor2 o2("o2", rows, std::size_t(hq) * hd);
   unheads(o, o2, 0);
   const Tensor2 z = matmul<T>(o2, false, in.w_o, false, in.b_o);
   MhaOut r;

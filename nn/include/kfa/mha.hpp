@@ -368,8 +368,10 @@ void mha_backward(const ExecSpace& space, const X& x, const MhaWeights<T, Mem>& 
   if (rows == 0) {  // no rows: the weight gradients are sums over nothing
     Kokkos::deep_copy(space, grads.w_qkv, T(0));
     Kokkos::deep_copy(space, grads.w_o, T(0));
-    for (const auto& g : {grads.b_qkv, grads.b_o, grads.gamma, grads.beta})
-      Kokkos::deep_copy(space, g, T(0));
+    Kokkos::deep_copy(space, grads.b_qkv, T(0));
+    Kokkos::deep_copy(space, grads.b_o, T(0));
+    Kokkos::deep_copy(space, grads.gamma, T(0));
+    Kokkos::deep_copy(space, grads.beta, T(0));
     return;
   }
   const auto alloc = [&](const char* label) {
@@ -384,10 +386,11 @@ void mha_backward(const ExecSpace& space, const X& x, const MhaWeights<T, Mem>& 
     kfa::layer_norm_backward(space, saved.z, x, w.gamma, saved.mean, saved.rstd, dy, dz,
                              grads.gamma, grads.beta, p.ln);
   }
-  const Unmanaged<ExecSpace, Mem, CT, 2> dz2 =
-      p.residual_layer_norm
-          ? Unmanaged<ExecSpace, Mem, CT, 2>(dz.data(), rows, s.d_model)
-          : Unmanaged<ExecSpace, Mem, CT, 2>(as_rows<ExecSpace, Mem>(pass, "dy", dy));
+  Unmanaged<ExecSpace, Mem, CT, 2> dz2;
+  if (p.residual_layer_norm)
+    dz2 = Unmanaged<ExecSpace, Mem, CT, 2>(dz.data(), rows, s.d_model);
+  else
+    dz2 = as_rows<ExecSpace, Mem>(pass, "dy", dy);
   // dW_o = O^T dZ, db_o = sum_rows dZ, dO = dZ W_o^T.
   const std::size_t inner = std::size_t(s.hq) * s.hd;
   const Unmanaged<ExecSpace, Mem, CT, 2> o2(saved.o.data(), rows, inner);
@@ -604,7 +607,8 @@ void ffn_forward(const ExecSpace& space, const X& x, const W1& w1, const B1& b1,
 /// FFN backward on `space`: dW2 = relu(h)^T dy, db2 = sum_rows dy, dA = (dy W2^T) o 1[h > 0],
 /// dW1 = x^T dA, db1 = sum_rows dA, dx = dA W1^T; the bias sums in row order, without atomics.
 ///
-/// \param space, x, w1, w2 as given to ffn_forward; h its saved pre-activation.
+/// \param space, x, w1, w2 as given to ffn_forward.
+/// \param h     ffn_forward's saved pre-activation (rows, F).
 /// \param dy    (rows, D).
 /// \param dx    output (rows, D).
 /// \param dw1, db1, dw2, db2 outputs shaped as w1, b1, w2, b2 (overwritten).
