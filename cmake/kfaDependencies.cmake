@@ -6,6 +6,16 @@ include(kfaKokkosFixups)
 
 find_package(KokkosKernels QUIET)
 include(kfaKokkosFixups)
+# kfa::nn (the transformer block: projections through KokkosBlas::gemm) needs Kokkos Kernels.
+set(_kfa_have_kk OFF)
+if(TARGET Kokkos::kokkoskernels)
+  set(_kfa_have_kk ON)
+endif()
+option(KFA_ENABLE_NN "Build the transformer block kfa::nn (needs Kokkos Kernels)" ${_kfa_have_kk})
+if(KFA_ENABLE_NN AND NOT _kfa_have_kk)
+  message(FATAL_ERROR "KFA_ENABLE_NN needs Kokkos Kernels (Debian: libtrilinos-kokkos-kernels-dev; "
+                      "or -DKokkosKernels_ROOT=...)")
+endif()
 
 find_package(MPI QUIET COMPONENTS CXX)
 option(KFA_ENABLE_MPI "Build the MPI sequence-parallel layer (kfa::mpi)" ${MPI_FOUND})

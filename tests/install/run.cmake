@@ -1,7 +1,8 @@
 # ctest -R install: installs this build to a fresh prefix, then configures, builds and runs
 # against it the C++ consumer project, the C example (found with find_package, then with
-# pkg-config) and, when FORTRAN names a compiler, the Fortran example. Arguments: BUILD_DIR,
-# WORK_DIR, SOURCE_DIR, GENERATOR, CXX, C, FORTRAN (empty: no Fortran), LIBDIR, LINK_FLAGS
+# pkg-config) and, when FORTRAN names a compiler, the Fortran example; when NN is ON (kfa::nn
+# built), also the consumer's kfa::nn program. Arguments: BUILD_DIR, WORK_DIR, SOURCE_DIR,
+# GENERATOR, CXX, C, FORTRAN (empty: no Fortran), NN, LIBDIR, LINK_FLAGS
 # (the sanitizer flags of a sanitized build: its shared libraries need the sanitizer runtime
 # linked into the consumer executables, first in the library list).
 file(REMOVE_RECURSE "${WORK_DIR}")
@@ -18,6 +19,9 @@ set(steps
     "${CMAKE_COMMAND}|-E|env|PKG_CONFIG_PATH=${prefix}/${LIBDIR}/pkgconfig|${CMAKE_COMMAND}|-S|${SOURCE_DIR}/examples/c|-B|${WORK_DIR}/c-pkgconfig|-G|${GENERATOR}|-DCMAKE_C_COMPILER=${C}|-DKFA_EXAMPLE_PKGCONFIG=ON|${exe_flags}"
     "${CMAKE_COMMAND}|--build|${WORK_DIR}/c-pkgconfig"
     "${WORK_DIR}/c-pkgconfig/attention_c")
+if(NN)
+  list(APPEND steps "${WORK_DIR}/build/consumer_nn")
+endif()
 if(FORTRAN)
   list(APPEND steps
        "${CMAKE_COMMAND}|-S|${SOURCE_DIR}/examples/fortran|-B|${WORK_DIR}/fortran|-G|${GENERATOR}|-DCMAKE_Fortran_COMPILER=${FORTRAN}|-DCMAKE_PREFIX_PATH=${prefix}|${exe_flags}"

@@ -1,0 +1,164 @@
+#!/usr/bin/python3
+"""kfa::nn's multi-head attention block against PyTorch autograd of the block written as a
+module: a linear QKV projection (nn.Linear, weight W_qkv^T), the columns split into q, k and v
+heads and reshaped to (B, H, L, hd), K and V repeated over each group of query heads (GQA),
+softmax(Q K^T / sqrt(hd)) V written out (causal: the upper triangle masked), the heads moved
+back to (B, L, Hq hd), a linear output projection, and, with the layer norm, nn.LayerNorm of
+the output plus x. Gradients of sum(y * dy) by y.backward(dy): dx and every parameter's.
+Drives the mha_driver tool (tests/crosscheck/mha_driver.cpp) through HDF5 files. float64: y
+and every gradient within 1e-12 * max(1, max|ref|), the project's float64 rule; float32 files:
+within the project's rule with torch's float32 run as the naive computation,
+2 * |torch32 - torch64| + 8 eps max(1, |ref|).
+
+Usage: torch_mha.py PATH/TO/mha_driver [WORK_DIR]. Exit 0 on success, 1 on a mismatch.
+"""
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+import torch
+
+
+class Block(torch.nn.Module):
+    """The attention block: QKV linear, heads, softmax attention, output linear, residual and
+    LayerNorm (optional)."""
+
+    def __init__(self, d, hq, hkv, causal, qkv_bias, out_bias, ln, dtype):
+        super().__init__()
+        self.hq, self.hkv, self.hd, self.causal = hq, hkv, d // hq, causal
+        width = (hq + 2 * hkv) * self.hd
+        self.qkv = torch.nn.Linear(d, width, bias=qkv_bias, dtype=dtype)
+        self.out = torch.nn.Linear(hq * self.hd, d, bias=out_bias, dtype=dtype)
+        self.ln = torch.nn.LayerNorm(d, eps=1e-5, dtype=dtype) if ln else None
+
+    def forward(self, x):
+        B, L, _ = x.shape
+        hq, hkv, hd = self.hq, self.hkv, self.hd
+        qkv = self.qkv(x)
+        q = qkv[..., : hq * hd].reshape(B, L, hq, hd).transpose(1, 2)
+        k = qkv[..., hq * hd : (hq + hkv) * hd].reshape(B, L, hkv, hd).transpose(1, 2)
+        v = qkv[..., (hq + hkv) * hd :].reshape(B, L, hkv, hd).transpose(1, 2)
+        k = k.repeat_interleave(hq // hkv, dim=1)
+        v = v.repeat_interleave(hq // hkv, dim=1)
+        s = q @ k.transpose(-1, -2) / math.sqrt(hd)
+        if self.causal:
+            mask = torch.ones(L, L, dtype=torch.bool).triu(1)
+            s = s.masked_fill(mask, float("-inf"))
+        o = torch.softmax(s, dim=-1) @ v
+        z = self.out(o.transpose(1, 2).reshape(B, L, hq * hd))
+        return self.ln(z + x) if self.ln is not None else z
+
+
+def torch_block(params, x, dy, case, dtype):
+    """y and the gradients of sum(y * dy), in dtype; params hold float64 values."""
+    d, hq, hkv, causal, qkv_bias, out_bias, ln = case
+    m = Block(d, hq, hkv, causal, qkv_bias, out_bias, ln, dtype)
+    with torch.no_grad():
+        m.qkv.weight.copy_(params["w_qkv"].T)
+        m.out.weight.copy_(params["w_o"].T)
+        if qkv_bias:
+            m.qkv.bias.copy_(params["b_qkv"])
+        if out_bias:
+            m.out.bias.copy_(params["b_o"])
+        if ln:
+            m.ln.weight.copy_(params["gamma"])
+            m.ln.bias.copy_(params["beta"])
+    x = x.to(dtype).clone().requires_grad_(True)
+    y = m(x)
+    y.backward(dy.to(dtype))
+    out = {"y": y.detach(), "dx": x.grad, "dw_qkv": m.qkv.weight.grad.T, "dw_o": m.out.weight.grad.T}
+    if qkv_bias:
+        out["db_qkv"] = m.qkv.bias.grad
+    if out_bias:
+        out["db_o"] = m.out.bias.grad
+    if ln:
+        out["dgamma"], out["dbeta"] = m.ln.weight.grad, m.ln.bias.grad
+    return out
+
+
+def run(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"FAIL: {' '.join(cmd)} exited {r.returncode}: {r.stderr.strip()}")
+
+
+def check(name, got, ref64, ref32, case):
+    got = torch.as_tensor(np.asarray(got, dtype=np.float64))
+    ref64 = ref64.to(torch.float64)
+    scale = max(1.0, float(ref64.abs().max()))
+    if ref32 is None:
+        bound = 1e-12 * scale
+    else:
+        naive = float((ref32.to(torch.float64) - ref64).abs().max())
+        bound = 2 * naive + 8 * float(np.finfo(np.float32).eps) * scale
+    err = float((got - ref64).abs().max())
+    ok = err <= bound
+    print(f"{'ok  ' if ok else 'FAIL'} {case}: {name} err {err:.3e} bound {bound:.3e}")
+    return ok
+
+
+def main():
+    driver = sys.argv[1]
+    work = sys.argv[2] if len(sys.argv) > 2 else tempfile.mkdtemp(prefix="kfa_torch_mha_")
+    os.makedirs(work, exist_ok=True)
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(2026)
+    cases = [
+        # (B, L, d_model, Hq, Hkv, causal, qkv_bias, out_bias, layer norm)
+        (1, 1, 64, 1, 1, False, True, True, False),
+        (2, 17, 64, 4, 4, True, True, True, True),
+        (1, 128, 256, 8, 2, True, True, False, True),
+        (2, 128, 64, 4, 1, False, False, True, False),
+        (1, 128, 512, 8, 8, False, True, True, True),
+        (2, 33, 256, 4, 2, True, True, True, False),
+    ]
+    all_ok = True
+    fin, fout = os.path.join(work, "in.h5"), os.path.join(work, "out.h5")
+    for (B, L, d, hq, hkv, causal, qkv_bias, out_bias, ln) in cases:
+        for dtype in (torch.float64, torch.float32):
+            name = (f"B={B} L={L} d_model={d} Hq={hq} Hkv={hkv} causal={causal} "
+                    f"qkv_bias={qkv_bias} out_bias={out_bias} ln={ln} "
+                    f"{str(dtype).replace('torch.', '')}")
+            hd = d // hq
+            width = (hq + 2 * hkv) * hd
+
+            def draw(*shape, centre=0.0, amp=1.0):
+                t = (torch.rand(*shape, generator=gen, dtype=torch.float64) * 2 - 1) * amp + centre
+                return t.to(dtype).to(torch.float64)  # the values the file holds, exactly
+
+            amp = 2 / math.sqrt(d)
+            x, dy = draw(B, L, d), draw(B, L, d)
+            params = {"w_qkv": draw(d, width, amp=amp), "w_o": draw(hq * hd, d, amp=amp)}
+            if qkv_bias:
+                params["b_qkv"] = draw(width, amp=0.5)
+            if out_bias:
+                params["b_o"] = draw(d, amp=0.5)
+            if ln:
+                params["gamma"], params["beta"] = draw(d, centre=1.0, amp=0.5), draw(d, amp=0.5)
+            spec = (d, hq, hkv, causal, qkv_bias, out_bias, ln)
+            ref64 = torch_block(params, x, dy, spec, torch.float64)
+            ref32 = torch_block(params, x, dy, spec, torch.float32) if dtype == torch.float32 else None
+            npd = np.float64 if dtype == torch.float64 else np.float32
+            with h5py.File(fin, "w") as f:
+                f["/x"], f["/dy"] = x.numpy().astype(npd), dy.numpy().astype(npd)
+                for k, v in params.items():
+                    f["/" + k] = v.numpy().astype(npd)
+            run([driver, fin, fout, str(hq), str(hkv), "1" if causal else "0"])
+            with h5py.File(fout, "r") as f:
+                if sorted(f.keys()) != sorted(ref64.keys()):
+                    print(f"FAIL {name}: outputs {sorted(f.keys())}, expected {sorted(ref64.keys())}")
+                    all_ok = False
+                    continue
+                for k in ref64:
+                    all_ok &= check(k, f["/" + k][...], ref64[k],
+                                    None if ref32 is None else ref32[k], name)
+    print("PASS" if all_ok else "FAIL")
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,592 @@
+// kfa::nn on the suite's space: the multi-head attention block (mha_forward, mha_backward) and
+// the FFN against a float64 reference of the whole block built from plain loops for the
+// linears, kfa::reference's attention and kfa::reference's layer norm (no code shared with
+// the kernels or KokkosBlas), under the project's rule; central finite differences of the
+// block's own forward for a few weight gradients; bias gradients bitwise repeatable; argument
+// checks.
+#include <kfa/mha.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "problem.hpp"
+
+namespace {
+
+using namespace kfa_test;
+using kfa::reference::Tensor1;
+using kfa::reference::Tensor2;
+
+Tensor2 random2(const char* label, int rows, int cols, std::mt19937_64& gen, double mean,
+                double amp) {
+  Tensor2 t(std::string(label), rows, cols);
+  std::uniform_real_distribution<double> dist(mean - amp, mean + amp);
+  for (std::size_t e = 0; e < t.span(); ++e)
+    t.data()[e] = dist(gen);
+  return t;
+}
+
+Tensor1 random1(const char* label, int n, std::mt19937_64& gen, double mean, double amp) {
+  Tensor1 t(std::string(label), n);
+  std::uniform_real_distribution<double> dist(mean - amp, mean + amp);
+  for (int j = 0; j < n; ++j)
+    t(j) = dist(gen);
+  return t;
+}
+
+// Rounds a host tensor to T in place, so that the kernels in T and the references see the
+// same inputs.
+template <class T, class V>
+void round_in_place(const V& t) {
+  for (std::size_t e = 0; e < t.span(); ++e)
+    t.data()[e] = double(T(t.data()[e]));
+}
+
+// ---- The reference, in precision T (double: the oracle), from plain loops ----
+
+// op(A) op(B) (+ bias) in T, each element accumulated in T and rounded to T, stored as double.
+template <class T>
+Tensor2 matmul(const Tensor2& a, bool ta, const Tensor2& b, bool tb, const Tensor1& bias = {}) {
+  const int m = ta ? a.extent(1) : a.extent(0), k = ta ? a.extent(0) : a.extent(1);
+  const int n = tb ? b.extent(0) : b.extent(1);
+  EXPECT_EQ(k, tb ? int(b.extent(1)) : int(b.extent(0)));
+  Tensor2 c("c", m, n);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      T s = bias.span() > 0 ? static_cast<T>(bias(j)) : T(0);
+      for (int l = 0; l < k; ++l)
+        s += static_cast<T>(ta ? a(l, i) : a(i, l)) * static_cast<T>(tb ? b(j, l) : b(l, j));
+      c(i, j) = double(s);
+    }
+  return c;
+}
+
+template <class T>
+Tensor1 colsum(const Tensor2& m) {
+  Tensor1 out("colsum", m.extent(1));
+  for (int j = 0; j < int(m.extent(1)); ++j) {
+    T s = 0;
+    for (int r = 0; r < int(m.extent(0)); ++r)
+      s += static_cast<T>(m(r, j));
+    out(j) = double(s);
+  }
+  return out;
+}
+
+struct MhaCase {
+  int B = 1, L = 17, d_model = 64;
+  kfa::nn::MhaParams p;
+};
+
+std::string describe(const MhaCase& c) {
+  return "B=" + std::to_string(c.B) + " L=" + std::to_string(c.L) +
+         " d_model=" + std::to_string(c.d_model) + " Hq=" + std::to_string(c.p.heads_q) +
+         " Hkv=" + std::to_string(c.p.heads_kv) +
+         " causal=" + std::to_string(c.p.attention.causal) +
+         " dropout=" + std::to_string(c.p.attention.dropout) +
+         " ln=" + std::to_string(c.p.residual_layer_norm) +
+         " qkv_bias=" + std::to_string(c.p.qkv_bias) + " out_bias=" + std::to_string(c.p.out_bias);
+}
+
+// Inputs as (rows, cols) host matrices: x and dy are (B L, d_model).
+struct MhaInputs {
+  Tensor2 x, dy, w_qkv, w_o;
+  Tensor1 b_qkv, b_o, gamma, beta;
+};
+
+// Outputs and gradients (empty where the block has no such parameter).
+struct MhaOut {
+  Tensor2 y, dx, dw_qkv, dw_o;
+  Tensor1 db_qkv, db_o, dgamma, dbeta;
+};
+
+template <class T>
+MhaInputs mha_inputs(const MhaCase& c, std::uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  const int rows = c.B * c.L, d = c.d_model, hd = d / c.p.heads_q;
+  const int width = (c.p.heads_q + 2 * c.p.heads_kv) * hd;
+  const double amp = 1 / std::sqrt(double(d));  // keeps the projections of order 1
+  MhaInputs in;
+  in.x = random2("x", rows, d, gen, 0.0, 1.0);
+  in.dy = random2("dy", rows, d, gen, 0.0, 1.0);
+  in.w_qkv = random2("w_qkv", d, width, gen, 0.0, 2 * amp);
+  in.w_o = random2("w_o", c.p.heads_q * hd, d, gen, 0.0, 2 * amp);
+  if (c.p.qkv_bias) in.b_qkv = random1("b_qkv", width, gen, 0.0, 0.5);
+  if (c.p.out_bias) in.b_o = random1("b_o", d, gen, 0.0, 0.5);
+  if (c.p.residual_layer_norm) {
+    in.gamma = random1("gamma", d, gen, 1.0, 0.5);
+    in.beta = random1("beta", d, gen, 0.0, 0.5);
+  }
+  for (const Tensor2& t : {in.x, in.dy, in.w_qkv, in.w_o})
+    round_in_place<T>(t);
+  for (const Tensor1& t : {in.b_qkv, in.b_o, in.gamma, in.beta})
+    round_in_place<T>(t);
+  return in;
+}
+
+// The heads [h0, h0 + H) of a (B L, W) matrix as a (B, H, L, hd) tensor, and back.
+Tensor4 heads(const Tensor2& m, int B, int L, int h0, int H, int hd) {
+  Tensor4 t("heads", B, H, L, hd);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int l = 0; l < L; ++l)
+        for (int e = 0; e < hd; ++e)
+          t(b, h, l, e) = m(b * L + l, (h0 + h) * hd + e);
+  return t;
+}
+void unheads(const Tensor4& t, const Tensor2& m, int h0) {
+  const int B = t.extent(0), H = t.extent(1), L = t.extent(2), hd = t.extent(3);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int l = 0; l < L; ++l)
+        for (int e = 0; e < hd; ++e)
+          m(b * L + l, (h0 + h) * hd + e) = t(b, h, l, e);
+}
+
+// The block forward and backward in precision T, step by step from the definitions.
+template <class T>
+MhaOut mha_reference(const MhaCase& c, const MhaInputs& in, const Keep4& keep) {
+  const int B = c.B, L = c.L, d = c.d_model, hq = c.p.heads_q, hkv = c.p.heads_kv, hd = d / hq;
+  const int rows = B * L, width = (hq + 2 * hkv) * hd;
+  const kfa::Params& ap = c.p.attention;
+  const Tensor2 qkv = matmul<T>(in.x, false, in.w_qkv, false, in.b_qkv);
+  const Tensor4 q = heads(qkv, B, L, 0, hq, hd), k = heads(qkv, B, L, hq, hkv, hd),
+                v = heads(qkv, B, L, hq + hkv, hkv, hd);
+  Tensor4 o("o", B, hq, L, hd);
+  Tensor3 lse("lse", B, hq, L);
+  kfa::reference::forward<T>(q, k, v, ap, o, lse, keep);
+  Tensor2 o2("o2", rows, std::size_t(hq) * hd);
+  unheads(o, o2, 0);
+  const Tensor2 z = matmul<T>(o2, false, in.w_o, false, in.b_o);
+  MhaOut r;
+  Tensor2 dz = in.dy;
+  if (c.p.residual_layer_norm) {
+    r.y = Tensor2("y", rows, d);
+    Tensor1 mean("mean", rows), rstd("rstd", rows);
+    kfa::reference::layer_norm<T>(z, in.x, in.gamma, in.beta, c.p.ln.eps, c.p.ln.unbiased, r.y,
+                                  mean, rstd);
+    dz = Tensor2("dz", rows, d);
+    r.dgamma = Tensor1("dgamma", d);
+    r.dbeta = Tensor1("dbeta", d);
+    kfa::reference::layer_norm_backward<T>(z, in.x, in.gamma, c.p.ln.eps, c.p.ln.unbiased, in.dy,
+                                           dz, r.dgamma, r.dbeta);
+  } else {
+    r.y = z;
+  }
+  r.dw_o = matmul<T>(o2, true, dz, false);
+  if (c.p.out_bias) r.db_o = colsum<T>(dz);
+  const Tensor2 do2 = matmul<T>(dz, false, in.w_o, true);
+  const Tensor4 dout = heads(do2, B, L, 0, hq, hd);
+  Tensor4 dq("dq", B, hq, L, hd), dk("dk", B, hkv, L, hd), dv("dv", B, hkv, L, hd);
+  kfa::reference::backward<T>(q, k, v, ap, dout, Tensor3(), dq, dk, dv, keep);
+  Tensor2 dqkv("dqkv", rows, width);
+  unheads(dq, dqkv, 0);
+  unheads(dk, dqkv, hq);
+  unheads(dv, dqkv, hq + hkv);
+  r.dw_qkv = matmul<T>(in.x, true, dqkv, false);
+  if (c.p.qkv_bias) r.db_qkv = colsum<T>(dqkv);
+  r.dx = matmul<T>(dqkv, false, in.w_qkv, true);
+  if (c.p.residual_layer_norm)
+    for (std::size_t e = 0; e < r.dx.span(); ++e)
+      r.dx.data()[e] = double(static_cast<T>(r.dx.data()[e]) + static_cast<T>(dz.data()[e]));
+  return r;
+}
+
+// ---- The block on the suite's space ----
+
+template <class T>
+using Weights = kfa::nn::MhaWeights<T, Memory>;
+template <class T>
+using Rows3 = Kokkos::View<T***, Kokkos::LayoutRight, Device>;
+
+// A host (rows, cols) or (n) tensor copied into a device view of T of the same span.
+template <class Dst, class Src>
+void upload(const Dst& dst, const Src& src) {
+  ASSERT_EQ(dst.span(), src.span());
+  auto h = Kokkos::create_mirror_view(dst);
+  for (std::size_t e = 0; e < src.span(); ++e)
+    h.data()[e] = static_cast<typename Dst::non_const_value_type>(src.data()[e]);
+  Kokkos::deep_copy(dst, h);
+}
+
+// A device view back as a host double tensor of `rows` x (span / rows) (rank 2) or (n).
+template <class HostDouble, class Dev>
+HostDouble download(const Dev& dev, std::size_t rows, std::size_t cols = 0) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dev);
+  HostDouble out;
+  if constexpr (HostDouble::rank == 2)
+    out = HostDouble("out", rows, cols);
+  else
+    out = HostDouble("out", rows);
+  for (std::size_t e = 0; e < out.span(); ++e)
+    out.data()[e] = static_cast<double>(h.data()[e]);
+  return out;
+}
+
+template <class T>
+Weights<T> upload_weights(const MhaCase& c, const MhaInputs& in) {
+  Weights<T> w("w", c.d_model, c.p);
+  upload(w.w_qkv, in.w_qkv);
+  upload(w.w_o, in.w_o);
+  if (c.p.qkv_bias) upload(w.b_qkv, in.b_qkv);
+  if (c.p.out_bias) upload(w.b_o, in.b_o);
+  if (c.p.residual_layer_norm) {
+    upload(w.gamma, in.gamma);
+    upload(w.beta, in.beta);
+  }
+  return w;
+}
+
+// The block forward and backward in T, every output poisoned beforehand.
+template <class T>
+MhaOut mha_run(const MhaCase& c, const MhaInputs& in) {
+  const int rows = c.B * c.L, d = c.d_model;
+  Rows3<T> x("x", c.B, c.L, d), dy("dy", c.B, c.L, d), y("y", c.B, c.L, d), dx("dx", c.B, c.L, d);
+  upload(x, in.x);
+  upload(dy, in.dy);
+  const Weights<T> w = upload_weights<T>(c, in);
+  Weights<T> g("g", d, c.p);
+  for (const auto& v : {y, dx})
+    Kokkos::deep_copy(v, quiet_nan<T>());
+  for (const auto& v : {g.w_qkv, g.w_o})
+    Kokkos::deep_copy(v, quiet_nan<T>());
+  for (const auto& v : {g.b_qkv, g.b_o, g.gamma, g.beta})
+    Kokkos::deep_copy(v, quiet_nan<T>());
+  kfa::nn::MhaSaved<T, Memory> saved;
+  kfa::nn::mha_forward(Exec(), x, w, y, saved, c.p);
+  kfa::nn::mha_backward(Exec(), x, w, saved, dy, dx, g, c.p);
+  Kokkos::fence();
+  MhaOut r;
+  r.y = download<Tensor2>(y, rows, d);
+  r.dx = download<Tensor2>(dx, rows, d);
+  r.dw_qkv = download<Tensor2>(g.w_qkv, g.w_qkv.extent(0), g.w_qkv.extent(1));
+  r.dw_o = download<Tensor2>(g.w_o, g.w_o.extent(0), g.w_o.extent(1));
+  if (c.p.qkv_bias) r.db_qkv = download<Tensor1>(g.b_qkv, g.b_qkv.extent(0));
+  if (c.p.out_bias) r.db_o = download<Tensor1>(g.b_o, d);
+  if (c.p.residual_layer_norm) {
+    r.dgamma = download<Tensor1>(g.gamma, d);
+    r.dbeta = download<Tensor1>(g.beta, d);
+  }
+  return r;
+}
+
+Keep4 block_keep(const MhaCase& c) {
+  Shape s;
+  s.batch = c.B;
+  s.heads_q = c.p.heads_q;
+  s.heads_k = c.p.heads_kv;
+  s.seqlen_q = s.seqlen_k = c.L;
+  s.head_dim = c.d_model / c.p.heads_q;
+  return keep_mask(s, c.p.attention);
+}
+
+// The project's rule on y and every gradient; returns the largest err / bound.
+template <class T>
+double check_mha(const MhaCase& c, std::uint64_t seed) {
+  SCOPED_TRACE(describe(c) + " seed=" + std::to_string(seed));
+  const MhaInputs in = mha_inputs<T>(c, seed);
+  const Keep4 keep = block_keep(c);
+  const MhaOut got = mha_run<T>(c, in), ref = mha_reference<double>(c, in, keep);
+  MhaOut naive = ref;
+  if (!std::is_same_v<T, double>) naive = mha_reference<T>(c, in, keep);
+  using kfa::reference::apply_rule;
+  std::vector<std::pair<const char*, kfa::reference::Check>> rules = {
+      {"y", apply_rule<T>(got.y, naive.y, ref.y)},
+      {"dx", apply_rule<T>(got.dx, naive.dx, ref.dx)},
+      {"dw_qkv", apply_rule<T>(got.dw_qkv, naive.dw_qkv, ref.dw_qkv)},
+      {"dw_o", apply_rule<T>(got.dw_o, naive.dw_o, ref.dw_o)}};
+  if (c.p.qkv_bias)
+    rules.emplace_back("db_qkv", apply_rule<T>(got.db_qkv, naive.db_qkv, ref.db_qkv));
+  if (c.p.out_bias) rules.emplace_back("db_o", apply_rule<T>(got.db_o, naive.db_o, ref.db_o));
+  if (c.p.residual_layer_norm) {
+    rules.emplace_back("dgamma", apply_rule<T>(got.dgamma, naive.dgamma, ref.dgamma));
+    rules.emplace_back("dbeta", apply_rule<T>(got.dbeta, naive.dbeta, ref.dbeta));
+  }
+  double worst = 0;
+  for (const auto& [name, r] : rules) {
+    EXPECT_TRUE(r.ok()) << name << ": err " << r.err << " naive " << r.naive_err << " bound "
+                        << r.bound;
+    worst = std::max(worst, r.err / r.bound);
+  }
+  return worst;
+}
+
+// B in {1, 2}, L in {1, 17, 64}, d_model in {64, 128}, (Hq, Hkv) in {(1, 1), (4, 4), (4, 2),
+// (4, 1)}, causal on and off, the residual layer norm on and off; the biases off in some
+// cases, dropout 0.2 in some.
+std::vector<MhaCase> mha_cases() {
+  std::vector<MhaCase> out;
+  int n = 0;
+  for (const int B : {1, 2})
+    for (const int L : {1, 17, 64})
+      for (const int d : {64, 128})
+        for (const auto& [hq, hkv] : {std::pair{1, 1}, {4, 4}, {4, 2}, {4, 1}})
+          for (const bool causal : {false, true})
+            for (const bool ln : {false, true}) {
+              MhaCase c;
+              c.B = B;
+              c.L = L;
+              c.d_model = d;
+              c.p.heads_q = hq;
+              c.p.heads_kv = hkv;
+              c.p.attention.causal = causal;
+              c.p.residual_layer_norm = ln;
+              c.p.qkv_bias = n % 5 != 1;
+              c.p.out_bias = n % 7 != 2;
+              if (n % 6 == 3) {
+                c.p.attention.dropout = 0.2;
+                c.p.attention.seed = 1234 + n;
+              }
+              ++n;
+              out.push_back(c);
+            }
+  return out;
+}
+
+TEST(Mha, AgainstReferenceDouble) {
+  std::uint64_t seed = 300;
+  double worst = 0;
+  for (const MhaCase& c : mha_cases())
+    worst = std::max(worst, check_mha<double>(c, seed++));
+  std::printf("double: largest error / bound %.3g\n", worst);
+}
+
+TEST(Mha, AgainstReferenceFloat) {
+  std::uint64_t seed = 600;
+  double worst = 0;
+  for (const MhaCase& c : mha_cases())
+    worst = std::max(worst, check_mha<float>(c, seed++));
+  std::printf("float: largest error / bound %.3g\n", worst);
+}
+
+// Central differences of the block's own forward, loss = sum(y o dy), against the gradients
+// of a few entries of every weight and of x: checks the chain rule independently of the
+// reference.
+TEST(Mha, GradientsMatchFiniteDifferences) {
+  MhaCase c;
+  c.B = 2;
+  c.L = 9;
+  c.d_model = 32;
+  c.p.heads_q = 4;
+  c.p.heads_kv = 2;
+  c.p.attention.causal = true;
+  c.p.residual_layer_norm = true;
+  MhaInputs in = mha_inputs<double>(c, 77);  // probed in place
+  const MhaOut g = mha_run<double>(c, in);
+  const auto loss = [&]() {
+    const MhaOut r = mha_run<double>(c, in);
+    double s = 0;
+    for (std::size_t e = 0; e < r.y.span(); ++e)
+      s += r.y.data()[e] * in.dy.data()[e];
+    return s;
+  };
+  const double h = 1e-5;
+  double worst = 0;
+  const auto probe = [&](const char* name, double* param, double grad) {
+    const double keep = *param;
+    *param = keep + h;
+    const double up = loss();
+    *param = keep - h;
+    const double down = loss();
+    *param = keep;
+    const double fd = (up - down) / (2 * h), err = std::fabs(fd - grad);
+    EXPECT_LE(err, 1e-7 * std::max(1.0, std::fabs(grad)))
+        << name << ": fd " << fd << " grad " << grad;
+    worst = std::max(worst, err);
+  };
+  const int width = in.w_qkv.extent(1);
+  for (const int col : {0, width / 3, width / 2 + 1, width - 1})  // a q, k and v column
+    for (const int row : {0, 17})
+      probe("w_qkv", &in.w_qkv(row, col), g.dw_qkv(row, col));
+  for (const int row : {1, 30})
+    probe("w_o", &in.w_o(row, 5), g.dw_o(row, 5));
+  for (const int j : {2, width - 3})
+    probe("b_qkv", &in.b_qkv(j), g.db_qkv(j));
+  probe("b_o", &in.b_o(7), g.db_o(7));
+  probe("gamma", &in.gamma(3), g.dgamma(3));
+  probe("beta", &in.beta(11), g.dbeta(11));
+  for (const int r : {0, 12})
+    probe("x", &in.x(r, 4), g.dx(r, 4));
+  std::printf("largest |fd - grad| %.3g\n", worst);
+}
+
+// The weight gradients (bias sums included) are bitwise the same run to run with a
+// repeatable dQ.
+TEST(Mha, GradientsRepeatBitwise) {
+  MhaCase c;
+  c.B = 2;
+  c.L = 33;
+  c.d_model = 64;
+  c.p.heads_q = 4;
+  c.p.heads_kv = 2;
+  c.p.residual_layer_norm = true;
+  c.p.attention.deterministic = true;
+  const MhaInputs in = mha_inputs<float>(c, 91);
+  const MhaOut a = mha_run<float>(c, in);
+  for (int run = 0; run < 3; ++run) {
+    const MhaOut b = mha_run<float>(c, in);
+    for (const auto& [x, y] : {std::pair{a.dw_qkv, b.dw_qkv}, {a.dw_o, b.dw_o}, {a.dx, b.dx}})
+      EXPECT_EQ(kfa::reference::max_abs_diff(x, y), 0.0);
+    for (const auto& [x, y] : {std::pair{a.db_qkv, b.db_qkv},
+                               {a.db_o, b.db_o},
+                               {a.dgamma, b.dgamma},
+                               {a.dbeta, b.dbeta}})
+      EXPECT_EQ(kfa::reference::max_abs_diff(x, y), 0.0);
+  }
+}
+
+// Bad shapes and head counts: kfa::Error naming what is wrong, before any kernel.
+TEST(Mha, RejectsBadArguments) {
+  const auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const kfa::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const auto run = [](int d, const kfa::nn::MhaParams& p, const Weights<double>& w) {
+    Rows3<double> x("x", 2, 5, d), y("y", 2, 5, d);
+    kfa::nn::MhaSaved<double, Memory> saved;
+    kfa::nn::mha_forward(Exec(), x, w, y, saved, p);
+  };
+  kfa::nn::MhaParams p;
+  p.heads_q = 3;
+  EXPECT_NE(message([&] {
+              run(64, p, Weights<double>("w", 63, p));
+            }).find("not divisible by heads_q = 3"),
+            std::string::npos);
+  p.heads_q = 4;
+  p.heads_kv = 3;
+  EXPECT_NE(message([&] {
+              run(64, p, Weights<double>("w", 64, p));
+            }).find("not a multiple of heads_kv = 3"),
+            std::string::npos);
+  p.heads_kv = 2;
+  Weights<double> w("w", 64, p);
+  w.w_qkv = Weights<double>::matrix("bad", 64, 100);
+  const std::string m = message([&] { run(64, p, w); });
+  EXPECT_NE(m.find("w_qkv has shape (64, 100)"), std::string::npos) << m;
+  EXPECT_NE(m.find("(2, 5, 64)"), std::string::npos) << m;
+  EXPECT_NE(m.find("(64, 128)"), std::string::npos) << m;
+  Weights<double> w2("w", 64, p);
+  w2.w_o = Weights<double>::matrix("bad", 64, 32);
+  EXPECT_NE(message([&] { run(64, p, w2); }).find("w_o has shape (64, 32)"), std::string::npos);
+  Weights<double> w3("w", 64, p);
+  w3.gamma = Weights<double>::vector("unused", 64);  // no residual layer norm asked for
+  EXPECT_NE(message([&] { run(64, p, w3); }).find("gamma has shape (64) but is not used"),
+            std::string::npos);
+}
+
+// ---- The FFN ----
+
+struct FfnRef {
+  Tensor2 y, dx, dw1, dw2;
+  Tensor1 db1, db2;
+};
+
+template <class T>
+FfnRef ffn_reference(const Tensor2& x, const Tensor2& w1, const Tensor1& b1, const Tensor2& w2,
+                     const Tensor1& b2, const Tensor2& dy) {
+  FfnRef r;
+  const Tensor2 h = matmul<T>(x, false, w1, false, b1);
+  Tensor2 a("a", h.extent(0), h.extent(1));
+  for (std::size_t e = 0; e < h.span(); ++e)
+    a.data()[e] = std::max(0.0, h.data()[e]);
+  r.y = matmul<T>(a, false, w2, false, b2);
+  r.dw2 = matmul<T>(a, true, dy, false);
+  r.db2 = colsum<T>(dy);
+  Tensor2 da = matmul<T>(dy, false, w2, true);
+  for (std::size_t e = 0; e < h.span(); ++e)
+    if (!(h.data()[e] > 0)) da.data()[e] = 0;
+  r.dw1 = matmul<T>(x, true, da, false);
+  r.db1 = colsum<T>(da);
+  r.dx = matmul<T>(da, false, w1, true);
+  return r;
+}
+
+template <class T>
+double check_ffn(int rows, int D, std::uint64_t seed) {
+  SCOPED_TRACE("rows=" + std::to_string(rows) + " D=" + std::to_string(D));
+  const int F = 4 * D;
+  std::mt19937_64 gen(seed);
+  const double amp = 1 / std::sqrt(double(D));
+  Tensor2 x = random2("x", rows, D, gen, 0, 1), dy = random2("dy", rows, D, gen, 0, 1),
+          w1 = random2("w1", D, F, gen, 0, 2 * amp), w2 = random2("w2", F, D, gen, 0, amp);
+  Tensor1 b1 = random1("b1", F, gen, 0, 0.5), b2 = random1("b2", D, gen, 0, 0.5);
+  for (const Tensor2& t : {x, dy, w1, w2})
+    round_in_place<T>(t);
+  for (const Tensor1& t : {b1, b2})
+    round_in_place<T>(t);
+  using M = Kokkos::View<T**, Kokkos::LayoutRight, Device>;
+  using V = Kokkos::View<T*, Device>;
+  M dx_("x", rows, D), ddy("dy", rows, D), dw1_("w1", D, F), dw2_("w2", F, D), y("y", rows, D),
+      h("h", rows, F), gx("gx", rows, D), gw1("gw1", D, F), gw2("gw2", F, D);
+  V db1_("b1", F), db2_("b2", D), gb1("gb1", F), gb2("gb2", D);
+  upload(dx_, x);
+  upload(ddy, dy);
+  upload(dw1_, w1);
+  upload(dw2_, w2);
+  upload(db1_, b1);
+  upload(db2_, b2);
+  for (const auto& v : {y, h, gx, gw1, gw2})
+    Kokkos::deep_copy(v, quiet_nan<T>());
+  for (const auto& v : {gb1, gb2})
+    Kokkos::deep_copy(v, quiet_nan<T>());
+  kfa::nn::ffn_forward(Exec(), dx_, dw1_, db1_, dw2_, db2_, y, h);
+  kfa::nn::ffn_backward(Exec(), dx_, dw1_, dw2_, h, ddy, gx, gw1, gb1, gw2, gb2);
+  Kokkos::fence();
+  const FfnRef ref = ffn_reference<double>(x, w1, b1, w2, b2, dy);
+  FfnRef naive = ref;
+  if (!std::is_same_v<T, double>) naive = ffn_reference<T>(x, w1, b1, w2, b2, dy);
+  using kfa::reference::apply_rule;
+  const auto rules = {
+      std::make_pair("y", apply_rule<T>(download<Tensor2>(y, rows, D), naive.y, ref.y)),
+      std::make_pair("dx", apply_rule<T>(download<Tensor2>(gx, rows, D), naive.dx, ref.dx)),
+      std::make_pair("dw1", apply_rule<T>(download<Tensor2>(gw1, D, F), naive.dw1, ref.dw1)),
+      std::make_pair("dw2", apply_rule<T>(download<Tensor2>(gw2, F, D), naive.dw2, ref.dw2)),
+      std::make_pair("db1", apply_rule<T>(download<Tensor1>(gb1, F), naive.db1, ref.db1)),
+      std::make_pair("db2", apply_rule<T>(download<Tensor1>(gb2, D), naive.db2, ref.db2))};
+  double worst = 0;
+  for (const auto& [name, r] : rules) {
+    EXPECT_TRUE(r.ok()) << name << ": err " << r.err << " naive " << r.naive_err << " bound "
+                        << r.bound;
+    worst = std::max(worst, r.err / r.bound);
+  }
+  return worst;
+}
+
+TEST(Ffn, AgainstReference) {
+  double worst_d = 0, worst_f = 0;
+  std::uint64_t seed = 900;
+  for (const auto& [rows, D] : {std::pair{1, 64}, {37, 64}, {5, 512}}) {
+    worst_d = std::max(worst_d, check_ffn<double>(rows, D, seed++));
+    worst_f = std::max(worst_f, check_ffn<float>(rows, D, seed++));
+  }
+  std::printf("largest error / bound: double %.3g, float %.3g\n", worst_d, worst_f);
+}
+
+TEST(Ffn, RejectsBadShapes) {
+  using M = Kokkos::View<double**, Kokkos::LayoutRight, Device>;
+  using V = Kokkos::View<double*, Device>;
+  M x("x", 3, 8), w1("w1", 8, 32), w2("w2", 32, 7), y("y", 3, 8), h("h", 3, 32);
+  V b1("b1", 32), b2("b2", 8);
+  try {
+    kfa::nn::ffn_forward(Exec(), x, w1, b1, w2, b2, y, h);
+    ADD_FAILURE() << "no error";
+  } catch (const kfa::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("w2 has shape (32, 7)"), std::string::npos) << m;
+    EXPECT_NE(m.find("(3, 8)"), std::string::npos) << m;
+  }
+}
+
+}  // namespace
