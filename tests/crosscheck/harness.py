@@ -18,10 +18,12 @@ import torch
 
 
 def run(kfa, args):
-    """Runs `kfa ARGS`; raises RuntimeError naming the command when it fails."""
+    """Runs `kfa ARGS` (the kfa program, or a test driver); raises RuntimeError naming the
+    command when it fails."""
     r = subprocess.run([kfa] + list(args), capture_output=True, text=True)
     if r.returncode != 0:
-        raise RuntimeError(f"kfa {' '.join(args)} exited {r.returncode}: {r.stderr.strip()}")
+        name = os.path.basename(kfa)
+        raise RuntimeError(f"{name} {' '.join(args)} exited {r.returncode}: {r.stderr.strip()}")
     return r.stdout
 
 

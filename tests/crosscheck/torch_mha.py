@@ -14,13 +14,15 @@ Usage: torch_mha.py PATH/TO/mha_driver [WORK_DIR]. Exit 0 on success, 1 on a mis
 """
 import math
 import os
-import subprocess
 import sys
-import tempfile
 
 import h5py
 import numpy as np
 import torch
+
+import harness
+from harness import check
+from harness import run_or_exit as run
 
 
 class Block(torch.nn.Module):
@@ -80,31 +82,8 @@ def torch_block(params, x, dy, case, dtype):
     return out
 
 
-def run(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"FAIL: {' '.join(cmd)} exited {r.returncode}: {r.stderr.strip()}")
-
-
-def check(name, got, ref64, ref32, case):
-    got = torch.as_tensor(np.asarray(got, dtype=np.float64))
-    ref64 = ref64.to(torch.float64)
-    scale = max(1.0, float(ref64.abs().max()))
-    if ref32 is None:
-        bound = 1e-12 * scale
-    else:
-        naive = float((ref32.to(torch.float64) - ref64).abs().max())
-        bound = 2 * naive + 8 * float(np.finfo(np.float32).eps) * scale
-    err = float((got - ref64).abs().max())
-    ok = err <= bound
-    print(f"{'ok  ' if ok else 'FAIL'} {case}: {name} err {err:.3e} bound {bound:.3e}")
-    return ok
-
-
 def main():
-    driver = sys.argv[1]
-    work = sys.argv[2] if len(sys.argv) > 2 else tempfile.mkdtemp(prefix="kfa_torch_mha_")
-    os.makedirs(work, exist_ok=True)
+    driver, work = harness.program_and_workdir("kfa_torch_mha_")
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(2026)
     cases = [
