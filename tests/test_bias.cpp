@@ -217,8 +217,7 @@ void check(const Shape& s, const kfa::Params& p, Kind kind, bool backward, bool 
   if (!backward) return;
   ASSERT_TRUE(all_written(r.dq) && all_written(r.dk) && all_written(r.dv))
       << "unwritten (NaN) gradients";
-  const auto c =
-      ref::check_backward<T>(pb.q, pb.k, pb.v, p, dout, dlse, r.dq, r.dk, r.dv, keep, t);
+  const auto c = ref::check_backward<T>(pb.q, pb.k, pb.v, p, dout, dlse, r.dq, r.dk, r.dv, keep, t);
   expect_rule("dQ", c.dq);
   expect_rule("dK", c.dk);
   expect_rule("dV", c.dv);
@@ -581,19 +580,20 @@ TEST(Visibility, ShapeAndRangeErrors) {
     return std::string("no error");
   };
   View4<std::uint8_t> mask("mask", 2, 4, 10, 11);
-  EXPECT_NE(message(kfa::masks::Dense{mask}).find(
-                "mask has shape (2, 4, 10, 11) but q, k need (2 or 1, 4 or 1, 10, 12)"),
+  EXPECT_NE(message(kfa::masks::Dense{mask})
+                .find("mask has shape (2, 4, 10, 11) but q, k need (2 or 1, 4 or 1, 10, 12)"),
             std::string::npos);
   Kokkos::View<std::int32_t*, Device> three("key_lengths", 3);
-  EXPECT_NE(message(kfa::masks::KeyPadding{three}).find(
-                "key_lengths has shape (3) but q has batch = 2"),
-            std::string::npos);
+  EXPECT_NE(
+      message(kfa::masks::KeyPadding{three}).find("key_lengths has shape (3) but q has batch = 2"),
+      std::string::npos);
   Kokkos::View<std::int32_t*, Device> len("key_lengths", 2);
   for (int bad : {-1, 13}) {
     Kokkos::deep_copy(Kokkos::subview(len, 1), bad);
-    EXPECT_NE(message(kfa::masks::KeyPadding{len}).find(
-                  "key_lengths(1) = " + std::to_string(bad) + " is outside [0, seqlen_k = 12]"),
-              std::string::npos);
+    EXPECT_NE(
+        message(kfa::masks::KeyPadding{len})
+            .find("key_lengths(1) = " + std::to_string(bad) + " is outside [0, seqlen_k = 12]"),
+        std::string::npos);
   }
 }
 

@@ -9,9 +9,9 @@
 #include <Kokkos_Core.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
-#include <cstdint>
 #include <fstream>
 #include <limits>
 #include <random>
@@ -671,12 +671,9 @@ TEST(Cli, VisibilityTerms) {
                                             {"/do", &dout},
                                             {"/mask", &mask}});
     else
-      kfa_apps::write_atomic(bin.string(), {{"/q", &q},
-                                            {"/k", &k},
-                                            {"/v", &v},
-                                            {"/o", &o},
-                                            {"/lse", &lse},
-                                            {"/do", &dout}});
+      kfa_apps::write_atomic(
+          bin.string(),
+          {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/o", &o}, {"/lse", &lse}, {"/do", &dout}});
     if (!masked) add_int32(bin, "/key_lengths", {29, 0});
     fs::remove(bout);
     const CliRun b =

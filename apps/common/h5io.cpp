@@ -116,7 +116,7 @@ void check_known_datasets(const std::vector<std::string>& names, const std::stri
                           bool multiscale, bool terms) {
   static const char* const known[] = {"/q",  "/k",    "/v",  "/o",  "/lse",
                                       "/do", "/dlse", "/dq", "/dk", "/dv"};
-  static const char* const known_msa[] = {"/mask", "/rsum"};            // --multiscale's own
+  static const char* const known_msa[] = {"/mask", "/rsum"};  // --multiscale's own
   static const char* const known_terms[] = {"/alibi_slopes", "/bias",
                                             "/key_lengths"};  // kfa's score terms
   const auto in = [](const auto& list, const std::string& n) {

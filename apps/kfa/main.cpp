@@ -233,8 +233,8 @@ void check_term_shapes(const Problem& p) {
       const double n = p.lengths.data[b];
       if (!(n >= 0 && n <= double(p.k.dims[2])))
         throw InputError("dataset /key_lengths holds " + std::to_string(static_cast<long long>(n)) +
-                         " at (" + std::to_string(b) + "), outside [0, seqlen of /k = " +
-                         std::to_string(p.k.dims[2]) + "]");
+                         " at (" + std::to_string(b) +
+                         "), outside [0, seqlen of /k = " + std::to_string(p.k.dims[2]) + "]");
     }
   }
 }

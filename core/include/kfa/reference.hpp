@@ -124,9 +124,9 @@ inline bool visible(const Params& p, long long i, long long j, long long seqlen_
 ///   mask:        key j visible to (b, h, i) iff mask(b or 0, h or 0, i, j) != 0;
 ///   key_lengths: key j of batch b visible iff j < key_lengths[b].
 struct Terms {
-  std::vector<double> alibi;  ///< heads_q slopes; empty: no ALiBi
-  Tensor4 bias;               ///< (batch or 1, heads_q or 1, seqlen_q, seqlen_k); empty: none
-  Tensor4 dbias;              ///< output of backward, shaped like bias; empty: not computed
+  std::vector<double> alibi;     ///< heads_q slopes; empty: no ALiBi
+  Tensor4 bias;                  ///< (batch or 1, heads_q or 1, seqlen_q, seqlen_k); empty: none
+  Tensor4 dbias;                 ///< output of backward, shaped like bias; empty: not computed
   Keep4 mask;                    ///< (batch or 1, heads_q or 1, seqlen_q, seqlen_k); empty: none
   std::vector<int> key_lengths;  ///< batch lengths; empty: no key padding
 

@@ -186,9 +186,7 @@ struct KeyLengths {
     k.ok = static_cast<int>(at.k);
     return k;
   }
-  KOKKOS_INLINE_FUNCTION int key_limit(int b) const {
-    return static_cast<int>(lengths(b)) - ok;
-  }
+  KOKKOS_INLINE_FUNCTION int key_limit(int b) const { return static_cast<int>(lengths(b)) - ok; }
   KOKKOS_INLINE_FUNCTION Acc operator()(int b, int /*h*/, int /*i*/, int j) const {
     return j < key_limit(b) ? Acc(0) : -backends::infinity<Acc>();
   }
@@ -305,8 +303,9 @@ BiasedSoftmaxRule<DenseVisibility<Acc, MaskView>> term_rule(const char* pass,
   static_assert(Kokkos::is_view<MaskView>::value, "kfa: a dense mask must be a Kokkos::View");
   static_assert(std::is_integral_v<typename MaskView::non_const_value_type>,
                 "kfa: a dense mask must hold integers (std::uint8_t: 0 hidden, else visible)");
-  static_assert(MaskView::rank == 4, "kfa: a dense mask must be a rank-4 View (batch or 1, "
-                                     "heads_q or 1, seqlen_q, seqlen_k)");
+  static_assert(MaskView::rank == 4,
+                "kfa: a dense mask must be a rank-4 View (batch or 1, "
+                "heads_q or 1, seqlen_q, seqlen_k)");
   static_check_accessible<ExecSpace, MaskView>();
   const auto& x = m.mask;
   if ((x.extent(0) != n.batch && x.extent(0) != 1) ||
