@@ -631,7 +631,7 @@ TEST(Cli, VisibilityTerms) {
   mask.dtype = DType::u8;
   mask.dims = {1, 4, 37, 51};
   std::bernoulli_distribution coin(0.5);
-  for (hsize_t e = 0; e < 4 * 37 * 51; ++e)
+  for (hsize_t e = 0; e < hsize_t(4) * 37 * 51; ++e)
     mask.bytes.push_back(e / 51 % 37 != 3 && coin(gen) ? 1 : 0);  // row 3 hidden in every head
   const Dataset dout = from_tensor(random_tensor("do", 2, 4, 37, 16, gen), dtype);
   const Tensor4 qt = to_tensor(q), kt = to_tensor(k), vt = to_tensor(v);
@@ -689,7 +689,7 @@ TEST(Cli, VisibilityTerms) {
   // Errors, each naming both shapes or both sources.
   Dataset bad_mask = mask;
   bad_mask.dims = {1, 3, 37, 51};
-  bad_mask.bytes.resize(3 * 37 * 51);
+  bad_mask.bytes.resize(std::size_t(3) * 37 * 51);
   const Dataset bias = from_tensor(random_tensor("bias", 1, 4, 37, 51, gen), dtype);
   const Dataset float_mask = from_tensor(random_tensor("mask", 1, 4, 37, 51, gen), dtype);
   const fs::path e1 = work_dir() / "ve1.h5", e2 = work_dir() / "ve2.h5", e3 = work_dir() / "ve3.h5",
