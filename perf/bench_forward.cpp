@@ -3,6 +3,8 @@
 // forward, counting only the visible (query, key) pairs when a mask is on.
 #include <kfa/kfa.hpp>
 
+#include <cstdint>
+#include <random>
 #include <string>
 
 #include "common.hpp"
@@ -33,8 +35,9 @@ void shapes(benchmark::internal::Benchmark* b) {
   b->UseManualTime()->Unit(benchmark::kMillisecond);
 }
 
-// The same with ALiBi (kfa::masks::Alibi, the standard slopes) or a dense bias of one head
-// broadcast over the heads: the cost of an additive score term against BM_forward.
+// The same with ALiBi (kfa::masks::Alibi, the standard slopes), a dense bias of one head
+// broadcast over the heads (term 1) or a boolean mask of one head, density 0.5, broadcast
+// likewise (term 2, kfa::masks::Dense): the cost of a score term against BM_forward.
 template <class T>
 void BM_forward_term(benchmark::State& state) {
   const int B = 1, H = state.range(0), N = state.range(1), D = state.range(2);
@@ -49,7 +52,19 @@ void BM_forward_term(benchmark::State& state) {
     hs(h) = static_cast<Acc>(standard[static_cast<std::size_t>(h)]);
   Kokkos::deep_copy(slopes, hs);
   Kokkos::View<Acc****, Kokkos::LayoutRight, Exec::memory_space> bias("bias", 1, 1, N, N);
-  if (state.range(4) == 0)
+  Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, Exec::memory_space> mask("mask", 1, 1, N, N);
+  if (state.range(4) == 2) {
+    auto hm = Kokkos::create_mirror_view(mask);
+    std::mt19937_64 gen(7);
+    for (std::size_t e = 0; e < hm.span(); ++e)
+      hm.data()[e] = static_cast<std::uint8_t>(gen() & 1U);
+    Kokkos::deep_copy(mask, hm);
+  }
+  if (state.range(4) == 2)
+    kfa_bench::time_iterations(state, [&] {
+      kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p, kfa::masks::Dense{mask});
+    });
+  else if (state.range(4) == 0)
     kfa_bench::time_iterations(state, [&] {
       kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p, kfa::masks::Alibi{slopes});
     });
@@ -61,7 +76,7 @@ void BM_forward_term(benchmark::State& state) {
 
 BENCHMARK_TEMPLATE(BM_forward_term, float)
     ->ArgNames({"H", "N", "D", "causal", "bias"})
-    ->ArgsProduct({{4}, {2048}, {64}, {0, 1}, {0, 1}})
+    ->ArgsProduct({{4}, {2048}, {64}, {0, 1}, {0, 1, 2}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_forward, float)->Apply(shapes);

@@ -1,10 +1,14 @@
-// Additive terms of the score (kfa/masks.hpp): ALiBi slopes and a dense bias with its gradient,
-// against the double-precision reference (kfa::reference::Terms) over the masks of
-// docs/testing.md, GQA, split-KV, both dQ modes and a 16-bit type; dbias against central finite
-// differences of the reference; fully masked rows; shape errors.
+// Terms of the score (kfa/masks.hpp): ALiBi slopes, a dense bias with its gradient, a boolean
+// visibility mask and key padding, against the double-precision reference
+// (kfa::reference::Terms, which removes hidden keys rather than adding -inf) over the masks of
+// docs/testing.md, GQA, split-KV, both dQ modes, dropout and a 16-bit type; dbias against
+// central finite differences of the reference; rows that see no key; key padding against the
+// reference on truncated keys; shape and range errors.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <random>
 #include <string>
@@ -21,9 +25,9 @@ namespace ref = kfa::reference;
 template <class T>
 using term_t = lse_t<T>;
 
-/// The kinds of term under test: ALiBi, or a bias of extents (B or 1, Hq or 1, Nq, Nk).
-enum class Kind { alibi, bias, bias_1h, bias_b1, bias_11 };
-const Kind kKinds[] = {Kind::alibi, Kind::bias, Kind::bias_1h, Kind::bias_b1, Kind::bias_11};
+/// The kinds of term under test: ALiBi, a bias of extents (B or 1, Hq or 1, Nq, Nk), a boolean
+/// mask of such extents, key padding.
+enum class Kind { alibi, bias, bias_1h, bias_b1, bias_11, dense, dense_1h, dense_11, keypad };
 
 const char* name_of(Kind k) {
   switch (k) {
@@ -35,9 +39,30 @@ const char* name_of(Kind k) {
       return "bias(1,H)";
     case Kind::bias_b1:
       return "bias(B,1)";
-    default:
+    case Kind::bias_11:
       return "bias(1,1)";
+    case Kind::dense:
+      return "mask(B,H)";
+    case Kind::dense_1h:
+      return "mask(1,H)";
+    case Kind::dense_11:
+      return "mask(1,1)";
+    default:
+      return "key_lengths";
   }
+}
+
+/// A boolean mask of density 0.5 whose rows i = 2 (mod 5) are hidden entirely, so that some
+/// rows see no key whatever the interval mask leaves them.
+Keep4 random_mask(int b, int h, int nq, int nk, std::mt19937_64& gen) {
+  Keep4 m("mask", b, h, nq, nk);
+  std::bernoulli_distribution coin(0.5);
+  for (int x = 0; x < b; ++x)
+    for (int y = 0; y < h; ++y)
+      for (int i = 0; i < nq; ++i)
+        for (int j = 0; j < nk; ++j)
+          m(x, y, i, j) = i % 5 != 2 && coin(gen) ? 1 : 0;
+  return m;
 }
 
 /// Terms of kind `kind` for shape s: the standard ALiBi slopes, or a bias uniform in (-2, 2),
@@ -45,6 +70,18 @@ const char* name_of(Kind k) {
 template <class T>
 ref::Terms make_terms(const Shape& s, Kind kind, std::mt19937_64& gen) {
   ref::Terms t;
+  if (kind == Kind::keypad) {  // batch b: Nk, 1, 0, then a length in the middle, cyclically
+    for (int b = 0; b < s.batch; ++b) {
+      const int pick[] = {s.seqlen_k, 1, 0, (s.seqlen_k * 2) / 3};
+      t.key_lengths.push_back(pick[(b + 3) % 4]);
+    }
+    return t;
+  }
+  if (kind == Kind::dense || kind == Kind::dense_1h || kind == Kind::dense_11) {
+    t.mask = random_mask(kind == Kind::dense ? s.batch : 1, kind == Kind::dense_11 ? 1 : s.heads_q,
+                         s.seqlen_q, s.seqlen_k, gen);
+    return t;
+  }
   if (kind == Kind::alibi) {
     t.alibi = kfa::masks::alibi_slopes(s.heads_q);
     for (double& x : t.alibi)
@@ -71,6 +108,18 @@ void with_term(const ref::Terms& t, const View4<term_t<T>>& dbias, F&& f) {
       h(i) = static_cast<term_t<T>>(t.alibi[i]);
     Kokkos::deep_copy(slopes, h);
     f(kfa::masks::Alibi{slopes});
+  } else if (t.mask.span() > 0) {
+    View4<std::uint8_t> m("mask", t.mask.extent(0), t.mask.extent(1), t.mask.extent(2),
+                          t.mask.extent(3));
+    Kokkos::deep_copy(m, t.mask);
+    f(kfa::masks::Dense{m});
+  } else if (!t.key_lengths.empty()) {
+    Kokkos::View<std::int32_t*, Device> len("key_lengths", t.key_lengths.size());
+    auto h = Kokkos::create_mirror_view(len);
+    for (std::size_t b = 0; b < t.key_lengths.size(); ++b)
+      h(b) = t.key_lengths[b];
+    Kokkos::deep_copy(len, h);
+    f(kfa::masks::KeyPadding{len});
   } else {
     f(kfa::masks::Bias{to_device<term_t<T>>(t.bias), dbias});
   }
@@ -161,19 +210,20 @@ void check(const Shape& s, const kfa::Params& p, Kind kind, bool backward, bool 
   }
   const Run<T> r = run<T>(pb, p, t, dout, dlse);
   ASSERT_TRUE(all_written(r.o) && all_written(r.lse)) << "unwritten (NaN) outputs";
-  const auto f = ref::check_forward<T>(pb.q, pb.k, pb.v, p, r.o, r.lse, {}, t);
+  const Keep4 keep = keep_mask(s, p);
+  const auto f = ref::check_forward<T>(pb.q, pb.k, pb.v, p, r.o, r.lse, keep, t);
   expect_rule("O", f.o);
   expect_rule("LSE", f.lse);
   if (!backward) return;
   ASSERT_TRUE(all_written(r.dq) && all_written(r.dk) && all_written(r.dv))
       << "unwritten (NaN) gradients";
-  const auto c = ref::check_backward<T>(pb.q, pb.k, pb.v, p, dout, dlse, r.dq, r.dk, r.dv, {}, t);
+  const auto c = ref::check_backward<T>(pb.q, pb.k, pb.v, p, dout, dlse, r.dq, r.dk, r.dv, keep, t);
   expect_rule("dQ", c.dq);
   expect_rule("dK", c.dk);
   expect_rule("dV", c.dv);
   if (t.bias.span() > 0) {
     ASSERT_TRUE(all_written(r.dbias)) << "unwritten (NaN) dbias";
-    expect_rule("dbias", ref::check_dbias<T>(pb.q, pb.k, pb.v, p, dout, dlse, r.dbias, {}, t));
+    expect_rule("dbias", ref::check_dbias<T>(pb.q, pb.k, pb.v, p, dout, dlse, r.dbias, keep, t));
   }
 }
 
@@ -187,13 +237,14 @@ kfa::Params with_splits(kfa::Params p, int n) {
   return p;
 }
 
-// Every mask of docs/testing.md (causal in both alignments, windows, softcap) with ALiBi and
-// with a full bias, seqlen_q < seqlen_k and >, GQA; forward and backward in both dQ modes.
+// Every mask of docs/testing.md (causal in both alignments, windows, softcap) with ALiBi, a full
+// bias, a full boolean mask and key padding, seqlen_q < seqlen_k and >, GQA; forward and
+// backward in both dQ modes.
 class TermMasks : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(TermMasks, FloatAndDouble) {
   const auto [mi, ki] = GetParam();
-  const Kind kind = ki == 0 ? Kind::alibi : Kind::bias;
+  const Kind kind = std::array<Kind, 4>{Kind::alibi, Kind::bias, Kind::dense, Kind::keypad}[ki];
   const kfa::Params p = masks()[mi];
   for (const Shape& s : {Shape{2, 4, 2, 70, 150, 32}, Shape{1, 2, 1, 150, 70, 64}}) {
     check<float>(s, p, kind, true, false, mi);
@@ -205,7 +256,7 @@ TEST_P(TermMasks, FloatAndDouble) {
 
 INSTANTIATE_TEST_SUITE_P(Matrix, TermMasks,
                          ::testing::Combine(::testing::Range(0, int(masks().size())),
-                                            ::testing::Values(0, 1)));
+                                            ::testing::Values(0, 1, 2, 3)));
 
 // The one-kernel backward (DqMode::symmetric) with each term, dbias included: its (i, j) steps
 // own dS(i, j), as the key-tile kernel does in the two-kernel path.
@@ -213,7 +264,7 @@ TEST(Terms, SymmetricBackward) {
   for (const kfa::Params& mask : masks()) {
     kfa::Params p = mask;
     p.dq_mode = kfa::DqMode::symmetric;
-    for (Kind kind : {Kind::alibi, Kind::bias, Kind::bias_11}) {
+    for (Kind kind : {Kind::alibi, Kind::bias, Kind::bias_11, Kind::dense_1h, Kind::keypad}) {
       check<float>({1, 2, 2, 97, 97, 32}, p, kind, true);
       check<double>({2, 2, 2, 70, 70, 16}, p, kind, true, true);
     }
@@ -235,11 +286,11 @@ TEST(Terms, BiasBroadcasts) {
 TEST(Terms, SplitKV) {
   kfa::Params causal;
   causal.causal = true;
-  for (Kind kind : {Kind::alibi, Kind::bias_1h})
+  for (Kind kind : {Kind::alibi, Kind::bias_1h, Kind::dense_11, Kind::keypad})
     for (int n : {1, 3, 7})
       for (const auto& p : {with_splits({}, n), with_splits(causal, n)}) {
         check<float>({1, 4, 2, 17, 700, 64}, p, kind, false);
-        check<double>({1, 2, 1, 5, 700, 40}, p, kind, false);
+        check<double>({kind == Kind::keypad ? 4 : 1, 2, 1, 5, 700, 40}, p, kind, false);
       }
 }
 
@@ -391,6 +442,159 @@ TEST(Terms, ShapeErrors) {
         kfa::backward(Exec(), q, k, v, o, lse, o, dq, dk, dv, {}, kfa::masks::Bias{good, dbias});
       }).find("dbias has shape (2, 4, 10, 12) but bias has shape (1, 4, 10, 12)"),
       std::string::npos);
+}
+
+// Dropout on top of a boolean mask and key padding: the keep-mask is drawn over every pair
+// and applied to the visible ones; hidden keys stay excluded.
+TEST(Visibility, WithDropout) {
+  kfa::Params p;
+  p.dropout = 0.3;
+  p.seed = 1234;
+  kfa::Params causal = p;
+  causal.causal = true;
+  for (Kind kind : {Kind::dense, Kind::keypad})
+    for (const auto& pp : {p, causal, deterministic(causal)}) {
+      check<float>({2, 4, 2, 70, 90, 32}, pp, kind, true);
+      check<double>({4, 2, 1, 33, 65, 16}, pp, kind, true, true);
+    }
+}
+
+// A 16-bit type with a boolean mask: S of hidden keys is -inf, not a rounded large negative.
+TEST(Visibility, Bfloat16) {
+  kfa::Params causal;
+  causal.causal = true;
+  for (Kind kind : {Kind::dense_1h, Kind::keypad})
+    for (const auto& p : {kfa::Params{}, causal})
+      check<kfa::bf16>({4, 2, 1, 40, 90, 64}, p, kind, true);
+}
+
+// Rows that a boolean mask hides entirely (rows i = 2 mod 5), though the interval mask leaves
+// them keys: O = 0, LSE = -inf, zero dQ, and no NaN anywhere, in both dQ modes, also with a
+// softcap (whose chain rule multiplies the hidden elements' zero dS by a finite slope).
+TEST(Visibility, FullyHiddenRows) {
+  const Shape s{2, 2, 1, 23, 40, 16};
+  kfa::Params capped;
+  capped.softcap = 4.0;
+  for (const auto& p : {kfa::Params{}, deterministic({}), capped}) {
+    Problem pb(s, seed_of(s, 5));
+    std::mt19937_64 gen(17);
+    const auto t = make_terms<double>(s, Kind::dense, gen);
+    const Tensor4 dout = random_tensor("dout", 2, 2, 23, 16, gen);
+    const auto r = run<double>(pb, p, t, dout);
+    for (const Tensor4* g : {&r.o, &r.dq, &r.dk, &r.dv})
+      for (std::size_t e = 0; e < g->span(); ++e)
+        ASSERT_TRUE(std::isfinite(g->data()[e]));
+    for (int b = 0; b < 2; ++b)
+      for (int h = 0; h < 2; ++h)
+        for (int i = 2; i < 23; i += 5) {
+          EXPECT_EQ(r.lse(b, h, i), -std::numeric_limits<double>::infinity());
+          for (int d = 0; d < 16; ++d) {
+            EXPECT_EQ(r.o(b, h, i, d), 0.0);
+            EXPECT_EQ(r.dq(b, h, i, d), 0.0);
+          }
+        }
+    check<double>(s, p, Kind::dense, true);
+    check<float>(s, p, Kind::dense, true);
+  }
+}
+
+// Key padding is attention over the first lengths[b] keys: each batch's outputs and gradients
+// against the reference run on K and V truncated to its length (no padding term at all), and
+// zero dK, dV past it; length 0 gives O = 0, LSE = -inf and zero gradients. Top-left alignment,
+// whose masks do not move with seqlen_k, so that truncating keeps them.
+TEST(Visibility, KeyPaddingIsTruncation) {
+  const Shape s{4, 4, 2, 37, 75, 32};  // lengths 2/3 Nk, Nk, 1, 0 (make_terms)
+  kfa::Params causal;
+  causal.causal = true;
+  causal.align = kfa::Align::top_left;
+  kfa::Params window;
+  window.align = kfa::Align::top_left;
+  window.window_left = 9;
+  window.window_right = 3;
+  for (const auto& p : {kfa::Params{}, causal, window, deterministic(causal)}) {
+    SCOPED_TRACE(describe(p));
+    Problem pb(s, seed_of(s, 8));
+    pb.rounded<float>();
+    std::mt19937_64 gen(23);
+    const auto t = make_terms<float>(s, Kind::keypad, gen);
+    const Tensor4 dout = random_tensor("dout", 4, 4, 37, 32, gen);
+    const auto r = run<float>(pb, p, t, dout);
+    for (int b = 0; b < 4; ++b) {
+      const int n = t.key_lengths[static_cast<std::size_t>(b)];
+      SCOPED_TRACE(::testing::Message() << "batch " << b << " length " << n);
+      const auto rows = [&](const Tensor4& x, int len) {
+        Tensor4 y("slice", 1, x.extent(1), len, x.extent(3));
+        for (int h = 0; h < int(x.extent(1)); ++h)
+          for (int i = 0; i < len; ++i)
+            for (int d = 0; d < int(x.extent(3)); ++d)
+              y(0, h, i, d) = x(b, h, i, d);
+        return y;
+      };
+      Tensor3 lse("lse", 1, 4, 37);
+      for (int h = 0; h < 4; ++h)
+        for (int i = 0; i < 37; ++i)
+          lse(0, h, i) = r.lse(b, h, i);
+      for (int h = 0; h < 2; ++h)
+        for (int j = n; j < 75; ++j)
+          for (int d = 0; d < 32; ++d) {
+            ASSERT_EQ(r.dk(b, h, j, d), 0.0);
+            ASSERT_EQ(r.dv(b, h, j, d), 0.0);
+          }
+      if (n == 0) {
+        for (int h = 0; h < 4; ++h)
+          for (int i = 0; i < 37; ++i) {
+            EXPECT_EQ(lse(0, h, i), -std::numeric_limits<double>::infinity());
+            for (int d = 0; d < 32; ++d) {
+              EXPECT_EQ(r.o(b, h, i, d), 0.0);
+              EXPECT_EQ(r.dq(b, h, i, d), 0.0);
+            }
+          }
+        continue;
+      }
+      const Tensor4 q = rows(pb.q, 37), k = rows(pb.k, n), v = rows(pb.v, n);
+      const auto f = ref::check_forward<float>(q, k, v, p, rows(r.o, 37), lse);
+      expect_rule("O", f.o);
+      expect_rule("LSE", f.lse);
+      const auto c = ref::check_backward<float>(q, k, v, p, rows(dout, 37), {}, rows(r.dq, 37),
+                                                rows(r.dk, n), rows(r.dv, n));
+      expect_rule("dQ", c.dq);
+      expect_rule("dK", c.dk);
+      expect_rule("dV", c.dv);
+    }
+  }
+}
+
+// A mask or key lengths that do not fit q and k are errors naming both, before any launch.
+TEST(Visibility, ShapeAndRangeErrors) {
+  const Shape s{2, 4, 2, 10, 12, 16};
+  Problem pb(s, 3);
+  auto q = to_device<float>(pb.q), k = to_device<float>(pb.k), v = to_device<float>(pb.v);
+  View4<float> o("o", 2, 4, 10, 16);
+  View3<float> lse("lse", 2, 4, 10);
+  auto message = [&](const auto& term) {
+    try {
+      kfa::forward(Exec(), q, k, v, o, lse, {}, term);
+    } catch (const kfa::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  View4<std::uint8_t> mask("mask", 2, 4, 10, 11);
+  EXPECT_NE(message(kfa::masks::Dense{mask})
+                .find("mask has shape (2, 4, 10, 11) but q, k need (2 or 1, 4 or 1, 10, 12)"),
+            std::string::npos);
+  Kokkos::View<std::int32_t*, Device> three("key_lengths", 3);
+  EXPECT_NE(
+      message(kfa::masks::KeyPadding{three}).find("key_lengths has shape (3) but q has batch = 2"),
+      std::string::npos);
+  Kokkos::View<std::int32_t*, Device> len("key_lengths", 2);
+  for (int bad : {-1, 13}) {
+    Kokkos::deep_copy(Kokkos::subview(len, 1), bad);
+    EXPECT_NE(
+        message(kfa::masks::KeyPadding{len})
+            .find("key_lengths(1) = " + std::to_string(bad) + " is outside [0, seqlen_k = 12]"),
+        std::string::npos);
+  }
 }
 
 }  // namespace

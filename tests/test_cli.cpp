@@ -9,9 +9,11 @@
 #include <Kokkos_Core.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <string>
@@ -601,6 +603,115 @@ TEST(Cli, BadFiles) {
   }
 }
 
+// Adds an int32 dataset `name` of the given values to the HDF5 file at path (the programs'
+// writer has no integer type other than uint8).
+void add_int32(const fs::path& path, const char* name, const std::vector<std::int32_t>& values) {
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  const hsize_t n = values.size();
+  const hid_t sp = H5Screate_simple(1, &n, nullptr);
+  const hid_t d = H5Dcreate2(f, name, H5T_STD_I32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  EXPECT_GE(H5Dwrite(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+  H5Dclose(d);
+  H5Sclose(sp);
+  H5Fclose(f);
+}
+
+// Visibility terms: /mask (uint8) and /key_lengths (int32) in files, forward against the
+// reference given the same mask or lengths, the backward through --check; shape, range, type
+// and combination errors exit 2 naming both sides; --multiscale does not read /key_lengths.
+TEST(Cli, VisibilityTerms) {
+  const Shape shape{2, 4, 2, 37, 51, 16};
+  Problem pb(shape, 2027);
+  const DType dtype = DType::f64;
+  const Dataset q = from_tensor(pb.q, dtype), k = from_tensor(pb.k, dtype),
+                v = from_tensor(pb.v, dtype);
+  std::mt19937_64 gen(13);
+  Dataset mask;
+  mask.dtype = DType::u8;
+  mask.dims = {1, 4, 37, 51};
+  std::bernoulli_distribution coin(0.5);
+  for (hsize_t e = 0; e < hsize_t(4) * 37 * 51; ++e)
+    mask.bytes.push_back(e / 51 % 37 != 3 && coin(gen) ? 1 : 0);  // row 3 hidden in every head
+  const Dataset dout = from_tensor(random_tensor("do", 2, 4, 37, 16, gen), dtype);
+  const Tensor4 qt = to_tensor(q), kt = to_tensor(k), vt = to_tensor(v);
+  kfa::Params p;
+  p.causal = true;
+  const fs::path min = work_dir() / "vmin.h5", lin = work_dir() / "vlin.h5",
+                 fwd = work_dir() / "vfwd.h5";
+  kfa_apps::write_atomic(min.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/mask", &mask}});
+  kfa_apps::write_atomic(lin.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}});
+  add_int32(lin, "/key_lengths", {29, 0});
+  kfa::reference::Terms by_mask, by_length;
+  by_mask.mask = Keep4("mask", 1, 4, 37, 51);
+  std::copy(mask.bytes.begin(), mask.bytes.end(), by_mask.mask.data());
+  by_length.key_lengths = {29, 0};
+  for (const auto& [in, terms] : {std::pair{min, by_mask}, {lin, by_length}}) {
+    SCOPED_TRACE(in.string());
+    fs::remove(fwd);
+    const CliRun f = run_cli("forward --causal --in " + in.string() + " --out " + fwd.string());
+    ASSERT_EQ(f.status, 0) << f.err;
+    kfa_apps::H5File fo(fwd.string());
+    const Dataset o = fo.read("/o", 4), lse = fo.read("/lse", 3);
+    Tensor3 lse_t("lse", 2, 4, 37);
+    std::copy(lse.data.begin(), lse.data.end(), lse_t.data());
+    EXPECT_EQ(lse_t(1, 1, 3), -std::numeric_limits<double>::infinity());  // hidden, or length 0
+    const auto c =
+        kfa::reference::check_forward<double>(qt, kt, vt, p, to_tensor(o), lse_t, {}, terms);
+    EXPECT_TRUE(c.ok()) << "O err " << c.o.err << ", LSE err " << c.lse.err;
+    // The backward from the forward's /o and /lse, against the reference's gradients.
+    const fs::path bin = work_dir() / "vbin.h5", bout = work_dir() / "vbout.h5";
+    const bool masked = terms.mask.span() > 0;
+    if (masked)
+      kfa_apps::write_atomic(bin.string(), {{"/q", &q},
+                                            {"/k", &k},
+                                            {"/v", &v},
+                                            {"/o", &o},
+                                            {"/lse", &lse},
+                                            {"/do", &dout},
+                                            {"/mask", &mask}});
+    else
+      kfa_apps::write_atomic(
+          bin.string(),
+          {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/o", &o}, {"/lse", &lse}, {"/do", &dout}});
+    if (!masked) add_int32(bin, "/key_lengths", {29, 0});
+    fs::remove(bout);
+    const CliRun b =
+        run_cli("backward --causal --check --in " + bin.string() + " --out " + bout.string());
+    ASSERT_EQ(b.status, 0) << b.err;
+    kfa_apps::H5File fb(bout.string());
+    const auto g = kfa::reference::check_backward<double>(
+        qt, kt, vt, p, to_tensor(dout), {}, to_tensor(fb.read("/dq", 4)),
+        to_tensor(fb.read("/dk", 4)), to_tensor(fb.read("/dv", 4)), {}, terms);
+    EXPECT_TRUE(g.ok()) << "dQ err " << g.dq.err << ", dK err " << g.dk.err << ", dV err "
+                        << g.dv.err;
+  }
+  // Errors, each naming both shapes or both sources.
+  Dataset bad_mask = mask;
+  bad_mask.dims = {1, 3, 37, 51};
+  bad_mask.bytes.resize(std::size_t(3) * 37 * 51);
+  const Dataset bias = from_tensor(random_tensor("bias", 1, 4, 37, 51, gen), dtype);
+  const Dataset float_mask = from_tensor(random_tensor("mask", 1, 4, 37, 51, gen), dtype);
+  const fs::path e1 = work_dir() / "ve1.h5", e2 = work_dir() / "ve2.h5", e3 = work_dir() / "ve3.h5",
+                 e4 = work_dir() / "ve4.h5", e5 = work_dir() / "ve5.h5";
+  kfa_apps::write_atomic(e1.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/mask", &bad_mask}});
+  kfa_apps::write_atomic(e2.string(),
+                         {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/mask", &mask}, {"/bias", &bias}});
+  kfa_apps::write_atomic(e3.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}});
+  add_int32(e3, "/key_lengths", {52, 1});
+  kfa_apps::write_atomic(e4.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}});
+  add_int32(e4, "/key_lengths", {1, 2, 3});
+  kfa_apps::write_atomic(e5.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/mask", &float_mask}});
+  expect_bad("forward --in " + e1.string(),
+             "/mask has shape (1,3,37,51) but /q has shape (2,4,37,16) and /k (2,2,51,16)");
+  expect_bad("forward --in " + e2.string(), "/bias and /mask were both given");
+  expect_bad("forward --alibi --in " + min.string(), "ALiBi slopes and /mask were both given");
+  expect_bad("forward --in " + e3.string(), "/key_lengths holds 52 at (0), outside [0, seqlen");
+  expect_bad("forward --in " + e4.string(), "/key_lengths has shape (3) but /q has shape");
+  expect_bad("forward --in " + e5.string(), "/mask in '" + e5.string() + "' must be uint8");
+  expect_bad("forward --multiscale --in " + lin.string(), "/key_lengths, which kfa does not read");
+}
+
 TEST(Cli, BadBackwardFiles) {
   Problem pb({1, 2, 2, 10, 12, 16}, 1);
   const Dataset q = from_tensor(pb.q, DType::f32), k = from_tensor(pb.k, DType::f32),
@@ -767,8 +878,9 @@ TEST(Cli, NonFiniteAndUnknownInputs) {
   EXPECT_TRUE(fs::exists(out));
   const fs::path masked = work_dir() / "masked.h5";
   const Dataset good_k = from_tensor(pb.k, DType::f32);
-  kfa_apps::write_atomic(masked.string(), {{"/q", &q}, {"/k", &good_k}, {"/v", &v}, {"/mask", &q}});
-  expect_bad("forward --in " + masked.string(), "holds /mask, which kfa does not read");
+  kfa_apps::write_atomic(masked.string(),
+                         {{"/q", &q}, {"/k", &good_k}, {"/v", &v}, {"/weights", &q}});
+  expect_bad("forward --in " + masked.string(), "holds /weights, which kfa does not read");
 }
 
 // The output's folder and name, checked before any compute with the OS's reason and the path

@@ -116,8 +116,9 @@ void check_known_datasets(const std::vector<std::string>& names, const std::stri
                           bool multiscale, bool terms) {
   static const char* const known[] = {"/q",  "/k",    "/v",  "/o",  "/lse",
                                       "/do", "/dlse", "/dq", "/dk", "/dv"};
-  static const char* const known_msa[] = {"/mask", "/rsum"};            // --multiscale's own
-  static const char* const known_terms[] = {"/alibi_slopes", "/bias"};  // kfa's score terms
+  static const char* const known_msa[] = {"/mask", "/rsum"};  // --multiscale's own
+  static const char* const known_terms[] = {"/alibi_slopes", "/bias",
+                                            "/key_lengths"};  // kfa's score terms
   const auto in = [](const auto& list, const std::string& n) {
     return std::find(std::begin(list), std::end(list), n) != std::end(list);
   };
@@ -125,16 +126,16 @@ void check_known_datasets(const std::vector<std::string>& names, const std::stri
   const auto softmax_only = [&](const std::string& n) { return n == "/lse" || n == "/dlse"; };
   for (const std::string& n : names)
     if ((!in(known, n) || (multiscale && softmax_only(n))) && !(multiscale && in(known_msa, n)) &&
-        !(terms && in(known_terms, n))) {
+        !(terms && (in(known_terms, n) || n == "/mask"))) {
       std::string msg = "'";
       msg += path;
       msg += "' holds ";
       msg += n;
       msg +=
           ", which kfa does not read (forward reads /q /k /v; backward also /o /lse /do and "
-          "/dlse; --multiscale also /mask, and /rsum instead of /lse and no /dlse; kfa, "
-          "without --multiscale, also /alibi_slopes or /bias): remove it, or it would be "
-          "silently ignored";
+          "/dlse; --multiscale also /mask (float), and /rsum instead of /lse and no /dlse; "
+          "kfa, without --multiscale, also /alibi_slopes, /bias, /mask (uint8) or "
+          "/key_lengths): remove it, or it would be silently ignored";
       throw InputError(msg);
     }
 }
@@ -198,6 +199,8 @@ bool same_fields(hid_t type, DType t) {
          got.mpos == want.mpos && got.msize == want.msize && got.ebias == want.ebias;
 }
 
+void read_dims(hid_t space, const std::string& where, int rank, Dataset& out);
+
 // Type and global dims of a float dataset of the given rank (its data is left unread).
 Dataset read_header(hid_t ds, const std::string& where, int rank) {
   Handle type{H5Dget_type(ds), H5Tclose};
@@ -221,12 +224,19 @@ Dataset read_header(hid_t ds, const std::string& where, int rank) {
                      "bfloat16 (h5io.hpp gives their fields)" + expected);
   else
     throw InputError(where + " has a " + std::to_string(8 * bytes) + "-bit float type" + expected);
-  const int got = H5Sget_simple_extent_ndims(space.id);
+  read_dims(space.id, where, rank, out);
+  return out;
+}
+
+// The rank and global dims of a dataset whose dataspace is `space`, checked against `rank` and
+// against what the programs can index and hold, into out.dims.
+void read_dims(hid_t space, const std::string& where, int rank, Dataset& out) {
+  const int got = H5Sget_simple_extent_ndims(space);
   if (got != rank)
     throw InputError(where + " has rank " + std::to_string(got) + ", expected " +
                      std::to_string(rank));
   out.dims.resize(rank);
-  H5Sget_simple_extent_dims(space.id, out.dims.data(), nullptr);
+  H5Sget_simple_extent_dims(space, out.dims.data(), nullptr);
   // The programs index each extent with int and hold the elements in memory: a header
   // declaring more is refused here, before anything is allocated.
   double elements = 1;
@@ -241,7 +251,6 @@ Dataset read_header(hid_t ds, const std::string& where, int rank) {
   if (elements * 8 > double(SIZE_MAX) / 2)
     throw InputError(where + " declares shape " + shape_of(out.dims) +
                      ": its element count overflows this machine's sizes");
-  return out;
 }
 
 // The type a dataset of t is stored in, as a handle of its own (closed with it); id -1 when
@@ -281,6 +290,33 @@ Dataset H5File::read(const std::string& name, int rank) const {
   out.data.resize(out.size());
   if (!out.data.empty() &&
       H5Dread(ds.id, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data.data()) < 0)
+    throw InputError("cannot read the data of " + where + " (corrupted?)");
+  return out;
+}
+
+Dataset H5File::read_integers(const std::string& name, int rank, bool bytes) const {
+  const std::string where = "dataset " + name + " in '" + path_ + "'";
+  if (!has(name)) throw InputError("missing " + where);
+  Handle ds{H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose};
+  if (ds.id < 0) throw InputError("cannot open " + where);
+  Handle type{H5Dget_type(ds.id), H5Tclose};
+  Handle space{H5Dget_space(ds.id), H5Sclose};
+  if (type.id < 0 || space.id < 0) throw InputError("cannot read the header of " + where);
+  if (H5Tget_class(type.id) != H5T_INTEGER ||
+      (bytes && (H5Tget_size(type.id) != 1 || H5Tget_sign(type.id) != H5T_SGN_NONE)))
+    throw InputError(where + (bytes ? " must be uint8" : " must have an integer type"));
+  Dataset out;
+  read_dims(space.id, where, rank, out);
+  if (bytes) {
+    out.dtype = DType::u8;
+    out.bytes.resize(out.size());
+  } else {
+    out.dtype = DType::f64;  // integers held as doubles: exact up to 2^53
+    out.data.resize(out.size());
+  }
+  void* buf = bytes ? static_cast<void*>(out.bytes.data()) : out.data.data();
+  if (out.size() > 0 && H5Dread(ds.id, bytes ? H5T_NATIVE_UINT8 : H5T_NATIVE_DOUBLE, H5S_ALL,
+                                H5S_ALL, H5P_DEFAULT, buf) < 0)
     throw InputError("cannot read the data of " + where + " (corrupted?)");
   return out;
 }

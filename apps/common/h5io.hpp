@@ -94,6 +94,10 @@ class H5File {
   /// Reads a float32, float64, bfloat16 or float16 dataset of the given rank; throws
   /// InputError otherwise.
   Dataset read(const std::string& dataset, int rank) const;
+  /// Reads an integer dataset of the given rank: with `bytes`, a uint8 one into Dataset::bytes;
+  /// else one of any integer type into Dataset::data as doubles (dtype f64). Throws InputError
+  /// for another type.
+  Dataset read_integers(const std::string& dataset, int rank, bool bytes) const;
   /// The names of the file's top-level objects ("/q", ...).
   std::vector<std::string> names() const;
 
@@ -136,8 +140,8 @@ std::string shape_of(const std::vector<hsize_t>& dims);
 
 /// Throws InputError for a top-level object of the file that no kfa pass reads or writes
 /// (a /mask the passes would silently not apply). `multiscale`: --multiscale's /mask and
-/// /rsum are read, /lse and /dlse are not; `terms`: the score terms /alibi_slopes and /bias
-/// are read.
+/// /rsum are read, /lse and /dlse are not; `terms`: the score terms /alibi_slopes, /bias,
+/// /mask (uint8) and /key_lengths are read.
 void check_known_datasets(const std::vector<std::string>& names, const std::string& path,
                           bool multiscale = false, bool terms = false);
 

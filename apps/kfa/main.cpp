@@ -24,7 +24,10 @@
 //   kfa --version: kfa's version and options, the Kokkos it was compiled with
 // Score terms (kfa/masks.hpp, softmax passes): /alibi_slopes (heads_q) or --alibi (the standard
 // slopes 2^(-8 (h + 1) / heads_q)) for ALiBi; /bias (batch or 1, heads_q or 1, seqlen_q,
-// seqlen_k) for an additive bias, whose gradient the backward writes as /dbias.
+// seqlen_k) for an additive bias, whose gradient the backward writes as /dbias; /mask (uint8,
+// batch or 1, heads_q or 1, seqlen_q, seqlen_k; 0 hides the key) for a boolean mask and
+// /key_lengths (integers, batch; key j of batch b visible iff j < length) for key padding.
+// Under --multiscale /mask is the float weight tensor instead. One score term per pass.
 // backward --random times the backward alone: the forward it needs runs once, untimed.
 // A backward from a file must be given the --dropout, --seed and --offset of its forward.
 //
@@ -84,7 +87,9 @@ const char* kUsage =
     "            give it the --dropout, --seed and --offset of the forward\n"
     "  score terms: /alibi_slopes (heads_q) or --alibi (slopes 2^(-8 (h+1) / heads_q)) add\n"
     "            ALiBi, -slope_h |i + shift - j|; /bias (B or 1, H or 1, NQ, NK) adds a bias to\n"
-    "            the scores and makes the backward write its gradient /dbias\n"
+    "            the scores and makes the backward write its gradient /dbias; /mask (uint8,\n"
+    "            B or 1, H or 1, NQ, NK; 0 = hidden) hides keys, /key_lengths (integers, B)\n"
+    "            hides keys j >= length of each batch; one score term per pass\n"
     "  --multiscale: O = (S V) / max(rowsum |S|, 1), S = scale (Q K^T) * M; forward reads\n"
     "            /q /k /v [/mask (H, NQ, NK)], writes /o /rsum; backward reads /q /k /v [/mask]\n"
     "            /o /rsum /do, writes /dq /dk /dv; --random uses the decay mask\n"
@@ -185,16 +190,26 @@ struct Problem {
   Dataset mask;                // --multiscale: M, or empty (M = 1); lse then holds /rsum
   const char* stat = "/lse";   // the name of the forward's row statistic
   Dataset slopes, bias;        // score terms: ALiBi slopes (heads_q) or a bias, or neither
+  Dataset dense, lengths;      // or a boolean mask (uint8 in bytes) or key lengths (batch)
 };
 
 // The score terms' shapes against /q and /k: slopes (heads_q), bias (B or 1, H or 1, NQ, NK);
 // one term per pass.
 void check_term_shapes(const Problem& p) {
   const auto& q = p.q.dims;
-  if (!p.slopes.dims.empty() && !p.bias.dims.empty())
-    throw InputError(
-        "ALiBi slopes and /bias were both given; a pass takes one score term (add "
-        "the ALiBi term to /bias instead)");
+  std::vector<std::string> given;
+  for (const auto& [d, ds] : {std::pair{&p.slopes, "ALiBi slopes"},
+                              {&p.bias, "/bias"},
+                              {&p.dense, "/mask"},
+                              {&p.lengths, "/key_lengths"}})
+    if (!d->dims.empty()) given.emplace_back(ds);
+  if (given.size() > 1)
+    throw InputError(given[0] + " and " + given[1] +
+                     " were both given; a pass takes one score term (kfa::masks has no "
+                     "combination of terms yet" +
+                     (p.dense.dims.empty() && p.lengths.dims.empty()
+                          ? std::string("; add the ALiBi term to /bias instead)")
+                          : std::string(")")));
   if (!p.slopes.dims.empty() && p.slopes.dims[0] != q[1])
     throw InputError("dataset /alibi_slopes has shape " + kfa_apps::shape_of(p.slopes.dims) +
                      " but /q has shape " + kfa_apps::shape_of(q) + ": one slope per query head");
@@ -204,6 +219,24 @@ void check_term_shapes(const Problem& p) {
     throw InputError("dataset /bias has shape " + kfa_apps::shape_of(b) + " but /q has shape " +
                      kfa_apps::shape_of(q) + " and /k " + kfa_apps::shape_of(p.k.dims) +
                      ": it must be (batch or 1, heads or 1, seqlen of /q, seqlen of /k)");
+  const auto& m = p.dense.dims;
+  if (!m.empty() && ((m[0] != q[0] && m[0] != 1) || (m[1] != q[1] && m[1] != 1) || m[2] != q[2] ||
+                     m[3] != p.k.dims[2]))
+    throw InputError("dataset /mask has shape " + kfa_apps::shape_of(m) + " but /q has shape " +
+                     kfa_apps::shape_of(q) + " and /k " + kfa_apps::shape_of(p.k.dims) +
+                     ": it must be (batch or 1, heads or 1, seqlen of /q, seqlen of /k)");
+  if (!p.lengths.dims.empty()) {
+    if (p.lengths.dims[0] != q[0])
+      throw InputError("dataset /key_lengths has shape " + kfa_apps::shape_of(p.lengths.dims) +
+                       " but /q has shape " + kfa_apps::shape_of(q) + ": one length per batch");
+    for (std::size_t b = 0; b < p.lengths.data.size(); ++b) {
+      const double n = p.lengths.data[b];
+      if (!(n >= 0 && n <= double(p.k.dims[2])))
+        throw InputError("dataset /key_lengths holds " + std::to_string(static_cast<long long>(n)) +
+                         " at (" + std::to_string(b) +
+                         "), outside [0, seqlen of /k = " + std::to_string(p.k.dims[2]) + "]");
+    }
+  }
 }
 
 // The standard ALiBi slopes of --alibi for `heads` query heads, as a dataset.
@@ -389,6 +422,19 @@ void with_term(const Problem& p, const DeviceBias<T>& dbias, const Pass& pass) {
     pass(kfa::masks::Alibi{kfa_apps::dataset_to_view<Slopes>(p.slopes, "kfa::alibi_slopes")});
   } else if (!p.bias.dims.empty()) {
     pass(kfa::masks::Bias{kfa_apps::dataset_to_view<DeviceBias<T>>(p.bias, "kfa::bias"), dbias});
+  } else if (!p.dense.dims.empty()) {
+    const auto& m = p.dense.dims;
+    Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, Kokkos::HostSpace,
+                 Kokkos::MemoryTraits<Kokkos::Unmanaged>>
+        host(const_cast<std::uint8_t*>(p.dense.bytes.data()), m[0], m[1], m[2], m[3]);
+    pass(kfa::masks::Dense{Kokkos::create_mirror_view_and_copy(Exec::memory_space(), host)});
+  } else if (!p.lengths.dims.empty()) {
+    Kokkos::View<std::int32_t*, Exec::memory_space> len("kfa::key_lengths", p.lengths.dims[0]);
+    auto h = Kokkos::create_mirror_view(len);
+    for (std::size_t b = 0; b < p.lengths.data.size(); ++b)
+      h(b) = static_cast<std::int32_t>(p.lengths.data[b]);
+    Kokkos::deep_copy(len, h);
+    pass(kfa::masks::KeyPadding{len});
   } else {
     pass();
   }
@@ -399,6 +445,13 @@ kfa::reference::Terms reference_terms(const Problem& p) {
   kfa::reference::Terms t;
   t.alibi = p.slopes.data;
   if (!p.bias.dims.empty()) t.bias = to_reference(p.bias);
+  if (!p.dense.dims.empty()) {
+    const auto& m = p.dense.dims;
+    t.mask = kfa::reference::Keep4("kfa::ref::mask", m[0], m[1], m[2], m[3]);
+    std::copy(p.dense.bytes.begin(), p.dense.bytes.end(), t.mask.data());
+  }
+  for (double n : p.lengths.data)
+    t.key_lengths.push_back(static_cast<int>(n));
   return t;
 }
 
@@ -704,6 +757,17 @@ int main_pass(Options o) {
     }
     if (!p.slopes.dims.empty()) p.slopes = in.read("/alibi_slopes", 1);
     if (!p.bias.dims.empty()) p.bias = in.read("/bias", 4);
+    // Softmax's boolean mask (--multiscale reads its float /mask above) and key padding.
+    if (!o.multiscale && in.has("/mask")) {
+      try {
+        p.dense = in.read_integers("/mask", 4, true);
+      } catch (const InputError& e) {
+        throw InputError(std::string(e.what()) +
+                         " (a float /mask is the weight tensor of --multiscale)");
+      }
+    }
+    if (!o.multiscale && in.has("/key_lengths"))
+      p.lengths = in.read_integers("/key_lengths", 1, false);
     if (o.alibi) p.slopes = standard_slopes(p.q.dims[1]);
     check_term_shapes(p);
     if (!o.allow_nonfinite)

@@ -60,8 +60,9 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
   impl::backward(space, q, k, v, o, lse, dout, &dlse, dq, dk, dv, params);
 }
 
-/// The two overloads above with an additive term of the score (kfa/masks.hpp), the one the
-/// forward was given: kfa::masks::Alibi{slopes}, or kfa::masks::Bias{bias, dbias}, whose dbias
+/// The two overloads above with a term of the score (kfa/masks.hpp), the one the forward was
+/// given: kfa::masks::Alibi{slopes}, kfa::masks::Dense{mask}, kfa::masks::KeyPadding{lengths}
+/// (hidden keys get no gradient), or kfa::masks::Bias{bias, dbias}, whose dbias
 /// (when not empty) receives dL/dbias summed over the broadcast dimensions of bias, computed
 /// without atomics (bitwise repeatable for any dQ mode) from a (batch, heads_q, seqlen_q,
 /// seqlen_k) buffer in the accumulation type that the call allocates.

@@ -37,10 +37,13 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
   impl::forward(space, q, k, v, o, lse, params, impl::Origin{});
 }
 
-/// As above with an additive term of the score, S = softcap(scale Q K^T) + bias
-/// (kfa/masks.hpp): kfa::masks::Alibi{slopes} or kfa::masks::Bias{bias}. Passes with a term
-/// take the tile kernels on every backend (not the register-resident CUDA forward).
-/// \throws kfa::Error as above, and for a term whose shape does not fit q and k.
+/// As above with a term of the score (kfa/masks.hpp): an additive one, S = softcap(scale Q K^T)
+/// + bias, kfa::masks::Alibi{slopes} or kfa::masks::Bias{bias}; or a visibility one that hides
+/// keys besides the masks of params, kfa::masks::Dense{mask} or kfa::masks::KeyPadding{lengths}
+/// (a row left with no key gets o = 0, lse = -inf). Passes with a term take the tile kernels
+/// on every backend (not the register-resident CUDA forward).
+/// \throws kfa::Error as above, and for a term whose shape does not fit q and k or key lengths
+///         outside [0, seqlen_k].
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class Extra,
           std::enable_if_t<impl::is_term<Extra>::value, int> = 0>
 void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,

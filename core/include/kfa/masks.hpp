@@ -1,6 +1,7 @@
 #pragma once
 /// \file masks.hpp
-/// Additive terms of the score beyond kfa::Params: ALiBi slopes and a dense bias tensor.
+/// Terms of the score beyond kfa::Params: ALiBi slopes, a dense bias tensor, a boolean
+/// visibility mask and per-batch key lengths (key padding).
 ///
 /// They are passed to kfa::forward and kfa::backward as one more argument after the Params
 /// (the "mask object"), not as fields of Params, because they hold Kokkos Views: Params is a
@@ -14,6 +15,11 @@
 ///   S_ij = softcap(scale q_i . k_j) + bias_ij,
 /// added after the softcap and before the masks of Params (a key they hide stays hidden: its
 /// bias is never read).
+///
+/// Dense and KeyPadding hide keys on top of the masks of Params (causal, windows): a key one
+/// of them hides is excluded exactly (P = 0, dS = 0), as if the score were -inf, and a query
+/// row left with no visible key gets O = 0, LSE = -inf and no gradient. One call takes one
+/// term: a combination (a boolean mask with a bias, say) is not expressed by this API yet.
 
 #include <Kokkos_Core.hpp>
 
@@ -53,6 +59,32 @@ Bias(BiasView) -> Bias<BiasView>;
 /// Deduction guide: `kfa::masks::Bias{bias, dbias}`.
 template <class BiasView, class DBiasView>
 Bias(BiasView, DBiasView) -> Bias<BiasView, DBiasView>;
+
+/// A boolean visibility mask: key j is visible to query i of head h in batch b iff
+/// mask(b, h, i, j) != 0, a rank-4 View of std::uint8_t (or another integral type) of extents
+/// (batch or 1, heads_q or 1, seqlen_q, seqlen_k) with unit stride in seqlen_k; an extent of 1
+/// broadcasts over that dimension.
+template <class MaskView>
+struct Dense {
+  MaskView mask;  ///< Nonzero: visible; (batch or 1, heads_q or 1, seqlen_q, seqlen_k).
+};
+
+/// Deduction guide, so that `kfa::masks::Dense{view}` names the type.
+template <class MaskView>
+Dense(MaskView) -> Dense<MaskView>;
+
+/// Key padding: key j of batch b is visible iff j < lengths(b), for every query and head.
+/// `lengths` is a rank-1 View of batch integers (std::int32_t) in [0, seqlen_k], read on the
+/// host for validation (it is copied there once) and in the kernels; whole key tiles at or
+/// past a batch's length are skipped.
+template <class Lengths>
+struct KeyPadding {
+  Lengths lengths;  ///< Keys each batch sees, (batch), each in [0, seqlen_k].
+};
+
+/// Deduction guide, so that `kfa::masks::KeyPadding{view}` names the type.
+template <class Lengths>
+KeyPadding(Lengths) -> KeyPadding<Lengths>;
 
 /// The standard ALiBi slopes of `heads` heads (Press et al.): head h (from 0) gets
 /// 2^(-8 (h + 1) / heads), the geometric sequence the paper defines for any head count.

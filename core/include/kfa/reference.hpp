@@ -119,10 +119,24 @@ inline bool visible(const Params& p, long long i, long long j, long long seqlen_
 ///   ALiBi: -alibi[h] |j - i - shift|, shift = seqlen_k - seqlen_q (bottom_right) or 0;
 ///   bias:  bias(b or 0, h or 0, i, j), an extent of 1 broadcasting.
 /// `dbias`, when allocated (shaped like bias), receives dL/dbias from reference::backward.
+/// Visibility (kfa::masks::Dense, kfa::masks::KeyPadding) is not a term here but a test, `sees`,
+/// that removes the pair as the masks of Params do:
+///   mask:        key j visible to (b, h, i) iff mask(b or 0, h or 0, i, j) != 0;
+///   key_lengths: key j of batch b visible iff j < key_lengths[b].
 struct Terms {
-  std::vector<double> alibi;  ///< heads_q slopes; empty: no ALiBi
-  Tensor4 bias;               ///< (batch or 1, heads_q or 1, seqlen_q, seqlen_k); empty: none
-  Tensor4 dbias;              ///< output of backward, shaped like bias; empty: not computed
+  std::vector<double> alibi;     ///< heads_q slopes; empty: no ALiBi
+  Tensor4 bias;                  ///< (batch or 1, heads_q or 1, seqlen_q, seqlen_k); empty: none
+  Tensor4 dbias;                 ///< output of backward, shaped like bias; empty: not computed
+  Keep4 mask;                    ///< (batch or 1, heads_q or 1, seqlen_q, seqlen_k); empty: none
+  std::vector<int> key_lengths;  ///< batch lengths; empty: no key padding
+
+  /// Whether the visibility terms leave key j visible to query i of head h in batch b.
+  bool sees(int b, int h, long long i, long long j) const {
+    if (!key_lengths.empty() && j >= key_lengths.at(static_cast<std::size_t>(b))) return false;
+    if (mask.span() > 0 && !mask(mask.extent(0) == 1 ? 0 : b, mask.extent(1) == 1 ? 0 : h, i, j))
+      return false;
+    return true;
+  }
 
   /// The sum of the terms for query i, key j of head h in batch b.
   double operator()(const Params& p, int b, int h, long long i, long long j, long long seqlen_q,
@@ -177,7 +191,7 @@ T scores_row(const Tensor4& q, const Tensor4& k, const Params& p, int b, int h, 
   const int Nq = q.extent(2), Nk = k.extent(2), D = q.extent(3);
   T mx = -std::numeric_limits<T>::infinity();
   for (int j = 0; j < Nk; ++j) {
-    if (!visible(p, i, j, Nq, Nk)) continue;
+    if (!visible(p, i, j, Nq, Nk) || !terms.sees(b, h, i, j)) continue;
     T dot = 0;
     for (int d = 0; d < D; ++d)
       dot += static_cast<T>(q(b, h, i, d)) * static_cast<T>(k(b, hk, j, d));
@@ -204,14 +218,17 @@ void forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params&
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < Hq; ++h) {
       const int hk = h / (Hq / Hk);
+      const auto seen = [&](int i, int j) {
+        return visible(p, i, j, Nq, Nk) && terms.sees(b, h, i, j);
+      };
       for (int i = 0; i < Nq; ++i) {
         const T mx = scores_row<T_>(q, k, p, b, h, hk, i, score, terms, s, slope);
         T sum = 0;
         std::fill(acc.begin(), acc.end(), T(0));
         for (int j = 0; j < Nk; ++j)
-          if (visible(p, i, j, Nq, Nk)) sum += s[j] = std::exp(s[j] - mx);
+          if (seen(i, j)) sum += s[j] = std::exp(s[j] - mx);
         for (int j = 0; j < Nk; ++j) {
-          if (!visible(p, i, j, Nq, Nk)) continue;
+          if (!seen(i, j)) continue;
           // A narrow type's P is normalised and rounded before P V, as an unfused one is.
           const T pz = (narrow ? round_to<T_>(s[j] / sum) : s[j]) * z(b, h, i, j);
           for (int d = 0; d < D; ++d)
@@ -254,14 +271,17 @@ void backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params
     std::fill(gv.begin(), gv.end(), T(0));
     for (int h = 0; h < Hq; ++h) {
       const int hk = h / (Hq / Hk);
+      const auto seen = [&](int i, int j) {
+        return visible(p, i, j, Nq, Nk) && terms.sees(b, h, i, j);
+      };
       for (int i = 0; i < Nq; ++i) {
         const T mx = scores_row<T_>(q, k, p, b, h, hk, i, score, terms, s, slope);
         T sum = 0;
         for (int j = 0; j < Nk; ++j)
-          if (visible(p, i, j, Nq, Nk)) sum += pr[j] = std::exp(s[j] - mx);
+          if (seen(i, j)) sum += pr[j] = std::exp(s[j] - mx);
         std::fill(o.begin(), o.end(), T(0));
         for (int j = 0; j < Nk; ++j) {
-          if (!visible(p, i, j, Nq, Nk)) continue;
+          if (!seen(i, j)) continue;
           pr[j] = round_to<T_>(pr[j] / sum);
           const T pz = pr[j] * z(b, h, i, j);
           for (int d = 0; d < D; ++d)
@@ -273,7 +293,7 @@ void backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params
         const T gl = has_dlse ? static_cast<T>(dlse(b, h, i)) : T(0);
         std::fill(gq.begin(), gq.end(), T(0));
         for (int j = 0; j < Nk; ++j) {
-          if (!visible(p, i, j, Nq, Nk)) continue;
+          if (!seen(i, j)) continue;
           T dp = 0;
           for (int d = 0; d < D; ++d)
             dp += static_cast<T>(dout(b, h, i, d)) * static_cast<T>(v(b, hk, j, d));

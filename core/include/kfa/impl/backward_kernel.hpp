@@ -120,7 +120,10 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
 
   /// Whether any row of the query tile at q0 (nr rows) sees any key of the tile at k0 (nc keys):
   /// mask ends grow with the row, so the first row's lo and the last row's hi bound the tile.
-  KOKKOS_INLINE_FUNCTION bool tiles_meet(int q0, int nr, int k0, int nc) const {
+  /// Key padding (a term with key_limit) also hides the key tiles past batch b's length.
+  KOKKOS_INLINE_FUNCTION bool tiles_meet(int b, int q0, int nr, int k0, int nc) const {
+    if constexpr (has_key_limit<bias_t>::value)
+      if (k0 >= key_limit_of(score.bias, b, seqlen_k)) return false;
     return mask.lo(q0) <= k0 + nc - 1 && mask.hi(q0 + nr - 1) >= k0 &&
            mask.lo(q0) <= mask.hi(q0 + nr - 1);
   }
@@ -384,7 +387,7 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
       for (int qt = 0; qt < this->q_tiles; ++qt) {
         const int q0 = qt * this->Bt;
         const int nr = this->tile_rows(q0, this->seqlen_q);
-        if (!this->tiles_meet(q0, nr, k0, nc)) continue;
+        if (!this->tiles_meet(b, q0, nr, k0, nc)) continue;
         team.team_barrier();  // the previous query tile is no longer read
         this->tiles_staged.add(team, TileCounter::key_value, nr);
         this->load_query_tile(team, b, h, q0, nr, sc.qs, sc.dos, sc.lse_s, sc.delta_s);
@@ -468,7 +471,7 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
     for (int kt_i = 0; kt_i < this->k_tiles; ++kt_i) {
       const int k0 = kt_i * this->Bt;
       const int nc = this->tile_rows(k0, this->seqlen_k);
-      if (!this->tiles_meet(q0, nr, k0, nc)) continue;
+      if (!this->tiles_meet(b, q0, nr, k0, nc)) continue;
       team.team_barrier();  // the previous key tile is no longer read
       this->tiles_staged.add(team, TileCounter::query, nc);
       load_key_tile(team, b, hk, k0, nc, sc);
@@ -564,8 +567,8 @@ struct SymmetricKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
 
     for (int i0 = 0; i0 < this->seqlen_q; i0 += this->Bt) {
       const int ni = this->tile_rows(i0, this->seqlen_q);
-      const bool i_sees_j = this->tiles_meet(i0, ni, j0, nj);  // feeds dK_j, dV_j
-      const bool j_sees_i = this->tiles_meet(j0, nj, i0, ni);  // feeds dQ_j
+      const bool i_sees_j = this->tiles_meet(b, i0, ni, j0, nj);  // feeds dK_j, dV_j
+      const bool j_sees_i = this->tiles_meet(b, j0, nj, i0, ni);  // feeds dQ_j
       if (!i_sees_j && !j_sees_i) continue;
       team.team_barrier();  // the previous tile i is no longer read
       this->tiles_staged.add(team, TileCounter::symmetric, ni);

@@ -1,7 +1,13 @@
 #pragma once
 /// \file impl/bias.hpp
-/// The additive terms of kfa/masks.hpp as policies of the score transform (impl/score.hpp),
-/// and the softmax rule that carries one into the kernels.
+/// The terms of kfa/masks.hpp as policies of the score transform (impl/score.hpp), and the
+/// softmax rule that carries one into the kernels.
+///
+/// The visibility terms (a boolean mask, key padding) are additive terms too: 0 where the key
+/// is visible, -inf where it is not. The kernels already take -inf scores (the interval masks
+/// write them at their edges) and give a row with no finite score O = 0, LSE = -inf and no
+/// gradient; P = exp(-inf - LSE) = 0 and dS = P (...) = 0 exclude a hidden key exactly. Key
+/// padding also bounds the key tiles a batch visits (key_limit, see impl/score.hpp).
 ///
 /// A policy has `enabled`, `has_gradient` and the call operator (b, h, i, j) -> term at local
 /// positions; `placed` binds it to a pass (the diagonal of the masks, the block's origin). A
@@ -128,6 +134,72 @@ struct DenseBias {
   }
 };
 
+/// A boolean visibility mask (B or 1, Hq or 1, seqlen_q, seqlen_k) as the term 0 (visible) or
+/// -inf (hidden), broadcast as DenseBias does. No gradient.
+template <class Acc, class MaskView>
+struct DenseVisibility {
+  static constexpr bool enabled = true;
+  static constexpr bool has_gradient = false;
+  MaskView mask;
+  int per_b = 1, per_h = 1;  // 0 where the dimension broadcasts
+  int oq = 0, ok = 0;        // the block's origin: the mask is indexed by global position
+
+  DenseVisibility placed(const Mask&, const Origin& at) const {
+    DenseVisibility d = *this;
+    d.oq = static_cast<int>(at.q);
+    d.ok = static_cast<int>(at.k);
+    return d;
+  }
+  KOKKOS_INLINE_FUNCTION Acc operator()(int b, int h, int i, int j) const {
+    return mask(b * per_b, h * per_h, i + oq, j + ok) ? Acc(0) : -backends::infinity<Acc>();
+  }
+  /// The (b, h) plane of the mask as a pointer and row stride (unit stride along keys is
+  /// checked on the host): a select per element, which vectorises.
+  struct Line {
+    const typename MaskView::value_type* plane;
+    std::ptrdiff_t row_stride;
+    int oq, ok;
+    KOKKOS_INLINE_FUNCTION Acc operator()(int i, int j) const {
+      return plane[static_cast<std::ptrdiff_t>(i + oq) * row_stride + (j + ok)]
+                 ? Acc(0)
+                 : -backends::infinity<Acc>();
+    }
+  };
+  KOKKOS_INLINE_FUNCTION Line line(int b, int h) const {
+    return {mask.data() + static_cast<std::ptrdiff_t>(b) * per_b * mask.stride(0) +
+                static_cast<std::ptrdiff_t>(h) * per_h * mask.stride(1),
+            static_cast<std::ptrdiff_t>(mask.stride(2)), oq, ok};
+  }
+};
+
+/// Key padding: the term is 0 for global key j + ok < lengths(b), else -inf; key_limit(b) is
+/// the local end of batch b's keys, where the kernels stop visiting key tiles.
+template <class Acc, class Lengths>
+struct KeyLengths {
+  static constexpr bool enabled = true;
+  static constexpr bool has_gradient = false;
+  Lengths lengths;
+  int ok = 0;  // the block's first key
+
+  KeyLengths placed(const Mask&, const Origin& at) const {
+    KeyLengths k = *this;
+    k.ok = static_cast<int>(at.k);
+    return k;
+  }
+  KOKKOS_INLINE_FUNCTION int key_limit(int b) const { return static_cast<int>(lengths(b)) - ok; }
+  KOKKOS_INLINE_FUNCTION Acc operator()(int b, int /*h*/, int /*i*/, int j) const {
+    return j < key_limit(b) ? Acc(0) : -backends::infinity<Acc>();
+  }
+  /// Batch b's limit in a register: a compare and select per element.
+  struct Line {
+    int limit;
+    KOKKOS_INLINE_FUNCTION Acc operator()(int /*i*/, int j) const {
+      return j < limit ? Acc(0) : -backends::infinity<Acc>();
+    }
+  };
+  KOKKOS_INLINE_FUNCTION Line line(int b, int /*h*/) const { return {key_limit(b)}; }
+};
+
 /// The sizes a term is checked against.
 struct Dims {
   std::size_t batch, heads_q, seqlen_q, seqlen_k;
@@ -154,6 +226,10 @@ template <class S>
 struct is_term<masks::Alibi<S>> : std::true_type {};
 template <class B, class D>
 struct is_term<masks::Bias<B, D>> : std::true_type {};
+template <class M>
+struct is_term<masks::Dense<M>> : std::true_type {};
+template <class L>
+struct is_term<masks::KeyPadding<L>> : std::true_type {};
 
 /// No additive term: the plain softmax rule.
 struct NoTerm {};
@@ -217,6 +293,55 @@ BiasedSoftmaxRule<DenseBias<Acc, BiasView, typename ExecSpace::memory_space>> te
                                         n.seqlen_k);
   }
   return {SoftmaxRule{}, p};
+}
+
+/// The rule of a pass with a boolean visibility mask: checks its type, shape and key stride.
+template <class Acc, class ExecSpace, class MaskView>
+BiasedSoftmaxRule<DenseVisibility<Acc, MaskView>> term_rule(const char* pass,
+                                                            const masks::Dense<MaskView>& m,
+                                                            const Dims& n, bool /*want_grad*/) {
+  static_assert(Kokkos::is_view<MaskView>::value, "kfa: a dense mask must be a Kokkos::View");
+  static_assert(std::is_integral_v<typename MaskView::non_const_value_type>,
+                "kfa: a dense mask must hold integers (std::uint8_t: 0 hidden, else visible)");
+  static_assert(MaskView::rank == 4,
+                "kfa: a dense mask must be a rank-4 View (batch or 1, "
+                "heads_q or 1, seqlen_q, seqlen_k)");
+  static_check_accessible<ExecSpace, MaskView>();
+  const auto& x = m.mask;
+  if ((x.extent(0) != n.batch && x.extent(0) != 1) ||
+      (x.extent(1) != n.heads_q && x.extent(1) != 1) || x.extent(2) != n.seqlen_q ||
+      x.extent(3) != n.seqlen_k)
+    fail(pass, "mask has shape ", shape_of(x), " but q, k need (", n.batch, " or 1, ", n.heads_q,
+         " or 1, ", n.seqlen_q, ", ", n.seqlen_k, ") (batch, heads_q, seqlen_q, seqlen_k)");
+  if (x.extent(3) > 1 && x.stride(3) != 1)
+    fail(pass, "mask must have unit stride in seqlen_k (dimension 3), got stride ", x.stride(3));
+  DenseVisibility<Acc, MaskView> p;
+  p.mask = x;
+  p.per_b = x.extent(0) == 1 ? 0 : 1;
+  p.per_h = x.extent(1) == 1 ? 0 : 1;
+  return {SoftmaxRule{}, p};
+}
+
+/// The rule of a pass with key padding: checks the lengths (batch values, each in
+/// [0, seqlen_k], read through a host copy).
+template <class Acc, class ExecSpace, class Lengths>
+BiasedSoftmaxRule<KeyLengths<Acc, Lengths>> term_rule(const char* pass,
+                                                      const masks::KeyPadding<Lengths>& m,
+                                                      const Dims& n, bool /*want_grad*/) {
+  static_assert(Kokkos::is_view<Lengths>::value, "kfa: key lengths must be a Kokkos::View");
+  static_assert(std::is_integral_v<typename Lengths::non_const_value_type>,
+                "kfa: key lengths must be integers (std::int32_t)");
+  static_assert(Lengths::rank == 1, "kfa: key lengths must be a rank-1 View (batch)");
+  static_check_accessible<ExecSpace, Lengths>();
+  if (m.lengths.extent(0) != n.batch)
+    fail(pass, "key_lengths has shape ", shape_of(m.lengths), " but q has batch = ", n.batch,
+         ": one length per batch is needed");
+  const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m.lengths);
+  for (std::size_t b = 0; b < n.batch; ++b)
+    if (host(b) < 0 || static_cast<std::size_t>(host(b)) > n.seqlen_k)
+      fail(pass, "key_lengths(", b, ") = ", static_cast<long long>(host(b)),
+           " is outside [0, seqlen_k = ", n.seqlen_k, "]");
+  return {SoftmaxRule{}, KeyLengths<Acc, Lengths>{m.lengths, 0}};
 }
 
 /// After the backward's kernels: dbias = the dL/dS buffer summed over the broadcast dimensions,

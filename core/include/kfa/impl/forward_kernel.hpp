@@ -207,7 +207,12 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     const int bh = team.league_rank() / splits / q_tiles;
     const int h = bh % heads_q, b = bh / heads_q;
     const int q0 = qt * Br, nr = seqlen_q - q0 < Br ? seqlen_q - q0 : Br;
-    const int kbeg = mask.lo(q0), kend = mask.hi(q0 + nr - 1) + 1;
+    const int kbeg = mask.lo(q0);
+    int kend = mask.hi(q0 + nr - 1) + 1;
+    if constexpr (has_key_limit<bias_t>::value) {  // key padding: batch b's keys end earlier
+      const int e = key_limit_of(score.bias, b, seqlen_k);
+      kend = e < kend ? e : kend;
+    }
     const int t_first = kbeg / Bc, t_count = kend > kbeg ? (kend - 1) / Bc + 1 - t_first : 0;
     int t_begin = t_first, t_n = t_count;
     if (splits > 1) split_range(t_first, t_count, splits, split, t_begin, t_n);
@@ -601,6 +606,11 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     // P is formed relative to the merged maximum, which folds the combiner's beta into P.
     const Rescale<acc_t> merge = rescale(m[r], tile_max);
     const acc_t m_new = merge.m, alpha = merge.alpha;  // alpha = 0 on the first visible tile
+    if constexpr (bias_t::enabled)  // a term hid every key so far (-inf): P = 0, m, l stay
+      if (m_new == -backends::infinity<acc_t>()) {
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c0, c1), [&](int c) { srow[c] = 0; });
+        return;
+      }
     const acc_t row_sum = ops::row_exp_sum(team, srow, c0, c1, m_new);
     // Dropout acts on P after the row statistics: m and l (hence LSE) stay those of the
     // undropped softmax, and O~ accumulates (P * Z) V.

@@ -71,6 +71,26 @@ KOKKOS_INLINE_FUNCTION auto line_of(const Bias& bias, int b, int h) {
     return CallLine<Bias>{bias, b, h};
 }
 
+/// The end of the keys a term leaves visible to batch b, as a local key index clamped to
+/// [0, seqlen_k]: the policy's `key_limit(b)` where it has one (key padding), else seqlen_k.
+/// Key tiles at or past it hold no finite score, so the kernels do not visit them.
+template <class Bias, class = void>
+struct has_key_limit : std::false_type {};
+template <class Bias>
+struct has_key_limit<Bias, std::void_t<decltype(std::declval<const Bias&>().key_limit(0))>>
+    : std::true_type {};
+template <class Bias>
+KOKKOS_INLINE_FUNCTION int key_limit_of(const Bias& bias, int b, int seqlen_k) {
+  if constexpr (has_key_limit<Bias>::value) {
+    const int e = bias.key_limit(b);
+    return e < 0 ? 0 : (e < seqlen_k ? e : seqlen_k);
+  } else {
+    (void)bias;
+    (void)b;
+    return seqlen_k;
+  }
+}
+
 /// The score transform of one pass in the accumulation type Acc, made once on the host from
 /// Params and head_dim and copied into the kernels.
 template <class Acc, class Bias = NoBias<Acc>>
