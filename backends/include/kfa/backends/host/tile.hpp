@@ -501,6 +501,47 @@ struct TileOps<
     return sum;
   }
 
+  /// PortableTileOps::col_abs_sum: columns four vector registers at a time, then one, the
+  /// tile's partial sums in lane arrays (rows outer, lanes inner: unit stride, vectorised without
+  /// reassociation); the last n % lanes columns one by one.
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void col_abs_sum(const Member& /*team*/, Acc* s, int lds,
+                                                 const Acc* w, int j0, int j1, int n, Acc* l) {
+    constexpr int L = host::lanes<Acc>;
+    const auto columns = [&](int c0, auto width, auto weighted) {
+      constexpr int W = decltype(width)::value;
+      Acc sum[W];
+      for (int c = 0; c < W; ++c)
+        sum[c] = Acc(0);
+      for (int j = j0; j < j1; ++j) {
+        const std::ptrdiff_t e = static_cast<std::ptrdiff_t>(j) * lds + c0;
+        for (int c = 0; c < W; ++c) {
+          Acc x = s[e + c];
+          if constexpr (decltype(weighted)::value) {
+            x *= w[e + c];
+            s[e + c] = x;
+          }
+          sum[c] += backends::abs(x);
+        }
+      }
+      for (int c = 0; c < W; ++c)
+        l[c0 + c] += sum[c];
+    };
+    const auto all = [&](auto weighted) {
+      int c0 = 0;
+      for (; c0 + 4 * L <= n; c0 += 4 * L)  // four independent chains of additions
+        columns(c0, std::integral_constant<int, 4 * L>{}, weighted);
+      for (; c0 + L <= n; c0 += L)
+        columns(c0, std::integral_constant<int, L>{}, weighted);
+      for (; c0 < n; ++c0)
+        columns(c0, std::integral_constant<int, 1>{}, weighted);
+    };
+    if (w)
+      all(std::true_type{});
+    else
+      all(std::false_type{});
+  }
+
   /// PortableTileOps::col_softmax with the vectorisable exp. On AVX-512, float columns 16 at a
   /// time: maximum, shift and sum in registers, exp16. Elsewhere, and for the last n % 16
   /// columns, loops the compiler vectorises across columns (rows outer, columns inner).
