@@ -95,6 +95,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   int splits = 1;  // chunks of key tiles per query tile (1: no split-KV)
   SplitPartials<acc_t, typename ExecSpace::memory_space> part;  // allocated when splits > 1
   Rule rule;
+  bool mask_rows = false;  // multi-scale: a mask tensor whose rows have unit stride
   TileCount<typename ExecSpace::memory_space> tiles_staged;  // KFA_TEST_COUNTERS only
 
   ForwardKernel(const ExecSpace& space, const Q& q_, const K& k_, const V& v_, const O& o_,
@@ -107,7 +108,10 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     head_dim = static_cast<int>(q.extent(3));
     mask = make_mask(p, seqlen_q, seqlen_k, at);
     score = ScoreTransform<acc_t, bias_t>(p, head_dim, bias_of<Rule, acc_t>::make(rule, mask, at));
-    if constexpr (!Rule::softmax) score.scale = rule.scale;
+    if constexpr (!Rule::softmax) {
+      score.scale = rule.scale;
+      mask_rows = rule.has_mask && rule.m.stride(2) == 1;
+    }
     dropout = make_dropout<acc_t>(p, at);
     if constexpr (warp_type)
       warp = ops::warp_head_dim(head_dim) && !dropout.enabled && rows_on_16_bytes(q) &&
@@ -528,6 +532,10 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
         if (rule.has_mask) {
           stage_mask_tile(team, h, q0, nr, k0, cb, ce, edge, mt);
           team.team_barrier();
+          if (mask_rows && k0 + Bc < k_end && k0 + Bc < seqlen_k) {  // the next mask tile
+            const int k1 = k0 + Bc, n1 = seqlen_k - k1 < Bc ? seqlen_k - k1 : Bc;
+            ops::prefetch_rows(nr, 0, n1, [&](int r) { return &rule.m(h, q0 + r, k1); });
+          }
         }
         ops::col_abs_sum(team, st, ldq, rule.has_mask ? mt : nullptr, cb, ce, nr, l);
       } else {
@@ -576,6 +584,11 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   KOKKOS_INLINE_FUNCTION void stage_mask_tile(const member_t& team, int h, int q0, int nr, int k0,
                                               int cb, int ce, bool edge, acc_t* mt) const {
     const int ldq = this->ldq();
+    if (mask_rows && !edge) {  // rows of M copied transposed (TileOps::stage_transposed)
+      ops::stage_transposed(
+          team, nr, cb, ce, [&](int r) { return &rule.m(h, q0 + r, k0); }, mt, ldq);
+      return;
+    }
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
       const int i = q0 + r;
       int lo = cb, hi = ce;
