@@ -1,7 +1,15 @@
 // kfa::msa (multi-scale attention) forward and backward against kfa::reference's msa_forward and
 // msa_backward, with the tolerance rule: both regimes of the clamp, decay masks with causal,
 // zero mask rows, windows, GQA/MQA, odd head dims, split-KV, both dQ modes, 16-bit types, and
-// the argument checks.
+// the argument checks. Built three times: on the space's tile code (the host's key-major
+// forward), on the portable tile code (test_multiscale_portable: the device backends'
+// query-major forward) and on the portable tile code with key-major scores
+// (test_multiscale_portable_key_major: the portable column operations of the key-major
+// multi-scale step, teams of two threads where the space has threads).
+#ifdef KFA_TEST_KEY_MAJOR_SCORES
+#include "portable_traits.hpp"
+#endif
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +28,13 @@ using namespace kfa_test;
 namespace ref = kfa::reference;
 using ref::Mask3;
 using namespace kfa_test::msa;
+
+#ifdef KFA_TEST_KEY_MAJOR_SCORES
+static_assert(kfa::backends::TileTraits<Exec, float>::key_major_scores &&
+                  std::is_base_of_v<kfa::backends::PortableTileOps<float>,
+                                    kfa::backends::TileOps<Exec, float>>,
+              "test_multiscale_portable_key_major must run the portable key-major forward");
+#endif
 
 template <class T>
 struct Run {

@@ -19,8 +19,9 @@
 /// The row rule (impl/rule.hpp) is a template parameter: SoftmaxRule is all of the above;
 /// MultiScaleRule keeps the tile loop, the tile skipping and split-KV and replaces the
 /// online-softmax step by S = x M, r += rowsum |S| (msa_row), the end by O = O~ / max(r, 1),
-/// r in lse's place. It takes the query-major sweep on every backend (the key-major sweep's
-/// column operations are softmax's).
+/// r in lse's place. In the key-major sweep (the host's) the step runs down the columns for all
+/// rows at once (TileOps::col_abs_sum, the mask tile staged transposed so that it is read like
+/// S^T); the query-major sweep (the device backends') runs it row by row.
 
 #include <kfa/backends/traits.hpp>
 #include <kfa/combine.hpp>
@@ -94,6 +95,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   int splits = 1;  // chunks of key tiles per query tile (1: no split-KV)
   SplitPartials<acc_t, typename ExecSpace::memory_space> part;  // allocated when splits > 1
   Rule rule;
+  bool mask_rows = false;  // multi-scale: a mask tensor whose rows have unit stride
   TileCount<typename ExecSpace::memory_space> tiles_staged;  // KFA_TEST_COUNTERS only
 
   ForwardKernel(const ExecSpace& space, const Q& q_, const K& k_, const V& v_, const O& o_,
@@ -106,7 +108,10 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     head_dim = static_cast<int>(q.extent(3));
     mask = make_mask(p, seqlen_q, seqlen_k, at);
     score = ScoreTransform<acc_t, bias_t>(p, head_dim, bias_of<Rule, acc_t>::make(rule, mask, at));
-    if constexpr (!Rule::softmax) score.scale = rule.scale;
+    if constexpr (!Rule::softmax) {
+      score.scale = rule.scale;
+      mask_rows = rule.has_mask && rule.m.stride(2) == 1;
+    }
     dropout = make_dropout<acc_t>(p, at);
     if constexpr (warp_type)
       warp = ops::warp_head_dim(head_dim) && !dropout.enabled && rows_on_16_bytes(q) &&
@@ -134,12 +139,13 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       part = decltype(part)(splits, static_cast<int>(q.extent(0)), heads_q, seqlen_q, head_dim);
   }
 
-  static constexpr bool key_major = traits::key_major_scores && Rule::softmax;  ///< S^T = K_j Q_i^T
+  static constexpr bool key_major = traits::key_major_scores;  ///< S^T = K_j Q_i^T
 
   /// Team scratch: Q_i, O~_i (Br x D), K_j^T (D x Bc), V_j (Bc x D), S_ij (Br x Bc), m, l (Br);
   /// rows ldd or ldc apart. Key-major (TileTraits::key_major_scores): Q_i^T (D x Br), K_j
   /// (Bc x D) and S_ij^T (Bc x Br), rows of Br elements ldq apart, and one more array of Br
-  /// (the rows' rescale factors); with bfloat16 pair products, Q_i^T holds pair words. A
+  /// (the rows' rescale factors); with bfloat16 pair products, Q_i^T holds pair words; under
+  /// the multi-scale rule, one more Bc x Br tile for the mask tile M_ij^T. A
   /// function of head_dim alone, so that it can be reported without a launch
   /// (perf/cuda_report.sh).
   static std::size_t scratch_bytes(int head_dim) {
@@ -148,6 +154,9 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     if (key_major && pairs_type)  // and the pair words of P and V_j, (Bc + 1) / 2 rows each
       return base::scratch_bytes({d * ldq, br * ldd, bc * ldd, bc * ldd, bc * ldq, br, br, br,
                                   (bc + 1) / 2 * ldq, (bc + 1) / 2 * ldd});
+    if (key_major && !Rule::softmax)
+      return base::scratch_bytes(
+          {d * ldq, br * ldd, bc * ldd, bc * ldd, bc * ldq, br, br, br, bc * ldq});
     if (key_major)
       return base::scratch_bytes({d * ldq, br * ldd, bc * ldd, bc * ldd, bc * ldq, br, br, br});
     return base::scratch_bytes({br * ldd, br * ldd, d * ldc, bc * ldd, br * ldc, br, br});
@@ -409,8 +418,9 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   }
 
   /// The key tiles [k_begin, k_end) of the query tile `tile`, key-major: S^T = K_j Q_i^T, the
-  /// online-softmax step down the columns for all rows at once, O~ += P V_j with P read from
-  /// S^T in place. The same arithmetic as the query-major sweep; only the layout differs.
+  /// row rule's step down the columns for all rows at once (online softmax, or the multi-scale
+  /// S = x M and r += |S|), O~ += P V_j with P (or S) read from S^T in place. The same
+  /// arithmetic as the query-major sweep; only the layout differs.
   KOKKOS_INLINE_FUNCTION void sweep_key_major(const member_t& team, const Place& tile, int k_begin,
                                               int k_end,
                                               const typename ExecSpace::scratch_memory_space& scr,
@@ -423,6 +433,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     m = base::carve(scr, std::size_t(Br));
     l = base::carve(scr, std::size_t(Br));
     acc_t* alpha = base::carve(scr, std::size_t(Br));  // e^(m - m') of the last tile
+    acc_t* mt = nullptr;  // multi-scale: the mask tile M_ij^T, laid out as S^T
+    if constexpr (!Rule::softmax) mt = base::carve(scr, std::size_t(Bc) * ldq);
     // bfloat16 pair products (pairs): Q_i^T as pair words in qt, unscaled (the scale goes on
     // the product, so that Q is rounded to bfloat16 only once, by the caller); K_j read where
     // it lies; P and V_j interleaved into pair words, pp and vp, per tile.
@@ -493,10 +505,12 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
                   st + static_cast<std::ptrdiff_t>(cb) * ldq, ldq, false);
       }
       team.team_barrier();
-      // x -> S (impl/score.hpp), and -inf where a row does not see a key of [cb, ce): only in
-      // tiles the mask's edge crosses (the ends of the visible intervals grow with the row).
+      // x -> S (impl/score.hpp), and -inf where a row does not see a key of [cb, ce) (0 under
+      // the multi-scale rule, whose S enters O~ as it is): only in tiles the mask's edge
+      // crosses (the ends of the visible intervals grow with the row).
       const bool edge = mask.lo(q0 + nr - 1) - k0 > cb || mask.hi(q0) + 1 - k0 < ce;
-      if (!score.identity()) {  // a row of S^T (a key) at a time: the transform's loops vectorise
+      constexpr acc_t hidden = Rule::softmax ? -backends::infinity<acc_t>() : acc_t(0);
+      if (Rule::softmax && !score.identity()) {  // a key at a time: the transform's loops vectorise
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cb, ce), [&](int c) {
           acc_t* col = st + static_cast<std::ptrdiff_t>(c) * ldq;
           score.column(team, b, h, q0, nr, k0 + c, col);
@@ -510,15 +524,31 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       } else if (edge) {
         ops::for_each_element(team, ce - cb, nr, [&](int jj, int r) {
           const int c = cb + jj, i = q0 + r;
-          if (k0 + c < mask.lo(i) || k0 + c > mask.hi(i))
-            st[c * ldq + r] = -backends::infinity<acc_t>();
+          if (k0 + c < mask.lo(i) || k0 + c > mask.hi(i)) st[c * ldq + r] = hidden;
         });
         team.team_barrier();
       }
-      // The online-softmax step of every row at once: the combiner of kfa/combine.hpp down
-      // the columns (TileOps::col_softmax), P in S^T's place, alpha = e^(m - m') per row.
-      ops::col_softmax(team, st, ldq, cb, ce, nr, m, l, alpha);
-      if (dropout.enabled) {
+      if constexpr (!Rule::softmax) {
+        // The multi-scale step of every row at once: S = x M in S^T's place and the tile's
+        // partial r = sum |S| merged into each row's by kfa::msa::combine (TileOps::
+        // col_abs_sum). M_ij^T is staged first, read a query row of M at a time (unit stride
+        // in a row-major mask), 0 where the row does not see the key, so that the column pass
+        // reads both tiles alike.
+        if (rule.has_mask) {
+          stage_mask_tile(team, h, q0, nr, k0, cb, ce, edge, mt);
+          team.team_barrier();
+          if (mask_rows && k0 + Bc < k_end && k0 + Bc < seqlen_k) {  // the next mask tile
+            const int k1 = k0 + Bc, n1 = seqlen_k - k1 < Bc ? seqlen_k - k1 : Bc;
+            ops::prefetch_rows(nr, 0, n1, [&](int r) { return &rule.m(h, q0 + r, k1); });
+          }
+        }
+        ops::col_abs_sum(team, st, ldq, rule.has_mask ? mt : nullptr, cb, ce, nr, l);
+      } else {
+        // The online-softmax step of every row at once: the combiner of kfa/combine.hpp down
+        // the columns (TileOps::col_softmax), P in S^T's place, alpha = e^(m - m') per row.
+        ops::col_softmax(team, st, ldq, cb, ce, nr, m, l, alpha);
+      }
+      if (Rule::softmax && dropout.enabled) {
         team.team_barrier();
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
           const int i = q0 + r, lo = mask.lo(i) - k0, hi = mask.hi(i) + 1 - k0;
@@ -527,12 +557,13 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
         });
       }
       team.team_barrier();
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
-        const acc_t a = alpha[r];
-        acc_t* orow = os + static_cast<std::ptrdiff_t>(r) * ldd;
-        if (a != acc_t(1))  // 1 for most rows once their maximum has settled
-          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D), [&](int d) { orow[d] *= a; });
-      });
+      if constexpr (Rule::softmax)
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
+          const acc_t a = alpha[r];
+          acc_t* orow = os + static_cast<std::ptrdiff_t>(r) * ldd;
+          if (a != acc_t(1))  // 1 for most rows once their maximum has settled
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D), [&](int d) { orow[d] *= a; });
+        });
       if (pair_mode) {  // P rounded to bfloat16 once, as FlashAttention-2 rounds it to 16 bits
         if constexpr (pairs_type) {
           ops::pack_bf16x2_rows(team, st + static_cast<std::ptrdiff_t>(cb) * ldq, ldq, ce - cb, nr,
@@ -549,6 +580,37 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
                   vj + static_cast<std::ptrdiff_t>(cb) * ldv, ldv, os, ldd, true);
       }
     }
+  }
+
+  /// The mask tile of the key-major multi-scale step: mt[c][r] = M[h, q0 + r, k0 + c] for keys
+  /// [cb, ce) of the tile and its nr query rows (row stride ldq), 0 where row r does not see
+  /// the key (only in edge tiles). A query row of M at a time, so that its reads are unit
+  /// stride in a row-major mask and the writes stay in the scratch tile.
+  KOKKOS_INLINE_FUNCTION void stage_mask_tile(const member_t& team, int h, int q0, int nr, int k0,
+                                              int cb, int ce, bool edge, acc_t* mt) const {
+    const int ldq = this->ldq();
+    if (mask_rows && !edge) {  // rows of M copied transposed (TileOps::stage_transposed)
+      ops::stage_transposed(
+          team, nr, cb, ce, [&](int r) { return &rule.m(h, q0 + r, k0); }, mt, ldq);
+      return;
+    }
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
+      const int i = q0 + r;
+      int lo = cb, hi = ce;
+      if (edge) {
+        lo = mask.lo(i) - k0 > cb ? mask.lo(i) - k0 : cb;
+        hi = mask.hi(i) + 1 - k0 < ce ? mask.hi(i) + 1 - k0 : ce;
+        if (lo > hi) lo = hi = ce;
+      }
+      acc_t* col = mt + r;
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, cb, lo),
+                           [&](int c) { col[static_cast<std::ptrdiff_t>(c) * ldq] = acc_t(0); });
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, lo, hi), [&](int c) {
+        col[static_cast<std::ptrdiff_t>(c) * ldq] = static_cast<acc_t>(rule.m(h, i, k0 + c));
+      });
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, hi, ce),
+                           [&](int c) { col[static_cast<std::ptrdiff_t>(c) * ldq] = acc_t(0); });
+    });
   }
 
   /// Multi-scale step of query row r (local index i) of query head h against the key tile at

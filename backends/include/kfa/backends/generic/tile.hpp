@@ -148,6 +148,44 @@ struct PortableTileOps {
     });
   }
 
+  /// The multi-scale step of a key-major score tile, by the whole team: rows [j0, j1) of s
+  /// (keys, lds apart) and its first n columns (queries). With a weight tile w (same layout;
+  /// nullptr: all ones) s[j][c] *= w[j][c] first; then each column's partial l[c] takes in the
+  /// tile's sum of |s[j][c]| by addition (the multi-scale combiner). No exp, no rescaling.
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void col_abs_sum(const Member& team, Acc* s, int lds, const Acc* w,
+                                                 int j0, int j1, int n, Acc* l) {
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, n), [&](int c) {
+      Acc sum = 0;
+      for (int j = j0; j < j1; ++j) {
+        const std::ptrdiff_t e = static_cast<std::ptrdiff_t>(j) * lds + c;
+        if (w) s[e] *= w[e];
+        sum += backends::abs(s[e]);
+      }
+      l[c] += sum;
+    });
+  }
+
+  /// dst[c * ldd + r] = src_r[c] in Acc for r < rows and c in [c0, c1), by the whole team: rows
+  /// of a source with unit stride (row(r) points at element 0 of row r; any element type)
+  /// written transposed into a tile.
+  template <class Member, class Row>
+  static KOKKOS_INLINE_FUNCTION void stage_transposed(const Member& team, int rows, int c0, int c1,
+                                                      const Row& row, Acc* dst, int ldd) {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](int r) {
+      const auto* src = row(r);
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c0, c1), [&](int c) {
+        dst[static_cast<std::ptrdiff_t>(c) * ldd + r] = static_cast<Acc>(src[c]);
+      });
+    });
+  }
+
+  /// A hint that the rows' elements [c0, c1) (stage_transposed's rows) are read soon; nothing
+  /// here.
+  template <class Row>
+  static KOKKOS_INLINE_FUNCTION void prefetch_rows(int /*rows*/, int /*c0*/, int /*c1*/,
+                                                   const Row& /*row*/) {}
+
   /// Pair products (bf16x2.hpp), by the whole team: C = scale (A B), or C += scale (A B) with
   /// `accumulate`, for float C (m x n, row stride ldc) and bfloat16 A (m x 2 k2) and B
   /// (2 k2 x n) as pair words: word (i, p) of A at word index i * a_rs + p * a_cs of a, row p

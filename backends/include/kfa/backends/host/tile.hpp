@@ -23,11 +23,15 @@
 #include <cstring>
 #include <type_traits>
 
-#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__CUDACC__) && !defined(__HIPCC__) && \
+#if defined(__AVX__) && defined(__GNUC__) && !defined(__CUDACC__) && !defined(__HIPCC__) && \
     !defined(__SYCL_DEVICE_ONLY__)
 #include <immintrin.h>
+/// Set while this header uses AVX intrinsics (undefined at its end).
+#define KFA_HOST_AVX 1
+#if defined(__AVX512F__)
 /// Set while this header uses AVX-512 intrinsics (undefined at its end).
 #define KFA_HOST_AVX512 1
+#endif
 #endif
 
 namespace kfa::backends::host {
@@ -281,6 +285,29 @@ KOKKOS_INLINE_FUNCTION void micro_kernel(int k, const Acc* a, int a_rs, int a_cs
 #endif
 }
 
+#ifdef KFA_HOST_AVX
+/// Transposes the 8 x 8 float block whose rows are x[0..7] in place (unpacks, shuffles and
+/// lane permutes: 24 register operations for 64 elements).
+inline void transpose8(__m256 (&x)[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(x[i], x[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(x[i], x[i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    const int a = 4 * i;
+    u[a] = _mm256_shuffle_ps(t[a], t[a + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[a + 1] = _mm256_shuffle_ps(t[a], t[a + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[a + 2] = _mm256_shuffle_ps(t[a + 1], t[a + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[a + 3] = _mm256_shuffle_ps(t[a + 1], t[a + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    x[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    x[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+#endif
+
 /// f(rows, i0) for the row blocks of a column block m rows tall: blocks of MR rows, then one
 /// of the m % MR rows left; `rows` is a std::integral_constant, so that f can instantiate the
 /// micro-kernel of exactly that many rows.
@@ -501,6 +528,100 @@ struct TileOps<
     return sum;
   }
 
+  /// PortableTileOps::stage_transposed: with AVX, float rows eight at a time, 8 x 8 blocks
+  /// loaded by rows and stored by columns after an in-register transpose (the element loop
+  /// stores one element per cycle at best); other types and the edges element by element.
+  template <class Member, class Row>
+  static KOKKOS_INLINE_FUNCTION void stage_transposed(const Member& /*team*/, int rows, int c0,
+                                                      int c1, const Row& row, Acc* dst, int ldd) {
+    int r0 = 0;
+#ifdef KFA_HOST_AVX
+    using Src = std::remove_cv_t<std::remove_pointer_t<decltype(row(0))>>;
+    if constexpr (std::is_same_v<Acc, float> && std::is_same_v<Src, float>) {
+      for (; r0 + 8 <= rows; r0 += 8) {
+        const float* src[8];
+        for (int i = 0; i < 8; ++i)
+          src[i] = row(r0 + i);
+        int c = c0;
+        for (; c + 8 <= c1; c += 8) {
+          __m256 x[8];
+          for (int i = 0; i < 8; ++i)
+            x[i] = _mm256_loadu_ps(src[i] + c);
+          host::transpose8(x);
+          for (int i = 0; i < 8; ++i)
+            _mm256_storeu_ps(dst + static_cast<std::ptrdiff_t>(c + i) * ldd + r0, x[i]);
+        }
+        for (; c < c1; ++c)
+          for (int i = 0; i < 8; ++i)
+            dst[static_cast<std::ptrdiff_t>(c) * ldd + r0 + i] = src[i][c];
+      }
+    }
+#endif
+    for (; r0 < rows; ++r0) {
+      const auto* src = row(r0);
+      for (int c = c0; c < c1; ++c)
+        dst[static_cast<std::ptrdiff_t>(c) * ldd + r0] = static_cast<Acc>(src[c]);
+    }
+  }
+
+  /// PortableTileOps::prefetch_rows: a prefetch of each cache line of [c0, c1) of every row, so
+  /// that rows far apart in memory (a mask tile: one row per query) arrive while the tile
+  /// before is computed; the hardware prefetcher follows few such streams at once.
+  template <class Row>
+  static KOKKOS_INLINE_FUNCTION void prefetch_rows(int rows, int c0, int c1, const Row& row) {
+#ifdef KFA_HOST_VECTOR_EXTENSION
+    for (int r = 0; r < rows; ++r) {
+      const char* first = reinterpret_cast<const char*>(row(r) + c0);
+      const char* last = reinterpret_cast<const char*>(row(r) + c1);
+      for (const char* p = first; p < last; p += 64)
+        __builtin_prefetch(p);
+    }
+#else
+    (void)rows, (void)c0, (void)c1, (void)row;
+#endif
+  }
+
+  /// PortableTileOps::col_abs_sum: columns four vector registers at a time, then one, the
+  /// tile's partial sums in lane arrays (rows outer, lanes inner: unit stride, vectorised without
+  /// reassociation); the last n % lanes columns one by one.
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void col_abs_sum(const Member& /*team*/, Acc* s, int lds,
+                                                 const Acc* w, int j0, int j1, int n, Acc* l) {
+    constexpr int L = host::lanes<Acc>;
+    const auto columns = [&](int c0, auto width, auto weighted) {
+      constexpr int W = decltype(width)::value;
+      Acc sum[W];
+      for (int c = 0; c < W; ++c)
+        sum[c] = Acc(0);
+      for (int j = j0; j < j1; ++j) {
+        const std::ptrdiff_t e = static_cast<std::ptrdiff_t>(j) * lds + c0;
+        for (int c = 0; c < W; ++c) {
+          Acc x = s[e + c];
+          if constexpr (decltype(weighted)::value) {
+            x *= w[e + c];
+            s[e + c] = x;
+          }
+          sum[c] += backends::abs(x);
+        }
+      }
+      for (int c = 0; c < W; ++c)
+        l[c0 + c] += sum[c];
+    };
+    const auto all = [&](auto weighted) {
+      int c0 = 0;
+      for (; c0 + 4 * L <= n; c0 += 4 * L)  // four independent chains of additions
+        columns(c0, std::integral_constant<int, 4 * L>{}, weighted);
+      for (; c0 + L <= n; c0 += L)
+        columns(c0, std::integral_constant<int, L>{}, weighted);
+      for (; c0 < n; ++c0)
+        columns(c0, std::integral_constant<int, 1>{}, weighted);
+    };
+    if (w)
+      all(std::true_type{});
+    else
+      all(std::false_type{});
+  }
+
   /// PortableTileOps::col_softmax with the vectorisable exp. On AVX-512, float columns 16 at a
   /// time: maximum, shift and sum in registers, exp16. Elsewhere, and for the last n % 16
   /// columns, loops the compiler vectorises across columns (rows outer, columns inner).
@@ -562,3 +683,4 @@ struct TileOps<
 
 #undef KFA_HOST_VECTOR_EXTENSION
 #undef KFA_HOST_AVX512
+#undef KFA_HOST_AVX
