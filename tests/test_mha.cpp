@@ -484,6 +484,22 @@ TEST(Mha, RejectsBadArguments) {
   w3.gamma = Weights<double>::vector("unused", 64);  // no residual layer norm asked for
   EXPECT_NE(message([&] { run(64, p, w3); }).find("gamma has shape (64) but is not used"),
             std::string::npos);
+  // A saved state from other head counts with the same weight shapes (d_model 12: 2 + 2 x 1
+  // heads of 6 and 4 + 2 x 2 heads of 3 both give 24 columns) is refused, not read past.
+  kfa::nn::MhaParams p21, p42;
+  p21.heads_q = 2;
+  p21.heads_kv = 1;
+  p42.heads_q = 4;
+  p42.heads_kv = 2;
+  const Weights<double> w21("w", 12, p21);
+  Weights<double> g42("g", 12, p42);
+  Rows3<double> x("x", 1, 3, 12), y("y", 1, 3, 12), dy("dy", 1, 3, 12), dx("dx", 1, 3, 12);
+  kfa::nn::MhaSaved<double, Memory> saved;
+  kfa::nn::mha_forward(Exec(), x, w21, y, saved, p21);
+  EXPECT_NE(message([&] {
+              kfa::nn::mha_backward(Exec(), x, w21, saved, dy, dx, g42, p42);
+            }).find("saved holds"),
+            std::string::npos);
 }
 
 // ---- The FFN ----

@@ -353,6 +353,8 @@ void mha_backward(const ExecSpace& space, const X& x, const MhaWeights<T, Mem>& 
   const bool fits =
       saved.qkv.extent(0) == std::size_t(s.B) && saved.qkv.extent(1) == std::size_t(s.L) &&
       saved.qkv.extent(2) == std::size_t(s.width) && saved.z.extent(2) == std::size_t(s.d_model) &&
+      saved.o.extent(2) == std::size_t(s.hq) && saved.o.extent(3) == std::size_t(s.hd) &&
+      saved.lse.extent(1) == std::size_t(s.hq) &&  // head counts with the same width differ here
       (!p.residual_layer_norm || saved.mean.extent(0) == rows);
   if (!fits)
     fail(pass, "saved holds qkv of shape ", shape_of(saved.qkv), " and z of shape ",
