@@ -5,7 +5,8 @@ Drives the kfa program through HDF5 files (as a user would) and compares its for
 and backward (dQ, dK, dV) with softmax attention written out in torch float64 and its autograd:
 no mask, causal in both alignments, sliding windows, GQA, softcap, a dLSE term, score terms
 (an additive bias, broadcast over batch or heads, with its gradient dbias; ALiBi from --alibi,
--slope_h |i + shift - j| with slopes 2^(-8 (h + 1) / Hq)), and dropout
+-slope_h |i + shift - j| with slopes 2^(-8 (h + 1) / Hq); a boolean /mask and per-batch
+/key_lengths as -inf, rows that see no key included: O = 0, LSE = -inf, zero gradients), and dropout
 through the mask `kfa dropout-mask` writes (O = (softmax(S) * Z) V, Z = keep / (1 - p): torch
 differentiates that formula itself, so the backward's dropout terms are checked against
 something that does not share them). The first case is the seed problem, (4, 4096, 32) with
@@ -37,9 +38,12 @@ def alibi(hq, nq, nk, align):
     return -slopes.view(hq, 1, 1) * (i + shift - j).abs()
 
 
-def attention(q, k, v, case, keep=None, bias=None):
+def attention(q, k, v, case, keep=None, bias=None, hidden=None):
     """O and LSE of softmax attention, written out (torch 1.13 has no fused SDPA); `bias`
-    (broadcastable to the scores) is added after the softcap."""
+    (broadcastable to the scores) is added after the softcap; `hidden` (a bool tensor
+    broadcastable to the scores) hides pairs besides the interval mask. A row that sees no key
+    has O = 0 and LSE = -inf, and passes no gradient (kfa's convention; plain softmax would
+    give NaN there)."""
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
@@ -55,9 +59,12 @@ def attention(q, k, v, case, keep=None, bias=None):
         s = s + alibi(q.shape[1], q.shape[2], k.shape[2], align).to(s.dtype)
     vis = visible(q.shape[2], k.shape[2], case.get("causal", False),
                   case.get("align", "bottom-right"), *case.get("window", (-1, -1)))
-    s = s.masked_fill(~vis, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.softmax(s, dim=-1)
+    hide = ~vis if hidden is None else (~vis) | hidden
+    s = s.masked_fill(hide, float("-inf"))
+    empty = hide.all(dim=-1, keepdim=True).expand(s.shape)
+    s = s.masked_fill(empty, 0.0)  # finite, so that no NaN reaches autograd; zeroed below
+    lse = torch.logsumexp(s, dim=-1).masked_fill(empty[..., 0], float("-inf"))
+    p = torch.softmax(s, dim=-1).masked_fill(empty, 0.0)
     if keep is not None:
         p = p * keep / (1 - case["dropout"])
     return p @ v, lse
@@ -98,6 +105,17 @@ def check_case(kfa, work, case):
         bb, bh = case["bias"]
         shape = (B if bb else 1, Hq if bh else 1, Nq, Nk)
         terms["bias"] = (2 * rng.random(shape) - 1).astype(dtype)
+    hidden = None  # the visibility terms, as pairs hidden from torch's softmax
+    if "mask" in case:  # uint8 (B or 1, Hq or 1, Nq, Nk), 0 = hidden, ~30 % hidden
+        bb, bh = case["mask"]
+        mask = (rng.random((B if bb else 1, Hq if bh else 1, Nq, Nk)) > 0.3).astype(np.uint8)
+        mask[0, 0, Nq // 3, :] = 0  # a row that sees no key
+        terms["mask"] = mask
+        hidden = torch.from_numpy(mask == 0)
+    if "key_lengths" in case:  # keys j >= length[b] hidden in batch b
+        lengths = np.array(case["key_lengths"], dtype=np.int32)
+        terms["key_lengths"] = lengths
+        hidden = torch.arange(Nk).view(1, 1, 1, Nk) >= torch.from_numpy(lengths).view(B, 1, 1, 1)
     inp, out, bwd_in, bwd_out = (os.path.join(work, f) for f in
                                  ("in.h5", "out.h5", "bwd_in.h5", "bwd_out.h5"))
     write(inp, q=q, k=k, v=v, **terms)
@@ -112,19 +130,18 @@ def check_case(kfa, work, case):
                   str(case.get("offset", 0)), "--out", mask])
         keep = torch.from_numpy(read(mask, "keep")[0].astype(np.float64))
 
-    t = {n: torch.tensor(x.astype(np.float64), requires_grad=True)
-         for n, x in (("q", q), ("k", k), ("v", v)) + tuple(terms.items())}
-    o_ref, lse_ref = attention(t["q"], t["k"], t["v"], case, keep, t.get("bias"))
+    leaves = [("q", q), ("k", k), ("v", v)] + [(n, terms[n]) for n in ("bias",) if n in terms]
+    t = {n: torch.tensor(x.astype(np.float64), requires_grad=True) for n, x in leaves}
+    o_ref, lse_ref = attention(t["q"], t["k"], t["v"], case, keep, t.get("bias"), hidden)
     loss = (o_ref * torch.from_numpy(dout.astype(np.float64))).sum()
     if dlse is not None:
         loss = loss + (lse_ref * torch.from_numpy(dlse.astype(np.float64))).sum()
     loss.backward()
     naive = {}
     if dtype != np.float64:  # the same formula in float32: what the rule allows float to miss
-        t32 = {n: torch.tensor(x, requires_grad=True)
-               for n, x in (("q", q), ("k", k), ("v", v)) + tuple(terms.items())}
+        t32 = {n: torch.tensor(x, requires_grad=True) for n, x in leaves}
         o32, lse32 = attention(t32["q"], t32["k"], t32["v"], case,
-                               None if keep is None else keep.float(), t32.get("bias"))
+                               None if keep is None else keep.float(), t32.get("bias"), hidden)
         l32 = (o32 * torch.from_numpy(dout)).sum()
         if dlse is not None:
             l32 = l32 + (lse32 * torch.from_numpy(dlse)).sum()
@@ -204,6 +221,20 @@ CASES = [
          causal=True, dtype=np.float32),
     dict(name="float32: ALiBi, window", shape=(1, 4, 4, 100, 100, 32), alibi=True,
          window=(40, 40), dtype=np.float32),
+    dict(name="mask (B, H), causal, dLSE", shape=(2, 2, 2, 70, 90, 32), mask=(True, True),
+         causal=True, dlse=True),
+    dict(name="mask broadcast over batch, GQA, dropout", shape=(2, 4, 2, 60, 80, 16),
+         mask=(False, True), dropout=0.2, seed=9),
+    dict(name="mask broadcast over heads, window top-left", shape=(2, 2, 1, 80, 60, 32),
+         mask=(True, False), window=(20, 10), align="top-left"),
+    dict(name="key lengths 90, 0, 1, 61, causal top-left", shape=(4, 2, 2, 50, 90, 32),
+         key_lengths=(90, 0, 1, 61), causal=True, align="top-left", dlse=True),
+    dict(name="key lengths, GQA, softcap, dropout", shape=(2, 4, 2, 64, 100, 16),
+         key_lengths=(37, 100), softcap=2.0, dropout=0.3, seed=4),
+    dict(name="float32: mask (1, 1)", shape=(1, 2, 2, 100, 120, 32),
+         mask=(False, False), dtype=np.float32),
+    dict(name="float32: key lengths 0 and 77", shape=(2, 2, 2, 90, 90, 32),
+         key_lengths=(0, 77), causal=True, dtype=np.float32),
 ]
 
 
