@@ -184,8 +184,8 @@ bool all_written(const View& v) {
 /// The matrix of docs/testing.md: seqlen pairs that are not multiples of any tile, and head dims.
 /// Under the sanitizers (KFA_TESTS_UNDER_SANITIZERS) the two long pairs are left out: they add
 /// no tile edge the short pairs lack (what ASan and UBSan look at), and at -O1 with the
-/// sanitizers they took two thirds of the gate's test time; the Release and Kokkos 4 builds
-/// run them.
+/// sanitizers they took three quarters of test_backward's time; the Release and Kokkos 4
+/// builds run them.
 #ifdef KFA_TESTS_UNDER_SANITIZERS
 inline constexpr bool kUnderSanitizers = true;
 #else
