@@ -242,6 +242,11 @@ TEST(IoModel, EqualsTheBytesOfTheRowsTheKernelsStage) {
       }
   EXPECT_THROW(kfa::backward_traffic(1, 1, 1, 64, 64, 32, 4, 4, 4, {}, 32, kfa::DqMode::automatic),
                kfa::Error);
+  // The symmetric kernel is self-attention only; the model refuses what the kernel refuses.
+  EXPECT_THROW(kfa::backward_traffic(1, 2, 1, 64, 64, 32, 4, 4, 4, {}, 32, kfa::DqMode::symmetric),
+               kfa::Error);
+  EXPECT_THROW(kfa::backward_traffic(1, 1, 1, 64, 96, 32, 4, 4, 4, {}, 32, kfa::DqMode::symmetric),
+               kfa::Error);
 }
 
 }  // namespace

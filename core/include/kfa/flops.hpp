@@ -8,6 +8,8 @@
 #include <kfa/impl/mask.hpp>
 #include <kfa/params.hpp>
 
+#include <string>
+
 namespace kfa {
 
 /// Number of (query, key) pairs of one head that the masks in `params` leave visible.
@@ -99,6 +101,12 @@ inline Traffic backward_traffic(int batch, int heads_q, int heads_k, int seqlen_
                                 const Params& params, int block, DqMode mode) {
   if (mode == DqMode::automatic)
     throw Error("backward_traffic: mode is DqMode::automatic; pass the mode the backward runs");
+  if (mode == DqMode::symmetric && (heads_q != heads_k || seqlen_q != seqlen_k))
+    throw Error(
+        "backward_traffic: DqMode::symmetric models self-attention (heads_q = heads_k, "
+        "seqlen_q = seqlen_k), got heads " +
+        std::to_string(heads_q) + " / " + std::to_string(heads_k) + ", seqlens " +
+        std::to_string(seqlen_q) + " / " + std::to_string(seqlen_k));
   const double b = batch, e = elem_bytes, d = head_dim, nq = seqlen_q, nk = seqlen_k;
   double rows_q = 0, rows_k = 0;  // summed over meeting (query tile, key tile) pairs
   for_each_meeting_tile(params, seqlen_q, seqlen_k, block, block, [&](int, int nr, int, int nc) {
