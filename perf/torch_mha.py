@@ -11,11 +11,10 @@ Usage: taskset -c 1 torch_mha.py [--l 4096] [--d 512] [--heads 8] [--repeat 3]
 """
 import argparse
 import math
-import resource
-import statistics
-import time
 
 import torch
+
+from torch_timing import median_times, peak_rss_mib
 
 
 class Block(torch.nn.Module):
@@ -51,20 +50,20 @@ def main():
     for bwd in (False, True):
         for causal in (False, True):
             m = Block(a.d, a.heads, causal)
-            times, cpu = [], []
-            for _ in range(a.repeat + 1):
-                xx = x.clone().requires_grad_(bwd)
+
+            def setup():
                 m.zero_grad()
-                t0, c0 = time.perf_counter(), time.process_time()
+                return (x.clone().requires_grad_(bwd),)
+
+            def run(xx):
                 if bwd:
                     m(xx).backward(dy)
                 else:
                     with torch.no_grad():
                         m(xx)
-                times.append(time.perf_counter() - t0)
-                cpu.append(time.process_time() - c0)
-            med, med_cpu = statistics.median(times[1:]), statistics.median(cpu[1:])
-            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+            med, med_cpu = median_times(run, a.repeat, setup)
+            rss = peak_rss_mib()
             print(f"{'fwd+bwd' if bwd else 'forward'} causal={int(causal)} ln=1: median "
                   f"{med * 1e3:.1f} ms wall, {med_cpu * 1e3:.1f} ms CPU (user + system), "
                   f"peak RSS so far {rss:.0f} MiB")

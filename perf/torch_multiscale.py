@@ -13,11 +13,10 @@ in kfa's convention (4 * D per visible pair forward, 2.5 times that backward, th
 Usage: taskset -c 1 torch_multiscale.py [--n 4096] [--heads 4] [--dim 64] [--repeat 5]
 """
 import argparse
-import resource
-import statistics
-import time
 
 import torch
+
+from torch_timing import median_times, peak_rss_mib
 
 
 def main():
@@ -49,10 +48,11 @@ def main():
                     m = vis if m is None else m * vis
                 pairs = (N * N + N) / 2 if causal else N * N
                 flops = 4.0 * B * H * pairs * D * (3.5 if bwd else 1.0)
-                times = []
-                for rep in range(a.repeat + 1):
-                    qq, kk, vv = (x.clone().requires_grad_(bwd) for x in (q, k, v))
-                    t0 = time.perf_counter()
+
+                def setup():
+                    return tuple(x.clone().requires_grad_(bwd) for x in (q, k, v))
+
+                def run(qq, kk, vv):
                     t = qq @ kk.transpose(-1, -2)
                     if m is not None:
                         t = t * m
@@ -61,10 +61,9 @@ def main():
                     o = (t / d) @ vv
                     if bwd:
                         o.backward(dout)
-                    times.append(time.perf_counter() - t0)
-                    del t, d, o, qq, kk, vv
-                med = statistics.median(times[1:])
-                rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+                med, _ = median_times(run, a.repeat, setup)
+                rss = peak_rss_mib()
                 print(f"{'fwd+bwd' if bwd else 'forward'} causal={int(causal)} "
                       f"mask={'decay' if masked else 'none'}: median {med * 1e3:.1f} ms, "
                       f"{flops / med * 1e-9:.2f} GFLOP/s, peak RSS so far {rss:.0f} MiB")
