@@ -122,7 +122,7 @@ Sizes check_shapes(const Problem& p, const MhaOptions& m) {
   s.width = (h + 2 * hkv) * s.hd;
   s.inner = h * s.hd;
   const std::string heads = "--heads " + std::to_string(h) + " --heads-kv " + std::to_string(hkv);
-  const auto expect = [&](const Dataset& d, const char* name, std::vector<hsize_t> want,
+  const auto expect = [&](const Dataset& d, const char* name, const std::vector<hsize_t>& want,
                           const char* what) {
     if (d.dims.empty() || d.dims == want) return;
     throw InputError(std::string("dataset ") + name + " has shape " + shape(d) + " but must be " +
