@@ -38,15 +38,27 @@ struct MhaSpec {
 /// (Hq + 2 Hkv) hd), w_o (Hq hd, d_model); b_qkv, b_o, gamma, beta vectors, empty when off.
 /// dy may be empty for a forward alone.
 struct MhaTensors {
-  Tensor2 x, dy, w_qkv, w_o;        ///< rows and weight matrices
-  Tensor1 b_qkv, b_o, gamma, beta;  ///< vectors (empty: off)
+  Tensor2 x;      ///< (B L, d_model)
+  Tensor2 dy;     ///< (B L, d_model), or empty for a forward alone
+  Tensor2 w_qkv;  ///< (d_model, (Hq + 2 Hkv) hd)
+  Tensor2 w_o;    ///< (Hq hd, d_model)
+  Tensor1 b_qkv;  ///< ((Hq + 2 Hkv) hd), or empty: no QKV bias
+  Tensor1 b_o;    ///< (d_model), or empty: no output bias
+  Tensor1 gamma;  ///< (d_model) with the residual layer norm, else empty
+  Tensor1 beta;   ///< (d_model) with the residual layer norm, else empty
 };
 
 /// The block's output and gradients; a gradient the block has no parameter for is empty, and
 /// so is every gradient of a forward alone.
 struct MhaResult {
-  Tensor2 y, dx, dw_qkv, dw_o;          ///< (B L, d_model) and the weights' shapes
-  Tensor1 db_qkv, db_o, dgamma, dbeta;  ///< the vectors' shapes
+  Tensor2 y;       ///< (B L, d_model)
+  Tensor2 dx;      ///< (B L, d_model)
+  Tensor2 dw_qkv;  ///< like w_qkv
+  Tensor2 dw_o;    ///< like w_o
+  Tensor1 db_qkv;  ///< like b_qkv
+  Tensor1 db_o;    ///< like b_o
+  Tensor1 dgamma;  ///< like gamma
+  Tensor1 dbeta;   ///< like beta
 };
 
 namespace mha_detail {
