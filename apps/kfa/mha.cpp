@@ -80,18 +80,6 @@ struct Problem {
   Dataset x, w_qkv, b_qkv, w_o, b_o, gamma, beta, dy;
 };
 
-Dataset random_dataset(std::vector<hsize_t> dims, DType t, std::mt19937_64& gen, double centre,
-                       double amp) {
-  Dataset d;
-  d.dims = std::move(dims);
-  d.dtype = t;
-  d.data.resize(d.size());
-  std::uniform_real_distribution<double> dist(centre - amp, centre + amp);
-  for (auto& v : d.data)
-    v = kfa_apps::rounded(t, dist(gen));
-  return d;
-}
-
 std::string shape(const Dataset& d) {
   return kfa_apps::shape_of(d.dims);
 }
@@ -210,22 +198,6 @@ Problem read_problem(const kfa_apps::RunOptions& o, const MhaOptions& m) {
   return p;
 }
 
-// A dataset as the reference's host tensors: (B, L, D) as the (B L, D) rows, or a vector.
-kfa::reference::Tensor2 ref2(const Dataset& d) {
-  if (d.dims.empty()) return {};
-  const std::size_t cols = d.dims.back();
-  kfa::reference::Tensor2 t("kfa::ref", d.data.size() / cols, cols);
-  std::copy(d.data.begin(), d.data.end(), t.data());
-  return t;
-}
-
-kfa::reference::Tensor1 ref1(const Dataset& d) {
-  if (d.dims.empty()) return {};
-  kfa::reference::Tensor1 t("kfa::ref", d.dims[0]);
-  std::copy(d.data.begin(), d.data.end(), t.data());
-  return t;
-}
-
 // The dropout keep-mask of the attention (B, H, L, L) on the host, for the reference; empty
 // without dropout.
 kfa::reference::Keep4 keep_mask(const kfa::Params& params, const Sizes& s, int heads) {
@@ -310,8 +282,11 @@ int run(const kfa_apps::RunOptions& o, const MhaOptions& m, const Problem& p, co
     spec.attention = o.params;
     spec.residual_layer_norm = m.residual_layer_norm;
     spec.eps = m.eps;
-    const ref::MhaTensors in{ref2(p.x),     ref2(p.dy),  ref2(p.w_qkv), ref2(p.w_o),
-                             ref1(p.b_qkv), ref1(p.b_o), ref1(p.gamma), ref1(p.beta)};
+    const ref::MhaTensors in{
+        kfa_apps::reference_rows(p.x),       kfa_apps::reference_rows(p.dy),
+        kfa_apps::reference_rows(p.w_qkv),   kfa_apps::reference_rows(p.w_o),
+        kfa_apps::reference_vector(p.b_qkv), kfa_apps::reference_vector(p.b_o),
+        kfa_apps::reference_vector(p.gamma), kfa_apps::reference_vector(p.beta)};
     ref::MhaResult got;
     const auto find = [&](const char* name) -> const Dataset* {
       for (const auto& [n, d] : out)
@@ -320,11 +295,11 @@ int run(const kfa_apps::RunOptions& o, const MhaOptions& m, const Problem& p, co
     };
     const auto two = [&](const char* name) {
       const Dataset* d = find(name);
-      return d ? ref2(*d) : ref::Tensor2();
+      return d ? kfa_apps::reference_rows(*d) : ref::Tensor2();
     };
     const auto one = [&](const char* name) {
       const Dataset* d = find(name);
-      return d ? ref1(*d) : ref::Tensor1();
+      return d ? kfa_apps::reference_vector(*d) : ref::Tensor1();
     };
     got.y = two("/y");
     got.dx = two("/dx");
@@ -469,16 +444,16 @@ int run_mha(kfa_apps::RunOptions o, const MhaOptions& m) {
     check_memory(s, o.dtype, bwd, "the problem");
     std::mt19937_64 gen(o.data_seed);
     const double amp = 2 / std::sqrt(double(d));  // keeps the projections of order 1
-    p.x = random_dataset({B, L, d}, o.dtype, gen, 0, 1);
-    p.w_qkv = random_dataset({d, width}, o.dtype, gen, 0, amp);
-    p.b_qkv = random_dataset({width}, o.dtype, gen, 0, 0.5);
-    p.w_o = random_dataset({s.inner, d}, o.dtype, gen, 0, amp);
-    p.b_o = random_dataset({d}, o.dtype, gen, 0, 0.5);
+    p.x = kfa_apps::random_dataset({B, L, d}, o.dtype, gen, 0, 1);
+    p.w_qkv = kfa_apps::random_dataset({d, width}, o.dtype, gen, 0, amp);
+    p.b_qkv = kfa_apps::random_dataset({width}, o.dtype, gen, 0, 0.5);
+    p.w_o = kfa_apps::random_dataset({s.inner, d}, o.dtype, gen, 0, amp);
+    p.b_o = kfa_apps::random_dataset({d}, o.dtype, gen, 0, 0.5);
     if (m.residual_layer_norm) {
-      p.gamma = random_dataset({d}, o.dtype, gen, 1, 0.5);
-      p.beta = random_dataset({d}, o.dtype, gen, 0, 0.5);
+      p.gamma = kfa_apps::random_dataset({d}, o.dtype, gen, 1, 0.5);
+      p.beta = kfa_apps::random_dataset({d}, o.dtype, gen, 0, 0.5);
     }
-    if (bwd) p.dy = random_dataset({B, L, d}, o.dtype, gen, 0, 1);
+    if (bwd) p.dy = kfa_apps::random_dataset({B, L, d}, o.dtype, gen, 0, 1);
   } else {
     p = read_problem(o, m);
     o.dtype = p.x.dtype;
