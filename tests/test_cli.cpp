@@ -4,10 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <kfa/config.hpp>
+#ifdef KFA_CLI_NN
+#include <kfa/mha_reference.hpp>
+#endif
 #include <kfa/params.hpp>
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -18,6 +22,7 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "h5io.hpp"
 #include "problem.hpp"
@@ -1219,3 +1224,158 @@ TEST(Cli, LayerNorm) {
 }
 
 }  // namespace
+
+// kfa mha: --random --check in both passes and types (with GQA, the layer norm, causal and
+// dropout), a float64 round trip through HDF5 against the block reference of
+// kfa/mha_reference.hpp, and each bad input exiting 2 with one line naming it, writing nothing.
+#ifdef KFA_CLI_NN
+TEST(Cli, Mha) {
+  for (const char* pass : {"forward", "backward"})
+    for (const char* dtype : {"float", "double"})
+      for (const std::string flags :
+           {"--heads 4 --heads-kv 2 --residual-layernorm --causal",
+            "--heads 2 --dropout 0.2 --seed 7 --window 3,0 --softcap 5"}) {
+        const CliRun c = run_cli(std::string("mha ") + pass + " --random 2,19,32 --dtype " + dtype +
+                                 " " + flags + " --repeat 2 --json --check");
+        ASSERT_EQ(c.status, 0) << pass << " " << dtype << " " << flags << ": " << c.err << c.out;
+        const std::string line = c.out.substr(c.out.rfind('{'));
+        for (const char* key : {"\"command\":\"mha\"", "\"check\":\"pass\"", "\"d_model\":32"})
+          EXPECT_NE(line.find(key), std::string::npos) << key << " missing in " << line;
+        // Every output is checked: y, or dx and the gradient of every weight.
+        const std::string sum = c.out;
+        for (const char* name : std::string(pass) == "forward"
+                                    ? std::vector<const char*>{"y err"}
+                                    : std::vector<const char*>{"dx err", "dw_qkv err", "db_o err"})
+          EXPECT_NE(sum.find(name), std::string::npos) << name << " missing in " << sum;
+      }
+
+  // A file round trip in float64: B 2, L 5, d_model 12, 3 query heads over 1 kv head, the
+  // residual layer norm, no output bias.
+  const hsize_t B = 2, L = 5, d = 12, hq = 3, hkv = 1, hd = d / hq, width = (hq + 2 * hkv) * hd;
+  std::mt19937_64 gen(23);
+  const Dataset x = ln_dataset({B, L, d}, gen, 0, 1), dy = ln_dataset({B, L, d}, gen, 0, 1),
+                w_qkv = ln_dataset({d, width}, gen, 0, 0.5),
+                b_qkv = ln_dataset({width}, gen, 0, 0.5),
+                w_o = ln_dataset({hq * hd, d}, gen, 0, 0.5), gamma = ln_dataset({d}, gen, 1, 0.5),
+                beta = ln_dataset({d}, gen, 0, 0.5);
+  const fs::path in = work_dir() / "mha_in.h5", out = work_dir() / "mha_out.h5";
+  kfa_apps::write_atomic(in.string(), {{"/x", &x},
+                                       {"/w_qkv", &w_qkv},
+                                       {"/b_qkv", &b_qkv},
+                                       {"/w_o", &w_o},
+                                       {"/gamma", &gamma},
+                                       {"/beta", &beta},
+                                       {"/dy", &dy}});
+  namespace ref = kfa::reference;
+  ref::MhaSpec spec;
+  spec.batch = B;
+  spec.seqlen = L;
+  spec.heads_q = hq;
+  spec.heads_kv = hkv;
+  spec.attention.causal = true;
+  spec.residual_layer_norm = true;
+  spec.eps = 1e-3;
+  const auto t2 = [](const Dataset& ds) {
+    ref::Tensor2 t("t", ds.data.size() / ds.dims.back(), ds.dims.back());
+    std::copy(ds.data.begin(), ds.data.end(), t.data());
+    return t;
+  };
+  const ref::MhaTensors tin{
+      t2(x),           t2(dy), t2(w_qkv), t2(w_o), ln_tensor1(b_qkv), {}, ln_tensor1(gamma),
+      ln_tensor1(beta)};
+  const ref::MhaResult want = ref::mha<double>(spec, tin, {}, true);
+  const std::string flags = "--heads 3 --heads-kv 1 --causal --residual-layernorm --eps 1e-3";
+  fs::remove(out);
+  const CliRun b =
+      run_cli("mha backward " + flags + " --in " + in.string() + " --out " + out.string());
+  ASSERT_EQ(b.status, 0) << b.err;
+  {
+    kfa_apps::H5File f(out.string());
+    std::vector<std::string> names = f.names();
+    std::sort(names.begin(), names.end());
+    EXPECT_EQ(names, (std::vector<std::string>{"/db_qkv", "/dbeta", "/dgamma", "/dw_o", "/dw_qkv",
+                                               "/dx"}));
+    const auto rule = [&](const char* name, int rank, const auto& r) {
+      const Dataset g = f.read(name, rank);
+      ref::Check c;
+      if constexpr (std::decay_t<decltype(r)>::rank == 1)
+        c = ref::apply_rule<double>(ln_tensor1(g), r, r);
+      else
+        c = ref::apply_rule<double>(t2(g), r, r);
+      EXPECT_TRUE(c.ok()) << name << ": err " << c.err << " bound " << c.bound;
+    };
+    rule("/dx", 3, want.dx);
+    rule("/dw_qkv", 2, want.dw_qkv);
+    rule("/dw_o", 2, want.dw_o);
+    rule("/db_qkv", 1, want.db_qkv);
+    rule("/dgamma", 1, want.dgamma);
+    rule("/dbeta", 1, want.dbeta);
+  }
+  const fs::path fin = work_dir() / "mha_fwd.h5";
+  kfa_apps::write_atomic(fin.string(), {{"/x", &x},
+                                        {"/w_qkv", &w_qkv},
+                                        {"/b_qkv", &b_qkv},
+                                        {"/w_o", &w_o},
+                                        {"/gamma", &gamma},
+                                        {"/beta", &beta}});
+  const CliRun r = run_cli("mha forward " + flags + " --in " + fin.string() + " --out " +
+                           out.string() + " --check");
+  ASSERT_EQ(r.status, 0) << r.err;
+  {
+    kfa_apps::H5File f(out.string());
+    EXPECT_EQ(f.names(), std::vector<std::string>{"/y"});
+    const ref::Check c = ref::apply_rule<double>(t2(f.read("/y", 3)), want.y, want.y);
+    EXPECT_TRUE(c.ok()) << "y: err " << c.err << " bound " << c.bound;
+  }
+
+  // Bad input: each names what is wrong (both shapes for a weight), exits 2, writes nothing.
+  const Dataset wide_qkv = ln_dataset({d, width + 1}, gen, 0, 0.5),
+                short_o = ln_dataset({hq * hd - 1, d}, gen, 0, 0.5);
+  const fs::path bad = work_dir() / "mha_bad.h5";
+  kfa_apps::write_atomic(bad.string(), {{"/x", &x}, {"/w_qkv", &wide_qkv}, {"/w_o", &w_o}});
+  expect_bad("mha forward --heads 3 --heads-kv 1 --in " + bad.string(),
+             "/w_qkv has shape (12,21) but must be (12,20)");
+  expect_bad("mha forward --heads 3 --heads-kv 1 --in " + bad.string(), "/x of shape (2,5,12)");
+  kfa_apps::write_atomic(bad.string(), {{"/x", &x}, {"/w_qkv", &w_qkv}, {"/w_o", &short_o}});
+  expect_bad("mha forward --heads 3 --heads-kv 1 --in " + bad.string(),
+             "/w_o has shape (11,12) but must be (12,12)");
+  // The same file under other head counts: the weights no longer fit (both shapes named).
+  expect_bad("mha forward --heads 3 --in " + fin.string() + " --residual-layernorm",
+             "/w_qkv has shape (12,20) but must be (12,36)");
+  expect_bad("mha forward --heads 5 --in " + fin.string() + " --residual-layernorm",
+             "d_model = 12 (/x of shape (2,5,12)) is not divisible by --heads 5");
+  expect_bad("mha forward --heads 3 --heads-kv 1 --in " + fin.string(),
+             "holds /beta, which kfa mha reads only with --residual-layernorm");
+  expect_bad("mha forward --heads 3 --heads-kv 1 --residual-layernorm --in " + in.string(),
+             "holds /dy, which kfa mha forward does not read");
+  expect_bad("mha backward --heads 3 --heads-kv 1 --residual-layernorm --in " + fin.string(),
+             "missing dataset /dy");
+  kfa_apps::write_atomic(bad.string(),
+                         {{"/x", &x}, {"/w_qkv", &w_qkv}, {"/w_o", &w_o}, {"/b_o", &b_qkv}});
+  expect_bad("mha forward --heads 3 --heads-kv 1 --in " + bad.string(),
+             "/b_o has shape (20) but must be (12)");
+  expect_bad("mha forward --random 1,4,16", "kfa mha needs --heads H");
+  expect_bad("mha forward --random 1,4,18 --heads 4", "--random DMODEL 18 is not divisible");
+  expect_bad("mha forward --random 1,4,16 --heads 4 --heads-kv 3",
+             "--heads-kv 3 must divide --heads 4");
+  expect_bad("mha forward --random 1,4,16 --heads 4 --dtype bf16",
+             "kfa mha computes in float or double");
+  expect_bad("mha forward --random 1,4,16 --heads 4 --eps 1e-3",
+             "--eps is the layer norm's: it needs --residual-layernorm");
+  expect_bad("mha forward --random 1,4,16 --heads 4 --seqlen-k 3",
+             "'--seqlen-k' does not apply to kfa mha");
+  expect_bad("mha forward --random 1,4,16 --heads 4 --deterministic",
+             "--deterministic applies to backward only");
+  expect_bad("mha forward --random 1,4,16 --heads 4 --dropout 0.1", "--dropout needs --seed");
+  expect_bad("mha forward --random 1,4", "--random expects B,L,DMODEL");
+  expect_bad("mha forward --random 1,4,1024 --heads 2", "head_dim = d_model / heads_q = 1024");
+  expect_bad("mha backward --random 1,4,16 --heads 4 --heads-kv 2 --dq-mode symmetric",
+             "dq_mode symmetric needs heads_q == heads_kv");
+  expect_bad("mha sideways --random 1,4,16 --heads 4", "unknown command 'sideways'");
+  expect_bad("mha forward --heads 4", "give --in IN.h5 --out OUT.h5 or --random B,L,DMODEL");
+}
+#else
+TEST(Cli, MhaNotBuilt) {
+  expect_bad("mha forward --random 1,4,16 --heads 4", "kfa mha is not built");
+}
+#endif

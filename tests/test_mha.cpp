@@ -1,10 +1,11 @@
 // kfa::nn on the suite's space: the multi-head attention block (mha_forward, mha_backward) and
-// the FFN against a float64 reference of the whole block built from plain loops for the
-// linears, kfa::reference's attention and kfa::reference's layer norm (no code shared with
-// the kernels or KokkosBlas), under the project's rule; central finite differences of the
+// the FFN against the float64 reference of the whole block (kfa/mha_reference.hpp: plain
+// loops for the linears, kfa::reference's attention and layer norm, no code shared with the
+// kernels or KokkosBlas), under the project's rule; central finite differences of the
 // block's own forward for a few weight gradients; bias gradients bitwise repeatable; argument
 // checks.
 #include <kfa/mha.hpp>
+#include <kfa/mha_reference.hpp>
 
 #include <gtest/gtest.h>
 
@@ -50,37 +51,6 @@ void round_in_place(const V& t) {
     t.data()[e] = double(T(t.data()[e]));
 }
 
-// ---- The reference, in precision T (double: the oracle), from plain loops ----
-
-// op(A) op(B) (+ bias) in T, each element accumulated in T and rounded to T, stored as double.
-template <class T>
-Tensor2 matmul(const Tensor2& a, bool ta, const Tensor2& b, bool tb, const Tensor1& bias = {}) {
-  const int m = ta ? a.extent(1) : a.extent(0), k = ta ? a.extent(0) : a.extent(1);
-  const int n = tb ? b.extent(0) : b.extent(1);
-  EXPECT_EQ(k, tb ? int(b.extent(1)) : int(b.extent(0)));
-  Tensor2 c("c", m, n);
-  for (int i = 0; i < m; ++i)
-    for (int j = 0; j < n; ++j) {
-      T s = bias.span() > 0 ? static_cast<T>(bias(j)) : T(0);
-      for (int l = 0; l < k; ++l)
-        s += static_cast<T>(ta ? a(l, i) : a(i, l)) * static_cast<T>(tb ? b(j, l) : b(l, j));
-      c(i, j) = double(s);
-    }
-  return c;
-}
-
-template <class T>
-Tensor1 colsum(const Tensor2& m) {
-  Tensor1 out("colsum", m.extent(1));
-  for (int j = 0; j < int(m.extent(1)); ++j) {
-    T s = 0;
-    for (int r = 0; r < int(m.extent(0)); ++r)
-      s += static_cast<T>(m(r, j));
-    out(j) = double(s);
-  }
-  return out;
-}
-
 struct MhaCase {
   int B = 1, L = 17, d_model = 64;
   kfa::nn::MhaParams p;
@@ -96,17 +66,9 @@ std::string describe(const MhaCase& c) {
          " qkv_bias=" + std::to_string(c.p.qkv_bias) + " out_bias=" + std::to_string(c.p.out_bias);
 }
 
-// Inputs as (rows, cols) host matrices: x and dy are (B L, d_model).
-struct MhaInputs {
-  Tensor2 x, dy, w_qkv, w_o;
-  Tensor1 b_qkv, b_o, gamma, beta;
-};
-
-// Outputs and gradients (empty where the block has no such parameter).
-struct MhaOut {
-  Tensor2 y, dx, dw_qkv, dw_o;
-  Tensor1 db_qkv, db_o, dgamma, dbeta;
-};
+// The block's inputs and results as host matrices (kfa/mha_reference.hpp).
+using MhaInputs = kfa::reference::MhaTensors;
+using MhaOut = kfa::reference::MhaResult;
 
 template <class T>
 MhaInputs mha_inputs(const MhaCase& c, std::uint64_t seed) {
@@ -132,72 +94,17 @@ MhaInputs mha_inputs(const MhaCase& c, std::uint64_t seed) {
   return in;
 }
 
-// The heads [h0, h0 + H) of a (B L, W) matrix as a (B, H, L, hd) tensor, and back.
-Tensor4 heads(const Tensor2& m, int B, int L, int h0, int H, int hd) {
-  Tensor4 t("heads", B, H, L, hd);
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h)
-      for (int l = 0; l < L; ++l)
-        for (int e = 0; e < hd; ++e)
-          t(b, h, l, e) = m(b * L + l, (h0 + h) * hd + e);
-  return t;
-}
-void unheads(const Tensor4& t, const Tensor2& m, int h0) {
-  const int B = t.extent(0), H = t.extent(1), L = t.extent(2), hd = t.extent(3);
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h)
-      for (int l = 0; l < L; ++l)
-        for (int e = 0; e < hd; ++e)
-          m(b * L + l, (h0 + h) * hd + e) = t(b, h, l, e);
-}
-
-// The block forward and backward in precision T, step by step from the definitions.
-template <class T>
-MhaOut mha_reference(const MhaCase& c, const MhaInputs& in, const Keep4& keep) {
-  const int B = c.B, L = c.L, d = c.d_model, hq = c.p.heads_q, hkv = c.p.heads_kv, hd = d / hq;
-  const int rows = B * L, width = (hq + 2 * hkv) * hd;
-  const kfa::Params& ap = c.p.attention;
-  const Tensor2 qkv = matmul<T>(in.x, false, in.w_qkv, false, in.b_qkv);
-  const Tensor4 q = heads(qkv, B, L, 0, hq, hd), k = heads(qkv, B, L, hq, hkv, hd),
-                v = heads(qkv, B, L, hq + hkv, hkv, hd);
-  Tensor4 o("o", B, hq, L, hd);
-  Tensor3 lse("lse", B, hq, L);
-  kfa::reference::forward<T>(q, k, v, ap, o, lse, keep);
-  Tensor2 o2("o2", rows, std::size_t(hq) * hd);
-  unheads(o, o2, 0);
-  const Tensor2 z = matmul<T>(o2, false, in.w_o, false, in.b_o);
-  MhaOut r;
-  Tensor2 dz = in.dy;
-  if (c.p.residual_layer_norm) {
-    r.y = Tensor2("y", rows, d);
-    Tensor1 mean("mean", rows), rstd("rstd", rows);
-    kfa::reference::layer_norm<T>(z, in.x, in.gamma, in.beta, c.p.ln.eps, c.p.ln.unbiased, r.y,
-                                  mean, rstd);
-    dz = Tensor2("dz", rows, d);
-    r.dgamma = Tensor1("dgamma", d);
-    r.dbeta = Tensor1("dbeta", d);
-    kfa::reference::layer_norm_backward<T>(z, in.x, in.gamma, c.p.ln.eps, c.p.ln.unbiased, in.dy,
-                                           dz, r.dgamma, r.dbeta);
-  } else {
-    r.y = z;
-  }
-  r.dw_o = matmul<T>(o2, true, dz, false);
-  if (c.p.out_bias) r.db_o = colsum<T>(dz);
-  const Tensor2 do2 = matmul<T>(dz, false, in.w_o, true);
-  const Tensor4 dout = heads(do2, B, L, 0, hq, hd);
-  Tensor4 dq("dq", B, hq, L, hd), dk("dk", B, hkv, L, hd), dv("dv", B, hkv, L, hd);
-  kfa::reference::backward<T>(q, k, v, ap, dout, Tensor3(), dq, dk, dv, keep);
-  Tensor2 dqkv("dqkv", rows, width);
-  unheads(dq, dqkv, 0);
-  unheads(dk, dqkv, hq);
-  unheads(dv, dqkv, hq + hkv);
-  r.dw_qkv = matmul<T>(in.x, true, dqkv, false);
-  if (c.p.qkv_bias) r.db_qkv = colsum<T>(dqkv);
-  r.dx = matmul<T>(dqkv, false, in.w_qkv, true);
-  if (c.p.residual_layer_norm)
-    for (std::size_t e = 0; e < r.dx.span(); ++e)
-      r.dx.data()[e] = double(static_cast<T>(r.dx.data()[e]) + static_cast<T>(dz.data()[e]));
-  return r;
+kfa::reference::MhaSpec spec_of(const MhaCase& c) {
+  kfa::reference::MhaSpec s;
+  s.batch = c.B;
+  s.seqlen = c.L;
+  s.heads_q = c.p.heads_q;
+  s.heads_kv = c.p.heads_kv;
+  s.attention = c.p.attention;
+  s.residual_layer_norm = c.p.residual_layer_norm;
+  s.eps = c.p.ln.eps;
+  s.unbiased = c.p.ln.unbiased;
+  return s;
 }
 
 // ---- The block on the suite's space ----
@@ -294,22 +201,10 @@ double check_mha(const MhaCase& c, std::uint64_t seed) {
   SCOPED_TRACE(describe(c) + " seed=" + std::to_string(seed));
   const MhaInputs in = mha_inputs<T>(c, seed);
   const Keep4 keep = block_keep(c);
-  const MhaOut got = mha_run<T>(c, in), ref = mha_reference<double>(c, in, keep);
-  MhaOut naive = ref;
-  if (!std::is_same_v<T, double>) naive = mha_reference<T>(c, in, keep);
-  using kfa::reference::apply_rule;
-  std::vector<std::pair<const char*, kfa::reference::Check>> rules = {
-      {"y", apply_rule<T>(got.y, naive.y, ref.y)},
-      {"dx", apply_rule<T>(got.dx, naive.dx, ref.dx)},
-      {"dw_qkv", apply_rule<T>(got.dw_qkv, naive.dw_qkv, ref.dw_qkv)},
-      {"dw_o", apply_rule<T>(got.dw_o, naive.dw_o, ref.dw_o)}};
-  if (c.p.qkv_bias)
-    rules.emplace_back("db_qkv", apply_rule<T>(got.db_qkv, naive.db_qkv, ref.db_qkv));
-  if (c.p.out_bias) rules.emplace_back("db_o", apply_rule<T>(got.db_o, naive.db_o, ref.db_o));
-  if (c.p.residual_layer_norm) {
-    rules.emplace_back("dgamma", apply_rule<T>(got.dgamma, naive.dgamma, ref.dgamma));
-    rules.emplace_back("dbeta", apply_rule<T>(got.dbeta, naive.dbeta, ref.dbeta));
-  }
+  const MhaOut got = mha_run<T>(c, in);
+  const auto rules = kfa::reference::mha_check<T>(spec_of(c), in, got, keep);
+  EXPECT_EQ(rules.size(), 4u + (c.p.qkv_bias ? 1 : 0) + (c.p.out_bias ? 1 : 0) +
+                              (c.p.residual_layer_norm ? 2 : 0));
   double worst = 0;
   for (const auto& [name, r] : rules) {
     EXPECT_TRUE(r.ok()) << name << ": err " << r.err << " naive " << r.naive_err << " bound "
@@ -470,6 +365,23 @@ TEST(Mha, RejectsBadArguments) {
               run(64, p, Weights<double>("w", 64, p));
             }).find("not a multiple of heads_kv = 3"),
             std::string::npos);
+  // head_dim 512 and dq_mode symmetric with GQA: refused by the block itself, before the QKV
+  // gemm (saved is still unallocated), not later by kfa::forward / kfa::backward.
+  {
+    kfa::nn::MhaParams big;
+    const Weights<double> wb("w", 512, big);
+    Rows3<double> x("x", 1, 2, 512), y("y", 1, 2, 512);
+    kfa::nn::MhaSaved<double, Memory> saved;
+    const std::string mb = message([&] { kfa::nn::mha_forward(Exec(), x, wb, y, saved, big); });
+    EXPECT_NE(mb.find("head_dim = d_model / heads_q = 512 / 1 = 512"), std::string::npos) << mb;
+    EXPECT_EQ(saved.qkv.size(), 0u);
+    kfa::nn::MhaParams sym;
+    sym.heads_q = 4;
+    sym.heads_kv = 2;
+    sym.attention.dq_mode = kfa::DqMode::symmetric;
+    const std::string ms = message([&] { run(64, sym, Weights<double>("w", 64, sym)); });
+    EXPECT_NE(ms.find("dq_mode symmetric needs heads_q == heads_kv"), std::string::npos) << ms;
+  }
   p.heads_kv = 2;
   Weights<double> w("w", 64, p);
   w.w_qkv = Weights<double>::matrix("bad", 64, 100);
@@ -503,6 +415,9 @@ TEST(Mha, RejectsBadArguments) {
 }
 
 // ---- The FFN ----
+
+using kfa::reference::mha_detail::colsum;
+using kfa::reference::mha_detail::matmul;
 
 struct FfnRef {
   Tensor2 y, dx, dw1, dw2;

@@ -3,12 +3,17 @@
 // value type of each dataset type.
 
 #include <kfa/float16.hpp>
+#include <kfa/reference.hpp>
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "h5io.hpp"
 
@@ -35,6 +40,38 @@ decltype(auto) with_value_type(DType t, F&& f) {
 /// x rounded to the value type of tensors of type t (x itself for float64).
 inline double rounded(DType t, double x) {
   return with_value_type(t, [x](auto v) { return static_cast<double>(decltype(v)(x)); });
+}
+
+/// A dataset of type t and shape dims drawn uniformly from [centre - amp, centre + amp] by gen,
+/// each value rounded to t (the --random inputs of kfa layernorm and kfa mha).
+inline Dataset random_dataset(std::vector<hsize_t> dims, DType t, std::mt19937_64& gen,
+                              double centre, double amp) {
+  Dataset d;
+  d.dims = std::move(dims);
+  d.dtype = t;
+  d.data.resize(d.size());
+  std::uniform_real_distribution<double> dist(centre - amp, centre + amp);
+  for (auto& v : d.data)
+    v = rounded(t, dist(gen));
+  return d;
+}
+
+/// A dataset of rank >= 2 as the reference's host rows: (product of the leading extents, last
+/// extent); empty for an empty dataset.
+inline kfa::reference::Tensor2 reference_rows(const Dataset& d) {
+  if (d.dims.empty()) return {};
+  const std::size_t cols = d.dims.back();
+  kfa::reference::Tensor2 t("kfa::ref", cols == 0 ? 0 : d.data.size() / cols, cols);
+  std::copy(d.data.begin(), d.data.end(), t.data());
+  return t;
+}
+
+/// A rank-1 dataset as the reference's host vector; empty for an empty dataset.
+inline kfa::reference::Tensor1 reference_vector(const Dataset& d) {
+  if (d.dims.empty()) return {};
+  kfa::reference::Tensor1 t("kfa::ref", d.dims[0]);
+  std::copy(d.data.begin(), d.data.end(), t.data());
+  return t;
 }
 
 /// The decay mask of --multiscale --random, (H, Nq, Nk): M[h,i,j] = gamma_h^|i-j| with gamma_h

@@ -63,18 +63,6 @@ struct Problem {
   Dataset x, residual, gamma, beta, dy;
 };
 
-Dataset random_dataset(std::vector<hsize_t> dims, DType t, std::mt19937_64& gen, double centre,
-                       double amp) {
-  Dataset d;
-  d.dims = std::move(dims);
-  d.dtype = t;
-  d.data.resize(d.size());
-  std::uniform_real_distribution<double> dist(centre - amp, centre + amp);
-  for (auto& v : d.data)
-    v = kfa_apps::rounded(t, dist(gen));
-  return d;
-}
-
 // Every header is checked before anything is read: ranks, one type, shapes against /x (both
 // shapes named), and no dataset the pass would not read.
 Problem read_problem(const kfa_apps::RunOptions& o) {
@@ -138,19 +126,6 @@ Problem read_problem(const kfa_apps::RunOptions& o) {
   return p;
 }
 
-kfa::reference::Tensor2 ref2(const Dataset& d) {
-  if (d.dims.empty()) return {};
-  kfa::reference::Tensor2 t("kfa::ref", d.dims[0], d.dims[1]);
-  std::copy(d.data.begin(), d.data.end(), t.data());
-  return t;
-}
-
-kfa::reference::Tensor1 ref1(const Dataset& d) {
-  kfa::reference::Tensor1 t("kfa::ref", d.dims[0]);
-  std::copy(d.data.begin(), d.data.end(), t.data());
-  return t;
-}
-
 template <class T>
 int run(const kfa_apps::RunOptions& o, const LayerNormOptions& ln, const Problem& p) {
   using Rows = Kokkos::View<T**, Kokkos::LayoutRight, Exec::memory_space>;
@@ -199,8 +174,9 @@ int run(const kfa_apps::RunOptions& o, const LayerNormOptions& ln, const Problem
   std::optional<kfa_apps::Verdict> verdict;
   if (o.check) {
     namespace ref = kfa::reference;
-    const auto px = ref2(p.x), pres = ref2(p.residual), pdy = ref2(p.dy);
-    const auto pg = ref1(p.gamma), pb = ref1(p.beta);
+    const auto px = kfa_apps::reference_rows(p.x), pres = kfa_apps::reference_rows(p.residual),
+               pdy = kfa_apps::reference_rows(p.dy);
+    const auto pg = kfa_apps::reference_vector(p.gamma), pb = kfa_apps::reference_vector(p.beta);
     const double eps = ln.params.eps;
     const bool unb = ln.params.unbiased;
     // Each output of the reference in precision P (double: the oracle).
@@ -215,8 +191,8 @@ int run(const kfa_apps::RunOptions& o, const LayerNormOptions& ln, const Problem
     };
     const auto ref64 = reference(double());
     const auto naive = std::is_same_v<T, double> ? ref64 : reference(T());
-    const auto got2 = [&](std::size_t i) { return ref2(out[i].second); };
-    const auto got1 = [&](std::size_t i) { return ref1(out[i].second); };
+    const auto got2 = [&](std::size_t i) { return kfa_apps::reference_rows(out[i].second); };
+    const auto got1 = [&](std::size_t i) { return kfa_apps::reference_vector(out[i].second); };
     using ref::apply_rule;
     if (bwd)
       verdict = kfa_apps::Verdict{
@@ -318,10 +294,10 @@ int run_layer_norm(kfa_apps::RunOptions o, const LayerNormOptions& ln) {
     const bool bwd = o.command == "backward";
     kfa_apps::require_memory(double(rows) * double(D) * (bwd ? 5 : 3) * 16, "the problem");
     std::mt19937_64 gen(o.data_seed);
-    p.x = random_dataset({rows, D}, o.dtype, gen, 0, 1);
-    p.gamma = random_dataset({D}, o.dtype, gen, 1, 0.5);
-    p.beta = random_dataset({D}, o.dtype, gen, 0, 0.5);
-    if (bwd) p.dy = random_dataset({rows, D}, o.dtype, gen, 0, 1);
+    p.x = kfa_apps::random_dataset({rows, D}, o.dtype, gen, 0, 1);
+    p.gamma = kfa_apps::random_dataset({D}, o.dtype, gen, 1, 0.5);
+    p.beta = kfa_apps::random_dataset({D}, o.dtype, gen, 0, 0.5);
+    if (bwd) p.dy = kfa_apps::random_dataset({rows, D}, o.dtype, gen, 0, 1);
   } else {
     p = read_problem(o);
     o.dtype = p.x.dtype;

@@ -21,6 +21,9 @@
 //               forward reads /x (ROWS, D), /residual if present, /gamma /beta (D), writes /y
 //               /mean /rstd; backward also reads /dy and writes /dx /dgamma /dbeta
 //               (layernorm.cpp)
+//   kfa mha forward|backward --heads H [--heads-kv HKV] [--residual-layernorm] [--eps E]
+//               (--in IN.h5 --out OUT.h5 | --random B,L,DMODEL) [pass flags] ...: the attention
+//               block of kfa::nn (mha.cpp; built with KFA_ENABLE_NN, else refused)
 //   kfa --version: kfa's version and options, the Kokkos it was compiled with
 // Score terms (kfa/masks.hpp, softmax passes): /alibi_slopes (heads_q) or --alibi (the standard
 // slopes 2^(-8 (h + 1) / heads_q)) for ALiBi; /bias (batch or 1, heads_q or 1, seqlen_q,
@@ -60,6 +63,7 @@
 #include "cli.hpp"
 #include "h5io.hpp"
 #include "layernorm.hpp"
+#include "mha.hpp"
 #include "report.hpp"
 #include "views.hpp"
 
@@ -81,6 +85,7 @@ const char* kUsage =
     "       kfa dropout-mask --shape B,H,NQ,NK --dropout P --seed N [--offset N] --out MASK.h5\n"
     "                   [--json]\n"
     "       kfa layernorm forward|backward ...: layer norm (see kfa layernorm --help)\n"
+    "       kfa mha forward|backward ...: the attention block (see kfa mha --help)\n"
     "       kfa --version\n"
     "  forward:  reads /q /k /v, writes /o /lse\n"
     "  backward: reads /q /k /v /o /lse /do (and /dlse if present), writes /dq /dk /dv;\n"
@@ -118,6 +123,8 @@ struct Options : kfa_apps::RunOptions {
   bool layernorm = false;        // kfa layernorm forward|backward
   kfa_cli::LayerNormOptions ln;  // its own options
   bool alibi = false;            // forward/backward: ALiBi with the standard slopes
+  bool mha = false;              // kfa mha forward|backward
+  kfa_cli::MhaOptions mha_opts;  // its own options
 };
 
 // The fields of the list kfa dropout-mask reads.
@@ -144,6 +151,17 @@ Options parse(int argc, char** argv) {
     o.layernorm = true;
     kfa_cli::parse_layer_norm(argc, argv, o, o.ln);
     return o;
+  }
+  if (argc >= 2 && std::string_view(argv[1]) == "mha") {
+#ifdef KFA_CLI_NN
+    o.mha = true;
+    kfa_cli::parse_mha(argc, argv, o, o.mha_opts);
+    return o;
+#else
+    throw InputError(
+        "kfa mha is not built: this kfa was configured without KFA_ENABLE_NN (kfa::nn, which "
+        "needs Kokkos Kernels)");
+#endif
   }
   const auto own = [&](const std::string& flag, const kfa_apps::FlagValue& value) {
     const bool mask_cmd = o.command == "dropout-mask";
@@ -693,6 +711,9 @@ int run_dropout_mask(const Options& o) {
 
 int main_pass(Options o) {
   if (o.layernorm) return kfa_cli::run_layer_norm(o, o.ln);
+#ifdef KFA_CLI_NN
+  if (o.mha) return kfa_cli::run_mha(o, o.mha_opts);
+#endif
   if (o.command == "dropout-mask") return run_dropout_mask(o);
   Problem p;
   if (!o.random.empty()) {
@@ -804,8 +825,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (opts.action == kfa_apps::Action::help) {
-    if (opts.layernorm)
-      std::cout << kfa_cli::kLayerNormUsage;
+    if (opts.layernorm) std::cout << kfa_cli::kLayerNormUsage;
+#ifdef KFA_CLI_NN
+    else if (opts.mha)
+      std::cout << kfa_cli::kMhaUsage;
+#endif
     else
       std::cout << kUsage << kfa_apps::pass_flags_usage();
     return 0;

@@ -228,6 +228,16 @@ MhaShape check_block(const char* pass, const X& x, const MhaWeights<T, Mem>& w,
          ") is not divisible by heads_q = ", s.hq);
   if (s.hq % s.hkv != 0) fail(pass, "heads_q = ", s.hq, " is not a multiple of heads_kv = ", s.hkv);
   s.hd = s.d_model / s.hq;
+  // What kfa::forward and kfa::backward would refuse, refused here: after the QKV gemm would
+  // be too late (work done, and the caller's outputs half written).
+  if (s.hd > kfa::impl::max_head_dim)
+    fail(pass, "head_dim = d_model / heads_q = ", s.d_model, " / ", s.hq, " = ", s.hd,
+         " (x of shape ", xs, ") is more than the attention takes (", kfa::impl::max_head_dim,
+         "): use more heads");
+  if (p.attention.dq_mode == DqMode::symmetric && s.hq != s.hkv)
+    fail(pass,
+         "attention.dq_mode symmetric needs heads_q == heads_kv (no GQA), got heads_q = ", s.hq,
+         ", heads_kv = ", s.hkv);
   s.width = (s.hq + 2 * s.hkv) * s.hd;
   const std::size_t d = s.d_model, width = s.width, inner = std::size_t(s.hq) * s.hd;
   expect_mat(pass, "w_qkv", w.w_qkv, d, width, "(d_model, (heads_q + 2 heads_kv) head_dim)", xs, s);
@@ -565,9 +575,10 @@ namespace kfa::nn {
 /// \param saved output: what mha_backward needs; allocated here when its shapes do not fit.
 /// \param p     head counts, attention options, biases and the layer norm.
 /// \throws kfa::Error on the host, before any launch: d_model not divisible by heads_q,
-///         heads_q not a multiple of heads_kv, a weight whose shape does not fit x and the head
-///         counts (both shapes named), a vector p switches off that is not empty, and whatever
-///         kfa::forward and kfa::layer_norm reject.
+///         heads_q not a multiple of heads_kv, head_dim = d_model / heads_q over 256,
+///         p.attention.dq_mode symmetric with heads_kv < heads_q, a weight whose shape does not fit
+///         x and the head counts (both shapes named), a vector p switches off that is not empty,
+///         and whatever kfa::forward and kfa::layer_norm reject.
 template <class ExecSpace, class X, class T, class Mem, class Y>
 void mha_forward(const ExecSpace& space, const X& x, const MhaWeights<T, Mem>& w, const Y& y,
                  MhaSaved<T, Mem>& saved, const MhaParams& p) {
