@@ -185,7 +185,7 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const C
     const std::size_t nq = len(cq, s), nk = len(ck, s);
     if (nq == 0) continue;
     if (nk == 0) {  // no key: o = 0, lse = -inf, as for a fully masked row
-      fill(space, o, cq[s], nq, typename O::non_const_value_type(0));
+      fill(space, o, cq[s], nq, typename O::non_const_value_type(0.0f));
       fill(space, lse, cq[s], nq, -std::numeric_limits<LseT>::infinity());
       continue;
     }
@@ -239,9 +239,9 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
     const std::size_t nq = len(cq, s), nk = len(ck, s);
     // A sequence without queries gives its keys no gradient, one without keys its queries none.
     if (nq == 0 || nk == 0) {
-      fill(space, dq, cq[s], nq, typename DQ::non_const_value_type(0));
-      fill(space, dk, ck[s], nk, typename DK::non_const_value_type(0));
-      fill(space, dv, ck[s], nk, typename DV::non_const_value_type(0));
+      fill(space, dq, cq[s], nq, typename DQ::non_const_value_type(0.0f));
+      fill(space, dk, ck[s], nk, typename DK::non_const_value_type(0.0f));
+      fill(space, dv, ck[s], nk, typename DV::non_const_value_type(0.0f));
       continue;
     }
     impl::Origin at;
