@@ -80,11 +80,10 @@ void fill(const ExecSpace& space, const View& v, std::size_t begin, std::size_t 
 }
 
 template <class View>
-constexpr void static_check_packed(const char* what) {
+constexpr void static_check_packed() {
   static_assert(Kokkos::is_view<View>::value && View::rank == 3,
                 "kfa::varlen: q, k, v, o (and dout, dq, dk, dv) must be rank-3 Views (total, "
                 "heads, head_dim)");
-  (void)what;
 }
 
 template <class Cu>
@@ -159,10 +158,10 @@ inline std::size_t len(const std::vector<std::int32_t>& c, std::size_t s) {
 template <class ExecSpace, class Q, class K, class V, class CuQ, class CuK, class O, class Lse>
 void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const CuQ& cu_seqlens_q,
              const CuK& cu_seqlens_k, const O& o, const Lse& lse, const Params& params = {}) {
-  detail::static_check_packed<Q>("q");
-  detail::static_check_packed<K>("k");
-  detail::static_check_packed<V>("v");
-  detail::static_check_packed<O>("o");
+  detail::static_check_packed<Q>();
+  detail::static_check_packed<K>();
+  detail::static_check_packed<V>();
+  detail::static_check_packed<O>();
   detail::static_check_lse<Lse>();
   detail::static_check_cu<CuQ>();
   detail::static_check_cu<CuK>();
@@ -204,14 +203,14 @@ template <class ExecSpace, class Q, class K, class V, class O, class Lse, class 
 void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
               const Lse& lse, const DO& dout, const DLse* dlse, const CuQ& cu_q, const CuK& cu_k,
               const DQ& dq, const DK& dk, const DV& dv, const Params& params) {
-  static_check_packed<Q>("q");
-  static_check_packed<K>("k");
-  static_check_packed<V>("v");
-  static_check_packed<O>("o");
-  static_check_packed<DO>("dout");
-  static_check_packed<DQ>("dq");
-  static_check_packed<DK>("dk");
-  static_check_packed<DV>("dv");
+  static_check_packed<Q>();
+  static_check_packed<K>();
+  static_check_packed<V>();
+  static_check_packed<O>();
+  static_check_packed<DO>();
+  static_check_packed<DQ>();
+  static_check_packed<DK>();
+  static_check_packed<DV>();
   static_check_lse<Lse>();
   static_check_lse<DLse>();
   static_check_cu<CuQ>();
