@@ -3,9 +3,11 @@
 // forward, counting only the visible (query, key) pairs when a mask is on.
 #include <kfa/kfa.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "common.hpp"
 #include "fma_peak.hpp"
@@ -116,6 +118,63 @@ BENCHMARK(BM_decode)
     ->ArgNames({"H", "Nq", "Nk", "splits"})
     ->ArgsProduct({{32}, {1, 16}, {4096, 16384, 65536, 262144}, {1, 0, 8, 32}})
     ->ArgsProduct({{1}, {1}, {65536, 262144}, {1, 0, 8, 32}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// Packed variable-length batches (kfa::varlen): 8 self-attention sequences of random lengths
+// (fixed seed) summing to 16384, against the padded batch of 8 sequences of the longest length
+// (padded = 1), the call a caller without varlen makes. FLOP/s counts each call's own visible
+// pairs, so the two rates compare the work per visible pair; the times compare the calls.
+std::vector<int> varlen_lengths() {
+  std::mt19937_64 gen(2026);
+  std::uniform_real_distribution<double> w(0.1, 1.0);
+  std::vector<double> x(8);
+  double sum = 0;
+  for (double& e : x)
+    sum += e = w(gen);
+  std::vector<int> n(8);
+  int total = 0;
+  for (std::size_t s = 0; s + 1 < n.size(); ++s)
+    total += n[s] = static_cast<int>(x[s] / sum * 16384);
+  n.back() = 16384 - total;
+  return n;
+}
+
+void BM_varlen(benchmark::State& state) {
+  const int H = state.range(0), D = state.range(1);
+  kfa::Params p;
+  p.causal = state.range(2) != 0;
+  const std::vector<int> n = varlen_lengths();
+  const int B = static_cast<int>(n.size()), longest = *std::max_element(n.begin(), n.end());
+  double flops = 0;
+  if (state.range(3) != 0) {
+    kfa_bench::Tensors<float> t(B, H, longest, D, false);
+    kfa_bench::time_iterations(state, [&] { kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p); });
+    flops = kfa::forward_flops(B, H, longest, longest, D, p);
+  } else {
+    using Packed = Kokkos::View<float***, Kokkos::LayoutRight, Exec::memory_space>;
+    Packed q("q", 16384, H, D), k("k", 16384, H, D), v("v", 16384, H, D), o("o", 16384, H, D);
+    Kokkos::View<float**, Kokkos::LayoutRight, Exec::memory_space> lse("lse", H, 16384);
+    kfa_bench::fill_hash(q, 1);
+    kfa_bench::fill_hash(k, 2);
+    kfa_bench::fill_hash(v, 3);
+    Kokkos::View<std::int32_t*, Exec::memory_space> cu("cu", n.size() + 1);
+    auto hc = Kokkos::create_mirror_view(cu);
+    hc(0) = 0;
+    for (std::size_t s = 0; s < n.size(); ++s) {
+      hc(s + 1) = hc(s) + n[s];
+      flops += kfa::forward_flops(1, H, n[s], n[s], D, p);
+    }
+    Kokkos::deep_copy(cu, hc);
+    kfa_bench::time_iterations(state,
+                               [&] { kfa::varlen::forward(Exec(), q, k, v, cu, cu, o, lse, p); });
+  }
+  state.counters["FLOP/s"] = kfa_bench::flop_rate(flops);
+  state.counters["longest"] = longest;
+}
+BENCHMARK(BM_varlen)
+    ->ArgNames({"H", "D", "causal", "padded"})
+    ->ArgsProduct({{2}, {64}, {0, 1}, {0, 1}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -717,6 +717,101 @@ TEST(Cli, VisibilityTerms) {
   expect_bad("forward --multiscale --in " + lin.string(), "/key_lengths, which kfa does not read");
 }
 
+// A packed (total, heads, head_dim) reference tensor as a dataset of type t.
+Dataset from_packed(const kfa::reference::Packed3& x, DType t) {
+  Dataset d;
+  d.dtype = t;
+  d.dims = {x.extent(0), x.extent(1), x.extent(2)};
+  d.data.assign(x.data(), x.data() + x.span());
+  return d;
+}
+
+kfa::reference::Packed3 to_packed(const Dataset& d) {
+  kfa::reference::Packed3 t("packed", d.dims[0], d.dims[1], d.dims[2]);
+  std::copy(d.data.begin(), d.data.end(), t.data());
+  return t;
+}
+
+// Varlen: rank-3 /q /k /v with /cu_seqlens_q and /cu_seqlens_k (int32), forward and backward
+// against the reference run sequence by sequence (dropout: the padded batch's mask from kfa
+// dropout-mask), lengths 0 and 1 included; bad offsets and shapes exit 2 naming them.
+TEST(Cli, Varlen) {
+  const std::vector<std::int32_t> cq{0, 3, 3, 4, 44, 49}, ck{0, 5, 9, 10, 43, 43};
+  const int H = 4, Hk = 2, D = 16, Nq = 49, Nk = 43;
+  std::mt19937_64 gen(2031);
+  auto packed = [&](const char* label, int n, int h) {
+    const Tensor4 t = random_tensor(label, 1, n, h, D, gen);  // (n, h, D) in row-major order
+    kfa::reference::Packed3 x(std::string(label), n, h, D);
+    std::copy(t.data(), t.data() + t.span(), x.data());
+    return x;
+  };
+  const auto qp = packed("q", Nq, H), kp = packed("k", Nk, Hk), vp = packed("v", Nk, Hk),
+             dop = packed("do", Nq, H);
+  const DType dtype = DType::f64;
+  const Dataset q = from_packed(qp, dtype), k = from_packed(kp, dtype), v = from_packed(vp, dtype),
+                dout = from_packed(dop, dtype);
+  kfa::Params p;
+  p.causal = true;
+  p.align = kfa::Align::top_left;
+  p.dropout = 0.25;
+  p.seed = 8;
+  const std::string flags = " --causal --align top-left --dropout 0.25 --seed 8";
+  const std::vector<int> cqi(cq.begin(), cq.end()), cki(ck.begin(), ck.end());
+  const Keep4 keep = cli_mask({5, H, Hk, 40, 33, D}, p);  // the padded batch: longest lengths
+  const fs::path in = work_dir() / "vl_in.h5", fwd = work_dir() / "vl_fwd.h5";
+  kfa_apps::write_atomic(in.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}});
+  add_int32(in, "/cu_seqlens_q", cq);
+  add_int32(in, "/cu_seqlens_k", ck);
+  fs::remove(fwd);
+  const CliRun f = run_cli("forward --in " + in.string() + " --out " + fwd.string() + flags);
+  ASSERT_EQ(f.status, 0) << f.err;
+  kfa_apps::H5File fo(fwd.string());
+  const Dataset o = fo.read("/o", 3), lse = fo.read("/lse", 2);
+  ASSERT_EQ(lse.dims, (std::vector<hsize_t>{hsize_t(H), hsize_t(Nq)}));
+  kfa::reference::Tensor2 lse_t("lse", H, Nq);
+  std::copy(lse.data.begin(), lse.data.end(), lse_t.data());
+  EXPECT_EQ(lse_t(0, 44), -std::numeric_limits<double>::infinity());  // sequence 4 has no key
+  const auto c = kfa::reference::varlen::check_forward<double>(qp, kp, vp, cqi, cki, p,
+                                                               to_packed(o), lse_t, keep);
+  EXPECT_TRUE(c.ok()) << "O err " << c.o.err << ", LSE err " << c.lse.err;
+
+  const fs::path bin = work_dir() / "vl_bin.h5", bout = work_dir() / "vl_bout.h5";
+  kfa_apps::write_atomic(
+      bin.string(),
+      {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/o", &o}, {"/lse", &lse}, {"/do", &dout}});
+  add_int32(bin, "/cu_seqlens_q", cq);
+  add_int32(bin, "/cu_seqlens_k", ck);
+  fs::remove(bout);
+  const CliRun b =
+      run_cli("backward --check --in " + bin.string() + " --out " + bout.string() + flags);
+  ASSERT_EQ(b.status, 0) << b.err;
+  kfa_apps::H5File fb(bout.string());
+  const auto g = kfa::reference::varlen::check_backward<double>(
+      qp, kp, vp, cqi, cki, p, dop, {}, to_packed(fb.read("/dq", 3)), to_packed(fb.read("/dk", 3)),
+      to_packed(fb.read("/dv", 3)), keep);
+  EXPECT_TRUE(g.ok()) << "dQ err " << g.dq.err << ", dK err " << g.dk.err << ", dV err "
+                      << g.dv.err;
+
+  // Errors.
+  const fs::path e1 = work_dir() / "vl_e1.h5", e2 = work_dir() / "vl_e2.h5",
+                 e3 = work_dir() / "vl_e3.h5";
+  kfa_apps::write_atomic(e1.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}});
+  add_int32(e1, "/cu_seqlens_q", {0, 3, 2, 44, 49});
+  add_int32(e1, "/cu_seqlens_k", {0, 5, 9, 10, 43});
+  expect_bad("forward --in " + e1.string(), "cu_seqlens_q[2] = 2 is less than cu_seqlens_q[1]");
+  kfa_apps::write_atomic(e2.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}});
+  add_int32(e2, "/cu_seqlens_q", cq);
+  expect_bad("forward --in " + e2.string(), "/cu_seqlens_k is missing");
+  add_int32(e2, "/cu_seqlens_k", {0, 5, 9, 10, 43, 44});
+  expect_bad("forward --in " + e2.string(), "cu_seqlens_k[5] = 44 (the last entry) must equal");
+  expect_bad("forward --alibi --in " + in.string(), "--alibi does not apply to a varlen problem");
+  kfa_apps::write_atomic(
+      e3.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/o", &o}, {"/lse", &o}, {"/do", &dout}});
+  add_int32(e3, "/cu_seqlens_q", cq);
+  add_int32(e3, "/cu_seqlens_k", ck);
+  expect_bad("backward --in " + e3.string(), "/lse");
+}
+
 TEST(Cli, BadBackwardFiles) {
   Problem pb({1, 2, 2, 10, 12, 16}, 1);
   const Dataset q = from_tensor(pb.q, DType::f32), k = from_tensor(pb.k, DType::f32),

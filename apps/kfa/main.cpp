@@ -31,6 +31,9 @@
 // batch or 1, heads_q or 1, seqlen_q, seqlen_k; 0 hides the key) for a boolean mask and
 // /key_lengths (integers, batch; key j of batch b visible iff j < length) for key padding.
 // Under --multiscale /mask is the float weight tensor instead. One score term per pass.
+// Varlen (kfa::varlen): /cu_seqlens_q and /cu_seqlens_k (integers, batch + 1 offsets) with
+// packed /q (total_q, heads_q, D), /k /v (total_k, heads_kv, D); /o like /q, /lse (heads_q,
+// total_q); no score terms, no --multiscale.
 // backward --random times the backward alone: the forward it needs runs once, untimed.
 // A backward from a file must be given the --dropout, --seed and --offset of its forward.
 //
@@ -95,6 +98,9 @@ const char* kUsage =
     "            the scores and makes the backward write its gradient /dbias; /mask (uint8,\n"
     "            B or 1, H or 1, NQ, NK; 0 = hidden) hides keys, /key_lengths (integers, B)\n"
     "            hides keys j >= length of each batch; one score term per pass\n"
+    "  varlen:   /cu_seqlens_q and /cu_seqlens_k (integers, B+1 offsets from 0 to the total)\n"
+    "            with packed /q (TOTAL_Q, H, D), /k /v (TOTAL_K, HKV, D), /o like /q and /lse\n"
+    "            /dlse (H, TOTAL_Q): each sequence its own attention (kfa::varlen)\n"
     "  --multiscale: O = (S V) / max(rowsum |S|, 1), S = scale (Q K^T) * M; forward reads\n"
     "            /q /k /v [/mask (H, NQ, NK)], writes /o /rsum; backward reads /q /k /v [/mask]\n"
     "            /o /rsum /do, writes /dq /dk /dv; --random uses the decay mask\n"
@@ -209,6 +215,7 @@ struct Problem {
   const char* stat = "/lse";   // the name of the forward's row statistic
   Dataset slopes, bias;        // score terms: ALiBi slopes (heads_q) or a bias, or neither
   Dataset dense, lengths;      // or a boolean mask (uint8 in bytes) or key lengths (batch)
+  Dataset cu_q, cu_k;          // varlen: the offsets of the packed sequences (batch + 1)
 };
 
 // The score terms' shapes against /q and /k: slopes (heads_q), bias (B or 1, H or 1, NQ, NK);
@@ -381,10 +388,14 @@ kfa::reference::Keep4 keep_mask(const Options& o, const Dims& d) {
 }
 
 // Prints the run's summary, and its JSON line under --json; returns the exit status.
+// A varlen run gives its flops (summed over its sequences; d's seqlens are the totals).
 int report(const Options& o, const Dims& d, DType t, const kfa_apps::Timing& tm,
-           const std::optional<Verdict>& verdict, const char* written) {
-  const double gflops = kfa_apps::pass_flops(o, d) / tm.median_s * 1e-9;
-  std::printf("%s\n", kfa_apps::describe("kfa", o, d, t, o.multiscale ? "multiscale" : "").c_str());
+           const std::optional<Verdict>& verdict, const char* written,
+           std::optional<double> varlen_flops = std::nullopt) {
+  const double flops = varlen_flops ? *varlen_flops : kfa_apps::pass_flops(o, d);
+  const double gflops = flops / tm.median_s * 1e-9;
+  const char* kind = o.multiscale ? "multiscale" : varlen_flops ? "varlen (Nq, Nk: totals)" : "";
+  std::printf("%s\n", kfa_apps::describe("kfa", o, d, t, kind).c_str());
   std::printf("time: median %.6f s, min %.6f s over %lld run%s; %.2f GFLOP/s\n", tm.median_s,
               tm.min_s, o.repeat, o.repeat == 1 ? "" : "s", gflops);
   if (verdict) std::printf("%s\n", kfa_apps::summary("the float64 reference", *verdict).c_str());
@@ -392,6 +403,7 @@ int report(const Options& o, const Dims& d, DType t, const kfa_apps::Timing& tm,
   if (o.json) {
     auto j = kfa_apps::pass_json(o, d, t)
                  .add("multiscale", o.multiscale)
+                 .add("varlen", varlen_flops.has_value())
                  .figure("median_s", tm.median_s, 9)
                  .figure("min_s", tm.min_s, 9)
                  .figure("gflops", gflops, 6);
@@ -670,6 +682,202 @@ int run_backward_msa(const Options& o, Problem& p) {
   return report(o, d, o.dtype, tm, verdict, "/dq /dk /dv");
 }
 
+// ---- Varlen: packed sequences (kfa::varlen) -------------------------------------------------
+
+template <class T>
+using DevicePacked = Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space>;
+template <class T>
+using DeviceRows = Kokkos::View<Lse<T>**, Kokkos::LayoutRight, Exec::memory_space>;
+using DeviceCu = Kokkos::View<std::int32_t*, Exec::memory_space>;
+
+std::vector<int> offsets_of(const Dataset& d) {
+  return std::vector<int>(d.data.begin(), d.data.end());
+}
+
+DeviceCu cu_to_device(const Dataset& d, const char* label) {
+  DeviceCu cu(std::string(label), d.data.size());
+  auto h = Kokkos::create_mirror_view(cu);
+  for (std::size_t s = 0; s < d.data.size(); ++s)
+    h(s) = static_cast<std::int32_t>(d.data[s]);
+  Kokkos::deep_copy(cu, h);
+  return cu;
+}
+
+kfa::reference::Packed3 to_packed(const Dataset& d) {
+  kfa::reference::Packed3 t("kfa::ref", d.dims[0], d.dims[1], d.dims[2]);
+  std::copy(d.data.begin(), d.data.end(), t.data());
+  return t;
+}
+
+kfa::reference::Tensor2 to_rows(const Dataset& d) {
+  if (d.dims.empty()) return {};
+  kfa::reference::Tensor2 t("kfa::ref", d.dims[0], d.dims[1]);
+  std::copy(d.data.begin(), d.data.end(), t.data());
+  return t;
+}
+
+// The sizes a varlen run reports (seqlens: the totals), its flops summed over the sequences,
+// and the padded batch's sizes (longest lengths) that its dropout keep-mask has.
+struct VarlenSizes {
+  Dims d, padded;
+  double flops = 0;
+};
+
+VarlenSizes varlen_sizes(const Options& o, const Problem& p) {
+  VarlenSizes z;
+  const auto cq = offsets_of(p.cu_q), ck = offsets_of(p.cu_k);
+  const long long B = static_cast<long long>(cq.size()) - 1;
+  const long long Hq = p.q.dims[1], Hk = p.k.dims[1], D = p.q.dims[2];
+  z.d = {B, Hq, Hk, static_cast<long long>(p.q.dims[0]), static_cast<long long>(p.k.dims[0]), D};
+  z.padded = {B, Hq, Hk, 0, 0, D};
+  const auto flops = o.pass() == kfa::Passes::backward ? kfa::backward_flops : kfa::forward_flops;
+  for (long long s = 0; s < B; ++s) {
+    const int nq = cq[s + 1] - cq[s], nk = ck[s + 1] - ck[s];
+    z.padded.seqlen_q = std::max<long long>(z.padded.seqlen_q, nq);
+    z.padded.seqlen_k = std::max<long long>(z.padded.seqlen_k, nk);
+    z.flops += flops(1, int(Hq), nq, nk, int(D), o.params);
+  }
+  return z;
+}
+
+template <class T>
+int run_forward_varlen(const Options& o, Problem& p) {
+  const auto q = kfa_apps::dataset_to_view<DevicePacked<T>>(p.q, "kfa::q");
+  const auto k = kfa_apps::dataset_to_view<DevicePacked<T>>(p.k, "kfa::k");
+  const auto v = kfa_apps::dataset_to_view<DevicePacked<T>>(p.v, "kfa::v");
+  const DeviceCu cq = cu_to_device(p.cu_q, "kfa::cu_seqlens_q"),
+                 ck = cu_to_device(p.cu_k, "kfa::cu_seqlens_k");
+  DevicePacked<T> out(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::o")),
+                      q.extent(0), q.extent(1), q.extent(2));
+  DeviceRows<T> lse(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::lse")),
+                    q.extent(1), q.extent(0));
+  const kfa_apps::Timing tm = kfa_apps::time_pass(
+      o.repeat, [&] { kfa::varlen::forward(Exec(), q, k, v, cq, ck, out, lse, o.params); });
+  const VarlenSizes z = varlen_sizes(o, p);
+  Dataset o_ds, lse_ds;
+  if (o.check || !o.out.empty()) {
+    o_ds = kfa_apps::view_to_dataset(out, o.dtype);
+    lse_ds = kfa_apps::view_to_dataset(lse, lse_dtype(o.dtype));
+  }
+  std::optional<Verdict> verdict;
+  if (o.check) {
+    const auto c = kfa::reference::varlen::check_forward<T>(
+        to_packed(p.q), to_packed(p.k), to_packed(p.v), offsets_of(p.cu_q), offsets_of(p.cu_k),
+        o.params, to_packed(o_ds), to_rows(lse_ds), keep_mask(o, z.padded));
+    verdict = Verdict{{{"O", "o", c.o}, {"LSE", "lse", c.lse}}};
+  }
+  if (!o.out.empty()) kfa_apps::write_atomic(o.out, {{"/o", &o_ds}, {"/lse", &lse_ds}});
+  return report(o, z.d, o.dtype, tm, verdict, "/o and /lse", z.flops);
+}
+
+template <class T>
+int run_backward_varlen(const Options& o, Problem& p) {
+  const auto q = kfa_apps::dataset_to_view<DevicePacked<T>>(p.q, "kfa::q");
+  const auto k = kfa_apps::dataset_to_view<DevicePacked<T>>(p.k, "kfa::k");
+  const auto v = kfa_apps::dataset_to_view<DevicePacked<T>>(p.v, "kfa::v");
+  const auto out = kfa_apps::dataset_to_view<DevicePacked<T>>(p.o, "kfa::o");
+  const auto dout = kfa_apps::dataset_to_view<DevicePacked<T>>(p.dout, "kfa::do");
+  const auto lse = kfa_apps::dataset_to_view<DeviceRows<T>>(p.lse, "kfa::lse");
+  const DeviceCu cq = cu_to_device(p.cu_q, "kfa::cu_seqlens_q"),
+                 ck = cu_to_device(p.cu_k, "kfa::cu_seqlens_k");
+  DeviceRows<T> dlse;
+  if (!p.dlse.dims.empty()) dlse = kfa_apps::dataset_to_view<DeviceRows<T>>(p.dlse, "kfa::dlse");
+  DevicePacked<T> dq(std::string("kfa::dq"), q.extent(0), q.extent(1), q.extent(2)),
+      dk(std::string("kfa::dk"), k.extent(0), k.extent(1), k.extent(2)),
+      dv(std::string("kfa::dv"), v.extent(0), v.extent(1), v.extent(2));
+  const kfa_apps::Timing tm = kfa_apps::time_pass(o.repeat, [&] {
+    if (dlse.size() > 0)
+      kfa::varlen::backward(Exec(), q, k, v, out, lse, dout, dlse, cq, ck, dq, dk, dv, o.params);
+    else
+      kfa::varlen::backward(Exec(), q, k, v, out, lse, dout, cq, ck, dq, dk, dv, o.params);
+  });
+  const VarlenSizes z = varlen_sizes(o, p);
+  Dataset dq_ds, dk_ds, dv_ds;
+  if (o.check || !o.out.empty()) {
+    dq_ds = kfa_apps::view_to_dataset(dq, o.dtype);
+    dk_ds = kfa_apps::view_to_dataset(dk, o.dtype);
+    dv_ds = kfa_apps::view_to_dataset(dv, o.dtype);
+  }
+  std::optional<Verdict> verdict;
+  if (o.check) {
+    // Against the reference gradients of q, k, v, as the padded backward's --check.
+    const auto c = kfa::reference::varlen::check_backward<T>(
+        to_packed(p.q), to_packed(p.k), to_packed(p.v), offsets_of(p.cu_q), offsets_of(p.cu_k),
+        o.params, to_packed(p.dout), to_rows(p.dlse), to_packed(dq_ds), to_packed(dk_ds),
+        to_packed(dv_ds), keep_mask(o, z.padded));
+    verdict = Verdict{{{"dQ", "dq", c.dq}, {"dK", "dk", c.dk}, {"dV", "dv", c.dv}}};
+  }
+  if (!o.out.empty())
+    kfa_apps::write_atomic(o.out, {{"/dq", &dq_ds}, {"/dk", &dk_ds}, {"/dv", &dv_ds}});
+  return report(o, z.d, o.dtype, tm, verdict, "/dq /dk /dv", z.flops);
+}
+
+// Reads a varlen problem: headers and their shapes first, then the data. The offsets' order
+// and totals are the library's to check (kfa::Error before any kernel).
+void read_varlen(Options& o, const kfa_apps::H5File& in, Problem& p) {
+  const std::string file = " in '" + o.in + "'";
+  for (const char* ds : {"/cu_seqlens_q", "/cu_seqlens_k"})
+    if (!in.has(ds))
+      throw InputError(std::string("dataset ") + ds + " is missing" + file +
+                       "; a varlen problem needs /cu_seqlens_q and /cu_seqlens_k");
+  if (o.multiscale) throw InputError("--multiscale does not take varlen (/cu_seqlens_q)" + file);
+  if (o.alibi) throw InputError("--alibi does not apply to a varlen problem (/cu_seqlens_q)");
+  for (const char* ds : {"/alibi_slopes", "/bias", "/mask", "/key_lengths"})
+    if (in.has(ds))
+      throw InputError(std::string("dataset ") + ds + file +
+                       ": a varlen problem (/cu_seqlens_q) takes no score term yet");
+  const bool bwd = o.command == "backward";
+  p.q = in.header("/q", 3);
+  p.k = in.header("/k", 3);
+  p.v = in.header("/v", 3);
+  for (const auto& [d, ds] : {std::pair{&p.k, "/k"}, {&p.v, "/v"}})
+    if (d->dtype != p.q.dtype)
+      throw InputError(std::string("dataset ") + ds + " is " + name(d->dtype) + " but /q is " +
+                       name(p.q.dtype) + "; all inputs must share one type");
+  if (bwd) {
+    p.o = in.header("/o", 3);
+    p.dout = in.header("/do", 3);
+    p.lse = in.header("/lse", 2);
+    if (in.has("/dlse")) p.dlse = in.header("/dlse", 2);
+    for (const auto& [d, ds] : {std::pair{&p.o, "/o"}, {&p.dout, "/do"}})
+      if (d->dims != p.q.dims || d->dtype != p.q.dtype)
+        throw InputError(std::string("dataset ") + ds + " has shape " +
+                         kfa_apps::shape_of(d->dims) + " (" + name(d->dtype) + ") but /q has " +
+                         kfa_apps::shape_of(p.q.dims) + " (" + name(p.q.dtype) + ")");
+    const std::vector<hsize_t> rows{p.q.dims[1], p.q.dims[0]};
+    for (const auto& [d, ds] : {std::pair{&p.lse, "/lse"}, {&p.dlse, "/dlse"}})
+      if (!d->dims.empty() && d->dims != rows)
+        throw InputError(std::string("dataset ") + ds + " has shape " +
+                         kfa_apps::shape_of(d->dims) + " but /q has shape " +
+                         kfa_apps::shape_of(p.q.dims) + ": it must be (heads, total) of /q");
+  }
+  check_memory(p.q.dtype, double(p.q.size()), double(p.k.size()), double(p.q.dims[2]), bwd,
+               "dataset /q " + kfa_apps::shape_of(p.q.dims) + " with /k " +
+                   kfa_apps::shape_of(p.k.dims) + " (" + name(p.q.dtype) + ")" + file);
+  for (auto [d, ds] : {std::pair{&p.cu_q, "/cu_seqlens_q"}, {&p.cu_k, "/cu_seqlens_k"}}) {
+    *d = in.read_integers(ds, 1, false);
+    for (std::size_t s = 0; s < d->data.size(); ++s)
+      if (!(d->data[s] >= 0 && d->data[s] <= 2147483647.0))
+        throw InputError(std::string("dataset ") + ds + " holds " +
+                         std::to_string(static_cast<long long>(d->data[s])) + " at (" +
+                         std::to_string(s) + "), outside int32's offsets [0, 2^31)");
+  }
+  p.q = in.read("/q", 3);
+  p.k = in.read("/k", 3);
+  p.v = in.read("/v", 3);
+  if (bwd) {
+    p.o = in.read("/o", 3);
+    p.dout = in.read("/do", 3);
+    p.lse = in.read("/lse", 2);
+    if (in.has("/dlse")) p.dlse = in.read("/dlse", 2);
+  }
+  if (!o.allow_nonfinite)
+    for (const auto& [d, ds] :
+         {std::pair{&p.q, "/q"}, {&p.k, "/k"}, {&p.v, "/v"}, {&p.dout, "/do"}})
+      kfa_apps::refuse_non_finite(*d, std::string("dataset ") + ds + file);
+  o.dtype = p.q.dtype;
+}
+
 // kfa dropout-mask: the keep-mask of --dropout/--seed/--offset for --shape, as /keep.
 int run_dropout_mask(const Options& o) {
   const long long B = o.shape[0], H = o.shape[1], Nq = o.shape[2], Nk = o.shape[3];
@@ -735,6 +943,13 @@ int main_pass(Options o) {
   } else {
     kfa_apps::H5File in(o.in);
     kfa_apps::check_known_datasets(in.names(), o.in, o.multiscale, !o.multiscale);
+    if (in.has("/cu_seqlens_q") || in.has("/cu_seqlens_k")) {
+      read_varlen(o, in, p);
+      return kfa_apps::with_value_type(o.dtype, [&](auto v) {
+        using T = decltype(v);
+        return o.command == "backward" ? run_backward_varlen<T>(o, p) : run_forward_varlen<T>(o, p);
+      });
+    }
     if (o.multiscale) p.stat = "/rsum";
     // Every header first: shapes, types and the memory they need are checked before anything
     // is allocated or read.

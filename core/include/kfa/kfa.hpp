@@ -14,4 +14,5 @@
 #include <kfa/masks.hpp>
 #include <kfa/multiscale.hpp>
 #include <kfa/params.hpp>
+#include <kfa/varlen.hpp>
 #include <kfa/welford.hpp>

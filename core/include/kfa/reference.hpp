@@ -715,4 +715,127 @@ BackwardCheck msa_check_backward(const Tensor4& q, const Tensor4& k, const Tenso
   return {apply_rule<T>(dq, dqT, dq64), apply_rule<T>(dk, dkT, dk64), apply_rule<T>(dv, dvT, dv64)};
 }
 
+/// Host packed tensor of the varlen reference, (total, heads, head_dim).
+using Packed3 = Kokkos::View<double***, Kokkos::LayoutRight, Kokkos::HostSpace>;
+
+/// Packed variable-length attention (kfa::varlen) as a loop over sequences: sequence s is the
+/// reference on the query rows [cu_q[s], cu_q[s+1]) and key rows [cu_k[s], cu_k[s+1]), as a
+/// batch of one copied out of and back into the packed arrays.
+namespace varlen {
+
+/// Rows [begin, begin + n) of x as a (1, heads, n, head_dim) tensor (a copy).
+inline Tensor4 unpack(const Packed3& x, int begin, int n) {
+  Tensor4 t("kfa::ref::varlen::seq", 1, x.extent(1), n, x.extent(2));
+  for (int i = 0; i < n; ++i)
+    for (std::size_t h = 0; h < x.extent(1); ++h)
+      for (std::size_t d = 0; d < x.extent(2); ++d)
+        t(0, h, i, d) = x(begin + i, h, d);
+  return t;
+}
+
+/// Writes the (1, heads, n, head_dim) tensor t into rows [begin, begin + n) of x.
+inline void pack(const Tensor4& t, const Packed3& x, int begin) {
+  for (std::size_t i = 0; i < t.extent(2); ++i)
+    for (std::size_t h = 0; h < t.extent(1); ++h)
+      for (std::size_t d = 0; d < t.extent(3); ++d)
+        x(begin + i, h, d) = t(0, h, i, d);
+}
+
+/// Batch element s of the padded batch's keep-mask, cut to nq x nk (empty without dropout).
+inline Keep4 keep_of(const Keep4& keep, int s, int nq, int nk) {
+  if (keep.span() == 0) return {};
+  Keep4 t("kfa::ref::varlen::keep", 1, keep.extent(1), nq, nk);
+  for (std::size_t h = 0; h < keep.extent(1); ++h)
+    for (int i = 0; i < nq; ++i)
+      for (int j = 0; j < nk; ++j)
+        t(0, h, i, j) = keep(s, h, i, j);
+  return t;
+}
+
+/// The naive forward in precision T of every sequence; o like q, lse (heads_q, total_q). keep:
+/// the keep-mask of the padded batch (batch, heads_q, >= max seqlen_q, >= max seqlen_k), as
+/// kfa::dropout_mask gives it, needed only when p.dropout > 0.
+template <class T_>
+void forward(const Packed3& q, const Packed3& k, const Packed3& v, const std::vector<int>& cu_q,
+             const std::vector<int>& cu_k, const Params& p, const Packed3& o, const Tensor2& lse,
+             const Keep4& keep = {}) {
+  for (std::size_t s = 0; s + 1 < cu_q.size(); ++s) {
+    const int nq = cu_q[s + 1] - cu_q[s], nk = cu_k[s + 1] - cu_k[s];
+    const Tensor4 qs = unpack(q, cu_q[s], nq), os = unpack(o, cu_q[s], nq);
+    Tensor3 ls("kfa::ref::varlen::lse", 1, q.extent(1), nq);
+    reference::forward<T_>(qs, unpack(k, cu_k[s], nk), unpack(v, cu_k[s], nk), p, os, ls,
+                           keep_of(keep, static_cast<int>(s), nq, nk));
+    pack(os, o, cu_q[s]);
+    for (std::size_t h = 0; h < q.extent(1); ++h)
+      for (int i = 0; i < nq; ++i)
+        lse(h, cu_q[s] + i) = ls(0, h, i);
+  }
+}
+
+/// The naive gradients in precision T of every sequence; dlse (heads_q, total_q) may be empty;
+/// keep as for forward.
+template <class T_>
+void backward(const Packed3& q, const Packed3& k, const Packed3& v, const std::vector<int>& cu_q,
+              const std::vector<int>& cu_k, const Params& p, const Packed3& dout,
+              const Tensor2& dlse, const Packed3& dq, const Packed3& dk, const Packed3& dv,
+              const Keep4& keep = {}) {
+  for (std::size_t s = 0; s + 1 < cu_q.size(); ++s) {
+    const int nq = cu_q[s + 1] - cu_q[s], nk = cu_k[s + 1] - cu_k[s];
+    Tensor3 dls;
+    if (dlse.span() > 0) {
+      dls = Tensor3("kfa::ref::varlen::dlse", 1, q.extent(1), nq);
+      for (std::size_t h = 0; h < q.extent(1); ++h)
+        for (int i = 0; i < nq; ++i)
+          dls(0, h, i) = dlse(h, cu_q[s] + i);
+    }
+    const Tensor4 dqs = unpack(dq, cu_q[s], nq), dks = unpack(dk, cu_k[s], nk),
+                  dvs = unpack(dv, cu_k[s], nk);
+    reference::backward<T_>(unpack(q, cu_q[s], nq), unpack(k, cu_k[s], nk), unpack(v, cu_k[s], nk),
+                            p, unpack(dout, cu_q[s], nq), dls, dqs, dks, dvs,
+                            keep_of(keep, static_cast<int>(s), nq, nk));
+    pack(dqs, dq, cu_q[s]);
+    pack(dks, dk, cu_k[s]);
+    pack(dvs, dv, cu_k[s]);
+  }
+}
+
+/// The tolerance rule (as check_forward) on a packed forward's (o, lse) computed in precision T.
+template <class T>
+ForwardCheck check_forward(const Packed3& q, const Packed3& k, const Packed3& v,
+                           const std::vector<int>& cu_q, const std::vector<int>& cu_k,
+                           const Params& p, const Packed3& o, const Tensor2& lse,
+                           const Keep4& keep = {}) {
+  auto like = [](const Packed3& t) {
+    return Packed3("kfa::ref::varlen::o", t.extent(0), t.extent(1), t.extent(2));
+  };
+  auto lse_like = [](const Tensor2& t) {
+    return Tensor2("kfa::ref::varlen::lse", t.extent(0), t.extent(1));
+  };
+  const Packed3 o64 = like(o), oT = like(o);
+  const Tensor2 lse64 = lse_like(lse), lseT = lse_like(lse);
+  forward<double>(q, k, v, cu_q, cu_k, p, o64, lse64, keep);
+  if (!std::is_same_v<T, double>) forward<T>(q, k, v, cu_q, cu_k, p, oT, lseT, keep);
+  return {apply_rule<T>(o, oT, o64), apply_rule<T>(lse, lseT, lse64)};
+}
+
+/// The tolerance rule (as check_backward) on packed gradients computed in precision T.
+template <class T>
+BackwardCheck check_backward(const Packed3& q, const Packed3& k, const Packed3& v,
+                             const std::vector<int>& cu_q, const std::vector<int>& cu_k,
+                             const Params& p, const Packed3& dout, const Tensor2& dlse,
+                             const Packed3& dq, const Packed3& dk, const Packed3& dv,
+                             const Keep4& keep = {}) {
+  auto like = [](const Packed3& t) {
+    return Packed3("kfa::ref::varlen::grad", t.extent(0), t.extent(1), t.extent(2));
+  };
+  const Packed3 dq64 = like(q), dk64 = like(k), dv64 = like(v);
+  const Packed3 dqT = like(q), dkT = like(k), dvT = like(v);
+  backward<double>(q, k, v, cu_q, cu_k, p, dout, dlse, dq64, dk64, dv64, keep);
+  if (!std::is_same_v<T, double>)
+    backward<T>(q, k, v, cu_q, cu_k, p, dout, dlse, dqT, dkT, dvT, keep);
+  return {apply_rule<T>(dq, dqT, dq64), apply_rule<T>(dk, dkT, dk64), apply_rule<T>(dv, dvT, dv64)};
+}
+
+}  // namespace varlen
+
 }  // namespace kfa::reference

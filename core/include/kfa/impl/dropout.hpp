@@ -59,12 +59,14 @@ struct Dropout {
   std::uint32_t threshold = 0;       // words below it drop their element
   Acc scale = 1;                     // 1 / (1 - p), the weight of a kept element
   int q_origin = 0, k_origin = 0;    // global index of local query 0 and key 0 (impl::Origin)
+  int b_origin = 0;                  // global batch index of local batch 0 (impl::Origin)
 
-  /// Random words of global keys 4g .. 4g+3 of global query row i of query head h in batch b.
+  /// Random words of global keys 4g .. 4g+3 of global query row i of query head h in local
+  /// batch b.
   KOKKOS_INLINE_FUNCTION PhiloxBlock words(int b, int h, int i, int g) const {
     return philox4x32_10(
         PhiloxBlock{{static_cast<std::uint32_t>(g), static_cast<std::uint32_t>(i),
-                     static_cast<std::uint32_t>(h), static_cast<std::uint32_t>(b)}},
+                     static_cast<std::uint32_t>(h), static_cast<std::uint32_t>(b_origin + b)}},
         key0, key1);
   }
 
@@ -99,6 +101,7 @@ Dropout<Acc> make_dropout(const Params& p, const Origin& at = {}) {
   d.enabled = p.dropout > 0;
   d.q_origin = static_cast<int>(at.q);
   d.k_origin = static_cast<int>(at.k);
+  d.b_origin = static_cast<int>(at.b);
   if (!d.enabled) return d;
   const PhiloxBlock key =
       philox4x32_10(PhiloxBlock{{static_cast<std::uint32_t>(p.offset),

@@ -46,9 +46,13 @@ struct Mask {
 /// and of local key 0, and the global lengths the masks align to (-1: the local ones). The
 /// MPI layer runs the kernels on blocks of a sharded sequence; masks and dropout must see
 /// global positions there. A plain call uses the default: the block is the whole sequence.
+/// `b` is the batch index of local batch 0 as dropout sees it: a packed variable-length call
+/// (kfa::varlen) runs sequence s as a batch of one at b = s, so that its keep-mask is batch
+/// element s's of the padded batch.
 struct Origin {
   long long q = 0, k = 0;
   long long seqlen_q = -1, seqlen_k = -1;
+  long long b = 0;
 };
 
 inline Mask make_mask(const Params& p, int seqlen_q, int seqlen_k, const Origin& at = {}) {
