@@ -4,7 +4,11 @@
 // docs/testing.md, GQA, split-KV, both dQ modes, dropout and a 16-bit type; dbias against
 // central finite differences of the reference; rows that see no key; key padding against the
 // reference on truncated keys; masks whose tiles hide every key, none or some; shape and range
-// errors.
+// errors. Built also on the portable tiles in the key-major layout (test_bias_portable_key_major).
+#ifdef KFA_TEST_KEY_MAJOR_SCORES
+#include "portable_traits.hpp"
+#endif
+
 #include <gtest/gtest.h>
 
 #include <array>

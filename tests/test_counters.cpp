@@ -172,7 +172,7 @@ TEST(TileSkip, ForwardSkipsTilesADenseMaskHides) {
         count_tiles([&] { kfa::forward(Exec(), q, k, v, o, lse, p, kfa::masks::Dense{m}); });
     EXPECT_EQ(c.tiles(TileCounter::forward), static_cast<unsigned long long>(want));
     if (traits::key_major_scores)  // the mask hides tiles the interval masks leave
-      EXPECT_LT(want, s.heads_q * s.batch * meeting_tiles(s, p, br, bc));
+      EXPECT_LT(want, static_cast<long long>(s.heads_q) * s.batch * meeting_tiles(s, p, br, bc));
   }
 }
 

@@ -529,10 +529,12 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
         // softcap a key at a time, then the term's tile added at once: read a query row of the
         // plane at a time (unit stride) and written transposed into S^T. Nothing where a mask
         // sees every key of the tile.
-        if (score.capped())
+        if (score.capped()) {
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cb, ce), [&](int c) {
             score.softcap_column(team, nr, st + static_cast<std::ptrdiff_t>(c) * ldq);
           });
+          team.team_barrier();  // threads own keys there, query rows below
+        }
         if (seen != Seen::all) {
           const auto line = score.bias.line(b, h);
           ops::stage_transposed(
