@@ -37,12 +37,14 @@ void shapes(benchmark::internal::Benchmark* b) {
   b->UseManualTime()->Unit(benchmark::kMillisecond);
 }
 
-// The same with ALiBi (kfa::masks::Alibi, the standard slopes), a dense bias of one head
-// broadcast over the heads (term 1) or a boolean mask of one head, density 0.5, broadcast
-// likewise (term 2, kfa::masks::Dense): the cost of a score term against BM_forward.
+// The cost of a score term on the forward, each against the same pass without one in the same
+// benchmark: term 0 none, 1 ALiBi (kfa::masks::Alibi, the standard slopes), 2 a dense bias of
+// one head broadcast over the heads (kfa::masks::Bias), 3 a boolean mask of one head, density
+// 0.5, broadcast likewise (kfa::masks::Dense).
 template <class T>
 void BM_forward_term(benchmark::State& state) {
   const int B = 1, H = state.range(0), N = state.range(1), D = state.range(2);
+  const auto term = state.range(4);
   kfa::Params p;
   p.causal = state.range(3) != 0;
   kfa_bench::Tensors<T> t(B, H, N, D, false);
@@ -53,32 +55,37 @@ void BM_forward_term(benchmark::State& state) {
   for (int h = 0; h < H; ++h)
     hs(h) = static_cast<Acc>(standard[static_cast<std::size_t>(h)]);
   Kokkos::deep_copy(slopes, hs);
-  Kokkos::View<Acc****, Kokkos::LayoutRight, Exec::memory_space> bias("bias", 1, 1, N, N);
-  Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, Exec::memory_space> mask("mask", 1, 1, N, N);
-  if (state.range(4) == 2) {
+  const int nb = term == 2 ? N : 0, nm = term == 3 ? N : 0;  // allocated when used
+  Kokkos::View<Acc****, Kokkos::LayoutRight, Exec::memory_space> bias("bias", 1, 1, nb, nb);
+  Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, Exec::memory_space> mask("mask", 1, 1, nm,
+                                                                               nm);
+  if (term == 2) kfa_bench::fill_hash(bias, 4);
+  if (term == 3) {
     auto hm = Kokkos::create_mirror_view(mask);
     std::mt19937_64 gen(7);
     for (std::size_t e = 0; e < hm.span(); ++e)
       hm.data()[e] = static_cast<std::uint8_t>(gen() & 1U);
     Kokkos::deep_copy(mask, hm);
   }
-  if (state.range(4) == 2)
-    kfa_bench::time_iterations(state, [&] {
-      kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p, kfa::masks::Dense{mask});
-    });
-  else if (state.range(4) == 0)
+  if (term == 0)
+    kfa_bench::time_iterations(state, [&] { kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p); });
+  else if (term == 1)
     kfa_bench::time_iterations(state, [&] {
       kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p, kfa::masks::Alibi{slopes});
     });
-  else
+  else if (term == 2)
     kfa_bench::time_iterations(
         state, [&] { kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p, kfa::masks::Bias{bias}); });
+  else
+    kfa_bench::time_iterations(state, [&] {
+      kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p, kfa::masks::Dense{mask});
+    });
   state.counters["FLOP/s"] = kfa_bench::flop_rate(kfa::forward_flops(B, H, N, N, D, p));
 }
 
 BENCHMARK_TEMPLATE(BM_forward_term, float)
-    ->ArgNames({"H", "N", "D", "causal", "bias"})
-    ->ArgsProduct({{4}, {2048}, {64}, {0, 1}, {0, 1, 2}})
+    ->ArgNames({"H", "N", "D", "causal", "term"})
+    ->ArgsProduct({{4}, {2048, 4096}, {64}, {0, 1}, {0, 1, 2, 3}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_forward, float)->Apply(shapes);

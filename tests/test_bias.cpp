@@ -3,7 +3,12 @@
 // (kfa::reference::Terms, which removes hidden keys rather than adding -inf) over the masks of
 // docs/testing.md, GQA, split-KV, both dQ modes, dropout and a 16-bit type; dbias against
 // central finite differences of the reference; rows that see no key; key padding against the
-// reference on truncated keys; shape and range errors.
+// reference on truncated keys; masks whose tiles hide every key, none or some; shape and range
+// errors. Built also on the portable tiles in the key-major layout (test_bias_portable_key_major).
+#ifdef KFA_TEST_KEY_MAJOR_SCORES
+#include "portable_traits.hpp"
+#endif
+
 #include <gtest/gtest.h>
 
 #include <array>
@@ -27,7 +32,20 @@ using term_t = lse_t<T>;
 
 /// The kinds of term under test: ALiBi, a bias of extents (B or 1, Hq or 1, Nq, Nk), a boolean
 /// mask of such extents, key padding.
-enum class Kind { alibi, bias, bias_1h, bias_b1, bias_11, dense, dense_1h, dense_11, keypad };
+enum class Kind {
+  alibi,
+  bias,
+  bias_1h,
+  bias_b1,
+  bias_11,
+  dense,
+  dense_1h,
+  dense_11,
+  keypad,
+  blocks,
+  blocks_1h,
+  blocks_b1
+};
 
 const char* name_of(Kind k) {
   switch (k) {
@@ -47,6 +65,12 @@ const char* name_of(Kind k) {
       return "mask(1,H)";
     case Kind::dense_11:
       return "mask(1,1)";
+    case Kind::blocks:
+      return "block mask(B,H)";
+    case Kind::blocks_1h:
+      return "block mask(1,H)";
+    case Kind::blocks_b1:
+      return "block mask(B,1)";
     default:
       return "key_lengths";
   }
@@ -65,6 +89,24 @@ Keep4 random_mask(int b, int h, int nq, int nk, std::mt19937_64& gen) {
   return m;
 }
 
+/// A boolean mask of 64 x 64 blocks at global positions (the host forward's tiles): by
+/// (block row + 2 block column + x + y) mod 3 for batch x and head y of the mask, a block
+/// hides every key, shows every key, or is random of density 0.5, so that every query tile
+/// meets tiles of the three kinds, differently per batch and head; a block cut by the end of
+/// the sequence keeps its kind.
+Keep4 block_mask(int b, int h, int nq, int nk, std::mt19937_64& gen) {
+  Keep4 m("mask", b, h, nq, nk);
+  std::bernoulli_distribution coin(0.5);
+  for (int x = 0; x < b; ++x)
+    for (int y = 0; y < h; ++y)
+      for (int i = 0; i < nq; ++i)
+        for (int j = 0; j < nk; ++j) {
+          const int kind = (i / 64 + 2 * (j / 64) + x + y) % 3;
+          m(x, y, i, j) = kind == 1 || (kind == 2 && coin(gen)) ? 1 : 0;
+        }
+  return m;
+}
+
 /// Terms of kind `kind` for shape s: the standard ALiBi slopes, or a bias uniform in (-2, 2),
 /// rounded to T like the inputs.
 template <class T>
@@ -80,6 +122,11 @@ ref::Terms make_terms(const Shape& s, Kind kind, std::mt19937_64& gen) {
   if (kind == Kind::dense || kind == Kind::dense_1h || kind == Kind::dense_11) {
     t.mask = random_mask(kind == Kind::dense ? s.batch : 1, kind == Kind::dense_11 ? 1 : s.heads_q,
                          s.seqlen_q, s.seqlen_k, gen);
+    return t;
+  }
+  if (kind == Kind::blocks || kind == Kind::blocks_1h || kind == Kind::blocks_b1) {
+    t.mask = block_mask(kind == Kind::blocks_1h ? 1 : s.batch,
+                        kind == Kind::blocks_b1 ? 1 : s.heads_q, s.seqlen_q, s.seqlen_k, gen);
     return t;
   }
   if (kind == Kind::alibi) {
@@ -456,6 +503,25 @@ TEST(Visibility, WithDropout) {
     for (const auto& pp : {p, causal, deterministic(causal)}) {
       check<float>({2, 4, 2, 70, 90, 32}, pp, kind, true);
       check<double>({4, 2, 1, 33, 65, 16}, pp, kind, true, true);
+    }
+}
+
+// Boolean masks whose 64 x 64 blocks hide every key, show every key, or some (block_mask): the
+// host forward skips the first, adds nothing for the second and adds the mask tile transposed
+// for the third. Broadcast over batch or heads, lengths that are not multiples of the tile,
+// GQA, with causal and window edges, softcap (applied before the term) and split-KV.
+TEST(Visibility, TilesHiddenVisibleOrMixed) {
+  kfa::Params causal;
+  causal.causal = true;
+  kfa::Params window;
+  window.window_left = 70;
+  window.window_right = 10;
+  kfa::Params capped = causal;
+  capped.softcap = 3.0;
+  for (Kind kind : {Kind::blocks, Kind::blocks_1h, Kind::blocks_b1})
+    for (const auto& p : {kfa::Params{}, causal, window, capped, with_splits({}, 3)}) {
+      check<float>({2, 4, 2, 150, 200, 32}, p, kind, false);
+      check<double>({2, 2, 1, 200, 150, 16}, p, kind, true, true);
     }
 }
 

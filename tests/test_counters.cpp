@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstdint>
 
 #include "problem.hpp"
 
@@ -129,6 +130,50 @@ TEST(TileSkip, SplitsStageEachTileOnce) {
                 static_cast<unsigned long long>(
                     2 * meeting_tiles(s, p, traits::block_q(d), traits::block_k(d))));
     }
+}
+
+// A boolean mask (kfa::masks::Dense, broadcast over heads) whose 64 x 64 blocks hide every key,
+// none or some: the host's key-major forward stages exactly the key tiles in which the mask and
+// the interval masks leave a visible pair, as counted here from the mask itself; the query-major
+// forward (the other backends) those the interval masks leave.
+TEST(TileSkip, ForwardSkipsTilesADenseMaskHides) {
+  const Shape s{2, 2, 1, 150, 203, 32};
+  const int br = traits::block_q(s.head_dim), bc = traits::block_k(s.head_dim);
+  View4<std::uint8_t> m("mask", s.batch, 1, s.seqlen_q, s.seqlen_k);
+  auto hm = Kokkos::create_mirror_view(m);
+  for (int x = 0; x < s.batch; ++x)
+    for (int i = 0; i < s.seqlen_q; ++i)
+      for (int j = 0; j < s.seqlen_k; ++j) {
+        const int kind = (i / 64 + 2 * (j / 64) + x) % 3;  // hidden, visible, a checkerboard
+        hm(x, 0, i, j) = kind == 1 || (kind == 2 && (i + j) % 2 == 0) ? 1 : 0;
+      }
+  Kokkos::deep_copy(m, hm);
+  kfa::Params causal;
+  causal.causal = true;
+  for (const auto& p : {kfa::Params{}, causal}) {
+    SCOPED_TRACE(describe(p));
+    long long want = 0;
+    for (int x = 0; x < s.batch; ++x)
+      for (int q0 = 0; q0 < s.seqlen_q; q0 += br)
+        for (int k0 = 0; k0 < s.seqlen_k; k0 += bc) {
+          bool meet = false;
+          for (int i = q0; i < q0 + br && i < s.seqlen_q && !meet; ++i)
+            for (int j = k0; j < k0 + bc && j < s.seqlen_k && !meet; ++j)
+              meet = kfa::reference::visible(p, i, j, s.seqlen_q, s.seqlen_k) &&
+                     (hm(x, 0, i, j) != 0 || !traits::key_major_scores);
+          want += meet;
+        }
+    want *= s.heads_q;
+    Problem pb(s, seed_of(s, 4));
+    auto q = to_device<float>(pb.q), k = to_device<float>(pb.k), v = to_device<float>(pb.v);
+    View4<float> o("o", s.batch, s.heads_q, s.seqlen_q, s.head_dim);
+    View3<float> lse("lse", s.batch, s.heads_q, s.seqlen_q);
+    const auto c =
+        count_tiles([&] { kfa::forward(Exec(), q, k, v, o, lse, p, kfa::masks::Dense{m}); });
+    EXPECT_EQ(c.tiles(TileCounter::forward), static_cast<unsigned long long>(want));
+    if (traits::key_major_scores)  // the mask hides tiles the interval masks leave
+      EXPECT_LT(want, static_cast<long long>(s.heads_q) * s.batch * meeting_tiles(s, p, br, bc));
+  }
 }
 
 // The symmetric kernel pairs tile j with every tile i that meets it in either direction.

@@ -99,6 +99,7 @@ struct DenseBias {
   static constexpr bool enabled = true;
   static constexpr bool has_gradient = true;
   using grad_view = Kokkos::View<Acc****, Kokkos::LayoutRight, MemorySpace>;
+  using convert = backends::Widen;  // the plane holds the term itself (has_rows)
   BiasView bias;
   grad_view grad;
   int per_b = 1, per_h = 1;  // 0 where the dimension broadcasts
@@ -120,7 +121,11 @@ struct DenseBias {
     std::ptrdiff_t row_stride;
     int oq, ok;
     KOKKOS_INLINE_FUNCTION Acc operator()(int i, int j) const {
-      return static_cast<Acc>(plane[static_cast<std::ptrdiff_t>(i + oq) * row_stride + (j + ok)]);
+      return static_cast<Acc>(*(row(i) + j));
+    }
+    /// Local query i's row of the plane, at local key 0.
+    KOKKOS_INLINE_FUNCTION const typename BiasView::value_type* row(int i) const {
+      return plane + static_cast<std::ptrdiff_t>(i + oq) * row_stride + ok;
     }
   };
   KOKKOS_INLINE_FUNCTION Line line(int b, int h) const {
@@ -140,6 +145,7 @@ template <class Acc, class MaskView>
 struct DenseVisibility {
   static constexpr bool enabled = true;
   static constexpr bool has_gradient = false;
+  using convert = backends::Visibility;  // a byte of the plane to 0 or -inf (has_rows)
   MaskView mask;
   int per_b = 1, per_h = 1;  // 0 where the dimension broadcasts
   int oq = 0, ok = 0;        // the block's origin: the mask is indexed by global position
@@ -160,9 +166,11 @@ struct DenseVisibility {
     std::ptrdiff_t row_stride;
     int oq, ok;
     KOKKOS_INLINE_FUNCTION Acc operator()(int i, int j) const {
-      return plane[static_cast<std::ptrdiff_t>(i + oq) * row_stride + (j + ok)]
-                 ? Acc(0)
-                 : -backends::infinity<Acc>();
+      return *(row(i) + j) ? Acc(0) : -backends::infinity<Acc>();
+    }
+    /// Local query i's row of the plane, at local key 0.
+    KOKKOS_INLINE_FUNCTION const typename MaskView::value_type* row(int i) const {
+      return plane + static_cast<std::ptrdiff_t>(i + oq) * row_stride + ok;
     }
   };
   KOKKOS_INLINE_FUNCTION Line line(int b, int h) const {

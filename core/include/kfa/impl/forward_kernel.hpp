@@ -469,6 +469,23 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
 
     for (int k0 = k_begin; k0 < k_end; k0 += Bc) {
       const int nc = seqlen_k - k0 < Bc ? seqlen_k - k0 : Bc;
+      // Keys of this tile that any of its rows sees: rows [cb, ce) of S^T.
+      int cb, ce;  // never empty: the loop visits only tiles the query tile sees
+      mask.tile_columns(q0, nr, k0, nc, cb, ce);
+      // A term read as rows of its plane (has_rows): how a boolean mask sees the tile, and the
+      // next tile's rows asked for while this one is computed.
+      Seen seen = Seen::some;
+      if constexpr (staged_term) {
+        const auto line = score.bias.line(b, h);
+        if (k0 + Bc < k_end && k0 + Bc < seqlen_k) {
+          const int k1 = k0 + Bc, n1 = seqlen_k - k1 < Bc ? seqlen_k - k1 : Bc;
+          ops::prefetch_rows(nr, 0, n1, [&](int r) { return line.row(q0 + r) + k1; });
+        }
+        if constexpr (std::is_same_v<typename bias_t::convert, backends::Visibility>) {
+          seen = seen_by_mask(team, line, q0, nr, k0, cb, ce);
+          if (seen == Seen::none) continue;  // P = 0: the tile is skipped as masks skip theirs
+        }
+      }
       tiles_staged.add(team, TileCounter::forward, nc);
       // K_j and V_j where they lie when the views hold acc_t (head_dim has unit stride,
       // validate.hpp): the products read rows ldk, ldv apart. Otherwise row copies into
@@ -492,9 +509,6 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
             team, nc, D, [&](int c) { return &v(b, hk, k0 + c, 0); }, vs, ldd, widen);
       }
       team.team_barrier();
-      // Keys of this tile that any of its rows sees: rows [cb, ce) of S^T.
-      int cb, ce;  // never empty: the loop visits only tiles the query tile sees
-      mask.tile_columns(q0, nr, k0, nc, cb, ce);
       if (pair_mode) {
         if constexpr (pairs_type)
           ops::gemm_bf16x2(team, ce - cb, nr, D / 2, &k(b, hk, k0 + cb, 0),
@@ -510,7 +524,26 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       // crosses (the ends of the visible intervals grow with the row).
       const bool edge = mask.lo(q0 + nr - 1) - k0 > cb || mask.hi(q0) + 1 - k0 < ce;
       constexpr acc_t hidden = Rule::softmax ? -backends::infinity<acc_t>() : acc_t(0);
-      if (Rule::softmax && !score.identity()) {  // a key at a time: the transform's loops vectorise
+      bool edge_left = edge;  // the interval mask's -inf still to be written
+      if constexpr (staged_term) {
+        // softcap a key at a time, then the term's tile added at once: read a query row of the
+        // plane at a time (unit stride) and written transposed into S^T. Nothing where a mask
+        // sees every key of the tile.
+        if (score.capped()) {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cb, ce), [&](int c) {
+            score.softcap_column(team, nr, st + static_cast<std::ptrdiff_t>(c) * ldq);
+          });
+          team.team_barrier();  // threads own keys there, query rows below
+        }
+        if (seen != Seen::all) {
+          const auto line = score.bias.line(b, h);
+          ops::stage_transposed(
+              team, nr, cb, ce, [&](int r) { return line.row(q0 + r) + k0; }, st, ldq,
+              typename bias_t::convert{}, true);
+        }
+        team.team_barrier();
+      } else if (Rule::softmax && !score.identity()) {  // a key at a time: the loops vectorise
+        edge_left = false;
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cb, ce), [&](int c) {
           acc_t* col = st + static_cast<std::ptrdiff_t>(c) * ldq;
           score.column(team, b, h, q0, nr, k0 + c, col);
@@ -521,7 +554,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
             });
         });
         team.team_barrier();
-      } else if (edge) {
+      }
+      if (edge_left) {
         ops::for_each_element(team, ce - cb, nr, [&](int jj, int r) {
           const int c = cb + jj, i = q0 + r;
           if (k0 + c < mask.lo(i) || k0 + c > mask.hi(i)) st[c * ldq + r] = hidden;
@@ -580,6 +614,34 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
                   vj + static_cast<std::ptrdiff_t>(cb) * ldv, ldv, os, ldd, true);
       }
     }
+  }
+
+  /// How a boolean mask sees a tile: no key of it, some, or all (of columns [cb, ce) of its nr
+  /// rows; the interval mask may hide more).
+  enum class Seen { none, some, all };
+  /// The softmax forward's term as rows of its plane (impl/score.hpp, has_rows).
+  static constexpr bool staged_term = Rule::softmax && has_rows<bias_t>::value;
+
+  /// How the mask's plane (its Line) sees keys [k0 + cb, k0 + ce) from query rows [q0, q0 + nr):
+  /// two flags or-ed over the tile's bytes, a query row at a time (unit stride).
+  template <class Line>
+  KOKKOS_INLINE_FUNCTION Seen seen_by_mask(const member_t& team, const Line& line, int q0, int nr,
+                                           int k0, int cb, int ce) const {
+    unsigned flags = 0;  // 1: a visible key, 2: a hidden one
+    Kokkos::parallel_reduce(
+        Kokkos::TeamThreadRange(team, nr),
+        [&](int r, unsigned& f) {
+          const auto* src = line.row(q0 + r) + k0;
+          unsigned char any = 0, all = 1;
+          for (int c = cb; c < ce; ++c) {
+            const unsigned char v = src[c] != 0;
+            any |= v;
+            all &= v;
+          }
+          f |= (any ? 1U : 0U) | (all ? 0U : 2U);
+        },
+        Kokkos::BOr<unsigned>(flags));
+    return flags == 1 ? Seen::all : (flags & 1U) ? Seen::some : Seen::none;
   }
 
   /// The mask tile of the key-major multi-scale step: mt[c][r] = M[h, q0 + r, k0 + c] for keys

@@ -71,6 +71,16 @@ KOKKOS_INLINE_FUNCTION auto line_of(const Bias& bias, int b, int h) {
     return CallLine<Bias>{bias, b, h};
 }
 
+/// Whether a policy's term is a dense (seqlen_q, seqlen_k) plane per (batch, head) whose rows
+/// its line gives (`line(b, h).row(i)`: local query i's row, at local key 0, unit stride), with
+/// the conversion of its elements to the term (`convert`, backends::Widen or Visibility): the
+/// key-major forward then reads a tile of it a query row at a time and adds it transposed
+/// (TileOps::stage_transposed) instead of reading it down a key's column, seqlen_k apart.
+template <class Bias, class = void>
+struct has_rows : std::false_type {};
+template <class Bias>
+struct has_rows<Bias, std::void_t<typename Bias::convert>> : std::true_type {};
+
 /// The end of the keys a term leaves visible to batch b, as a local key index clamped to
 /// [0, seqlen_k]: the policy's `key_limit(b)` where it has one (key padding), else seqlen_k.
 /// Key tiles at or past it hold no finite score, so the kernels do not visit them.
@@ -141,14 +151,21 @@ struct ScoreTransform {
   template <class Member>
   KOKKOS_INLINE_FUNCTION void column(const Member& member, int b, int h, int q0, int nr, int j,
                                      Acc* scol) const {
-    if (capped())
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, nr),
-                           [&](int r) { scol[r] = cap * backends::tanh(scol[r] * inv_cap); });
+    softcap_column(member, nr, scol);
     if constexpr (Bias::enabled) {
       const auto line = line_of(bias, b, h);
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, nr),
                            [&](int r) { scol[r] += line(q0 + r, j); });
     }
+  }
+
+  /// Forward, key-major: softcap alone on the first nr elements of scol (a row of S^T), for a
+  /// pass that adds its term to the whole tile at once (has_rows).
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void softcap_column(const Member& member, int nr, Acc* scol) const {
+    if (capped())
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, nr),
+                           [&](int r) { scol[r] = cap * backends::tanh(scol[r] * inv_cap); });
   }
 
   /// Forward, one element: S of x for local query i and local key j of head (b, h), as `row`

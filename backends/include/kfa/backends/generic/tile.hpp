@@ -54,6 +54,22 @@ struct TileTraits {
   }
 };
 
+/// The conversions of TileOps::stage_transposed: an element to Acc as it is (Widen), and an
+/// element of a boolean visibility mask to the additive score term it stands for, 0 where it
+/// is nonzero (visible) and -inf where it is 0 (hidden) (Visibility).
+struct Widen {
+  template <class Acc, class T>
+  KOKKOS_INLINE_FUNCTION Acc to(T x) const {
+    return static_cast<Acc>(x);
+  }
+};
+struct Visibility {
+  template <class Acc, class T>
+  KOKKOS_INLINE_FUNCTION Acc to(T x) const {
+    return x ? Acc(0) : -infinity<Acc>();
+  }
+};
+
 /// Portable tile products and row operations for accumulation type Acc: threads of the team
 /// own rows of the result, vector lanes its columns. Correct on every backend; TileOps uses it
 /// unless a backend specialises TileOps.
@@ -166,16 +182,20 @@ struct PortableTileOps {
     });
   }
 
-  /// dst[c * ldd + r] = src_r[c] in Acc for r < rows and c in [c0, c1), by the whole team: rows
-  /// of a source with unit stride (row(r) points at element 0 of row r; any element type)
-  /// written transposed into a tile.
-  template <class Member, class Row>
+  /// dst[c * ldd + r] = convert(src_r[c]) for r < rows and c in [c0, c1), or += with
+  /// `accumulate`, by the whole team: rows of a source with unit stride (row(r) points at
+  /// element 0 of row r; any element type) written transposed into a tile. convert is Widen
+  /// (the value in Acc) or Visibility (a byte of a boolean mask as the additive term 0 or -inf).
+  template <class Member, class Row, class Convert = Widen>
   static KOKKOS_INLINE_FUNCTION void stage_transposed(const Member& team, int rows, int c0, int c1,
-                                                      const Row& row, Acc* dst, int ldd) {
+                                                      const Row& row, Acc* dst, int ldd,
+                                                      Convert convert = {},
+                                                      bool accumulate = false) {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](int r) {
       const auto* src = row(r);
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c0, c1), [&](int c) {
-        dst[static_cast<std::ptrdiff_t>(c) * ldd + r] = static_cast<Acc>(src[c]);
+        Acc& x = dst[static_cast<std::ptrdiff_t>(c) * ldd + r];
+        x = accumulate ? x + convert.template to<Acc>(src[c]) : convert.template to<Acc>(src[c]);
       });
     });
   }

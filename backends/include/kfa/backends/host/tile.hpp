@@ -530,37 +530,69 @@ struct TileOps<
 
   /// PortableTileOps::stage_transposed: with AVX, float rows eight at a time, 8 x 8 blocks
   /// loaded by rows and stored by columns after an in-register transpose (the element loop
-  /// stores one element per cycle at best); other types and the edges element by element.
-  template <class Member, class Row>
+  /// stores one element per cycle at best); with AVX2 the same for the bytes of a boolean mask
+  /// (Visibility), eight bytes of a row widened to 0 or -inf in one register. Other types and
+  /// the edges element by element.
+  template <class Member, class Row, class Convert = Widen>
   static KOKKOS_INLINE_FUNCTION void stage_transposed(const Member& /*team*/, int rows, int c0,
-                                                      int c1, const Row& row, Acc* dst, int ldd) {
+                                                      int c1, const Row& row, Acc* dst, int ldd,
+                                                      Convert convert = {},
+                                                      bool accumulate = false) {
+    using Src = std::remove_cv_t<std::remove_pointer_t<decltype(row(0))>>;
     int r0 = 0;
 #ifdef KFA_HOST_AVX
-    using Src = std::remove_cv_t<std::remove_pointer_t<decltype(row(0))>>;
-    if constexpr (std::is_same_v<Acc, float> && std::is_same_v<Src, float>) {
+    constexpr bool floats =
+        std::is_same_v<Src, float> && std::is_same_v<Convert, Widen>;  // 8 floats of a row
+#ifdef __AVX2__
+    constexpr bool bytes = sizeof(Src) == 1 && std::is_integral_v<Src> &&
+                           std::is_same_v<Convert, Visibility>;  // 8 bytes of a row
+#else
+    constexpr bool bytes = false;
+#endif
+    if constexpr (std::is_same_v<Acc, float> && (floats || bytes)) {
       for (; r0 + 8 <= rows; r0 += 8) {
-        const float* src[8];
+        const Src* src[8];
         for (int i = 0; i < 8; ++i)
           src[i] = row(r0 + i);
         int c = c0;
         for (; c + 8 <= c1; c += 8) {
           __m256 x[8];
-          for (int i = 0; i < 8; ++i)
-            x[i] = _mm256_loadu_ps(src[i] + c);
+          for (int i = 0; i < 8; ++i) {
+            if constexpr (floats) {
+              x[i] = _mm256_loadu_ps(src[i] + c);
+            } else {
+#ifdef __AVX2__
+              // Bytes widened to 32 bits; lanes of hidden (zero) bytes become the bits of -inf.
+              const __m256i w = _mm256_cvtepu8_epi32(
+                  _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src[i] + c)));
+              x[i] = _mm256_castsi256_ps(
+                  _mm256_and_si256(_mm256_cmpeq_epi32(w, _mm256_setzero_si256()),
+                                   _mm256_castps_si256(_mm256_set1_ps(-infinity<float>()))));
+#endif
+            }
+          }
           host::transpose8(x);
-          for (int i = 0; i < 8; ++i)
-            _mm256_storeu_ps(dst + static_cast<std::ptrdiff_t>(c + i) * ldd + r0, x[i]);
+          for (int i = 0; i < 8; ++i) {
+            float* d = dst + static_cast<std::ptrdiff_t>(c + i) * ldd + r0;
+            _mm256_storeu_ps(d, accumulate ? _mm256_add_ps(_mm256_loadu_ps(d), x[i]) : x[i]);
+          }
         }
         for (; c < c1; ++c)
-          for (int i = 0; i < 8; ++i)
-            dst[static_cast<std::ptrdiff_t>(c) * ldd + r0 + i] = src[i][c];
+          for (int i = 0; i < 8; ++i) {
+            Acc& d = dst[static_cast<std::ptrdiff_t>(c) * ldd + r0 + i];
+            const Acc y = convert.template to<Acc>(src[i][c]);
+            d = accumulate ? d + y : y;
+          }
       }
     }
 #endif
     for (; r0 < rows; ++r0) {
-      const auto* src = row(r0);
-      for (int c = c0; c < c1; ++c)
-        dst[static_cast<std::ptrdiff_t>(c) * ldd + r0] = static_cast<Acc>(src[c]);
+      const Src* src = row(r0);
+      for (int c = c0; c < c1; ++c) {
+        Acc& d = dst[static_cast<std::ptrdiff_t>(c) * ldd + r0];
+        const Acc y = convert.template to<Acc>(src[c]);
+        d = accumulate ? d + y : y;
+      }
     }
   }
 
