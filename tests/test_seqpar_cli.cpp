@@ -434,7 +434,10 @@ TEST(SeqParCli, BadInputEndsEveryRankWithOneLine) {
   const Case cases[] = {
       {"forward --in " + nan.string() + " --out " + out.string(),
        "holds 1 non-finite value in rank 2's rows, the first at (0,1,33,2)"},
-      {"forward --in " + mask.string() + " --out " + out.string(), "holds /mask"},
+      // A float /mask without --multiscale: the softmax boolean mask must be uint8.
+      {"forward --in " + mask.string() + " --out " + out.string(),
+       "/mask in '" + mask.string() + "' must be uint8 (a float /mask is the weight tensor of " +
+           "--multiscale)"},
       {"forward --in " + work_dir().string() + " --out " + out.string(), "is a directory"},
       {"forward --in " + huge.string() + " --out " + out.string(),
        "dataset /q (1,64,1000000,128) with /k (1,64,1000000,128) (float32) in"},
