@@ -130,8 +130,8 @@ kfa::impl::Dims whole_dims(const Q& q, const SeqPar& sp) {
 /// single-device pass's fixed order), then the ranks sum dbias, in which every element is one
 /// rank's (each (i, j) pair is computed once, by one rank), so every rank ends with the whole
 /// dbias, the same bits on every rank.
-template <class ExecSpace, class Rows, class Extra>
-void store_term_gradient(const ExecSpace&, const Rows&, const Extra&, const SeqPar&) {}
+template <class ExecSpace, class R, class Extra>
+void store_term_gradient(const ExecSpace&, const R&, const Extra&, const SeqPar&) {}
 template <class ExecSpace, class Rule, class BiasView, class DBiasView>
 void store_term_gradient(const ExecSpace& space, const SoftmaxRows<Rule>& rows,
                          const masks::Bias<BiasView, DBiasView>& m, const SeqPar& sp) {
