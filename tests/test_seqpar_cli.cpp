@@ -1,6 +1,7 @@
 // The kfa-seqpar program under mpiexec, through its contract: --random --check passes for each
 // mode and layout (forward and backward); HDF5 round trips, each rank writing only its rows,
-// checked against the reference; --multiscale likewise; bad input, or options that differ
+// checked against the reference; --multiscale likewise; the score terms (--alibi, /bias with
+// /dbias, /mask, /key_lengths) likewise; bad input, or options that differ
 // between ranks, exits 2 with one line, on every rank, and leaves no output file.
 #include <gtest/gtest.h>
 
@@ -284,6 +285,105 @@ TEST(SeqParCli, MultiScale) {
 }
 
 // Each failure: exit 2 on every rank, one line from rank 0, no output file.
+// The score terms through the program: --alibi with --check in both modes; a file's /bias
+// (forward, then the backward writing /dbias), /mask (uint8, a row hidden everywhere) and
+// /key_lengths (0 and 1 among them), each rank's rows assembled in the output file and
+// checked against the reference with the same term.
+TEST(SeqParCli, ScoreTerms) {
+  for (const std::string a :
+       {"forward --random 2,4,90,32 --heads-kv 2 --causal --mode ring --alibi",
+        "backward --random 1,2,77,16 --mode tree --layout zigzag --alibi --dtype double "
+        "--deterministic"}) {
+    const ProgramRun r = seqpar(3, a + " --check --json");
+    EXPECT_EQ(r.status, 0) << a << r.out << r.err;
+    EXPECT_NE(r.out.find("\"check\":\"pass\""), std::string::npos) << a << r.out;
+    EXPECT_NE(r.out.find(" term=alibi"), std::string::npos) << a << r.out;
+  }
+
+  const Shape s{3, 2, 1, 45, 38, 16};
+  Problem pb(s, 81);
+  std::mt19937_64 gen(82);
+  const Tensor4 dout = random_tensor("do", s.batch, s.heads_q, s.seqlen_q, s.head_dim, gen);
+  const Dataset q = from_tensor(pb.q, DType::f64), k = from_tensor(pb.k, DType::f64),
+                v = from_tensor(pb.v, DType::f64), dod = from_tensor(dout, DType::f64);
+  kfa::Params p;
+  p.causal = true;  // bottom_right with seqlen_q > seqlen_k: the first 7 rows see no key
+  kfa::reference::Terms bias, mask, lengths;
+  bias.bias = Tensor4("bias", 1, 2, 45, 38);
+  std::uniform_real_distribution<double> u(-2, 2);
+  for (std::size_t e = 0; e < bias.bias.span(); ++e)
+    bias.bias.data()[e] = u(gen);
+  Dataset bias_ds = from_tensor(bias.bias, DType::f64), mask_ds, len_ds;
+  mask.mask = Keep4("mask", 3, 1, 45, 38);
+  std::bernoulli_distribution coin(0.6);
+  mask_ds.dtype = len_ds.dtype = DType::u8;
+  mask_ds.dims = {3, 1, 45, 38};
+  for (std::size_t e = 0; e < mask.mask.span(); ++e) {
+    mask.mask.data()[e] = e / 38 % 45 != 20 && coin(gen) ? 1 : 0;  // row 20 hidden everywhere
+    mask_ds.bytes.push_back(mask.mask.data()[e]);
+  }
+  lengths.key_lengths = {0, 1, 30};
+  len_ds.dims = {3};
+  len_ds.bytes = {0, 1, 30};
+  struct Case {
+    const char* name;
+    const Dataset* ds;
+    const kfa::reference::Terms* terms;
+    const char* mode;
+  };
+  for (const Case& c :
+       {Case{"/bias", &bias_ds, &bias, "ring"}, Case{"/mask", &mask_ds, &mask, "tree"},
+        Case{"/key_lengths", &len_ds, &lengths, "ring"}}) {
+    SCOPED_TRACE(c.name);
+    const fs::path in = work_dir() / "sp_term_in.h5", out = work_dir() / "sp_term_out.h5";
+    kfa_apps::write_atomic(in.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}, {c.name, c.ds}});
+    fs::remove(out);
+    ProgramRun r = seqpar(3, std::string("forward --causal --layout zigzag --mode ") + c.mode +
+                                 " --in " + in.string() + " --out " + out.string());
+    ASSERT_EQ(r.status, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find(std::string(" term=") + (c.name + 1)), std::string::npos) << r.out;
+    Dataset o, lse;
+    {
+      kfa_apps::H5File f(out.string());
+      o = f.read("/o", 4);
+      lse = f.read("/lse", 3);
+    }
+    const auto fc = kfa::reference::check_forward<double>(pb.q, pb.k, pb.v, p, to_tensor(o),
+                                                          to_tensor3(lse), {}, *c.terms);
+    EXPECT_TRUE(fc.ok()) << "O err " << fc.o.err << ", LSE err " << fc.lse.err;
+
+    const fs::path bin = work_dir() / "sp_term_bwd.h5", bout = work_dir() / "sp_term_grads.h5";
+    kfa_apps::write_atomic(bin.string(), {{"/q", &q},
+                                          {"/k", &k},
+                                          {"/v", &v},
+                                          {c.name, c.ds},
+                                          {"/o", &o},
+                                          {"/lse", &lse},
+                                          {"/do", &dod}});
+    fs::remove(bout);
+    r = seqpar(2, std::string("backward --causal --mode ") + c.mode + " --in " + bin.string() +
+                      " --out " + bout.string());
+    ASSERT_EQ(r.status, 0) << r.out << r.err;
+    kfa_apps::H5File g(bout.string());
+    const auto bc = kfa::reference::check_backward<double>(
+        pb.q, pb.k, pb.v, p, dout, {}, to_tensor(g.read("/dq", 4)), to_tensor(g.read("/dk", 4)),
+        to_tensor(g.read("/dv", 4)), {}, *c.terms);
+    EXPECT_TRUE(bc.ok()) << "dQ err " << bc.dq.err << ", dK err " << bc.dk.err << ", dV err "
+                         << bc.dv.err;
+    EXPECT_EQ(g.has("/dbias"), c.terms == &bias);
+    if (c.terms == &bias) {
+      EXPECT_NE(r.out.find("wrote /dq /dk /dv /dbias"), std::string::npos) << r.out;
+      const auto db = kfa::reference::check_dbias<double>(pb.q, pb.k, pb.v, p, dout, {},
+                                                          to_tensor(g.read("/dbias", 4)), {}, bias);
+      EXPECT_TRUE(db.ok()) << "dbias err " << db.err << " > bound " << db.bound;
+    }
+  }
+  // --alibi does not apply to multi-scale attention.
+  const ProgramRun r = seqpar(2, "forward --random 1,2,20,16 --multiscale --alibi");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--alibi does not apply to --multiscale"), std::string::npos) << r.err;
+}
+
 TEST(SeqParCli, BadInputEndsEveryRankWithOneLine) {
   const Shape s{1, 2, 2, 40, 40, 16};
   Problem pb(s, 5);
@@ -334,7 +434,10 @@ TEST(SeqParCli, BadInputEndsEveryRankWithOneLine) {
   const Case cases[] = {
       {"forward --in " + nan.string() + " --out " + out.string(),
        "holds 1 non-finite value in rank 2's rows, the first at (0,1,33,2)"},
-      {"forward --in " + mask.string() + " --out " + out.string(), "holds /mask"},
+      // A float /mask without --multiscale: the softmax boolean mask must be uint8.
+      {"forward --in " + mask.string() + " --out " + out.string(),
+       "/mask in '" + mask.string() + "' must be uint8 (a float /mask is the weight tensor of " +
+           "--multiscale)"},
       {"forward --in " + work_dir().string() + " --out " + out.string(), "is a directory"},
       {"forward --in " + huge.string() + " --out " + out.string(),
        "dataset /q (1,64,1000000,128) with /k (1,64,1000000,128) (float32) in"},

@@ -283,10 +283,13 @@ Dataset H5File::header(const std::string& name, int rank) const {
   return read_header(ds.id, where, rank);
 }
 
-Dataset H5File::read(const std::string& name, int rank) const {
-  const std::string where = "dataset " + name + " in '" + path_ + "'";
-  if (!has(name)) throw InputError("missing " + where);
-  Handle ds{H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose};
+namespace {
+
+// A whole float dataset of `file` (path: its name in errors), as H5File::read.
+Dataset read_whole(hid_t file, const std::string& path, const std::string& name, int rank) {
+  const std::string where = "dataset " + name + " in '" + path + "'";
+  if (H5Lexists(file, name.c_str(), H5P_DEFAULT) <= 0) throw InputError("missing " + where);
+  Handle ds{H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose};
   if (ds.id < 0) throw InputError("cannot open " + where);
   Dataset out = read_header(ds.id, where, rank);
   out.data.resize(out.size());
@@ -296,10 +299,12 @@ Dataset H5File::read(const std::string& name, int rank) const {
   return out;
 }
 
-Dataset H5File::read_integers(const std::string& name, int rank, bool bytes) const {
-  const std::string where = "dataset " + name + " in '" + path_ + "'";
-  if (!has(name)) throw InputError("missing " + where);
-  Handle ds{H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose};
+// A whole integer dataset of `file`, as H5File::read_integers.
+Dataset read_whole_integers(hid_t file, const std::string& path, const std::string& name, int rank,
+                            bool bytes) {
+  const std::string where = "dataset " + name + " in '" + path + "'";
+  if (H5Lexists(file, name.c_str(), H5P_DEFAULT) <= 0) throw InputError("missing " + where);
+  Handle ds{H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose};
   if (ds.id < 0) throw InputError("cannot open " + where);
   Handle type{H5Dget_type(ds.id), H5Tclose};
   Handle space{H5Dget_space(ds.id), H5Sclose};
@@ -321,6 +326,16 @@ Dataset H5File::read_integers(const std::string& name, int rank, bool bytes) con
                                 H5S_ALL, H5P_DEFAULT, buf) < 0)
     throw InputError("cannot read the data of " + where + " (corrupted?)");
   return out;
+}
+
+}  // namespace
+
+Dataset H5File::read(const std::string& name, int rank) const {
+  return read_whole(id_, path_, name, rank);
+}
+
+Dataset H5File::read_integers(const std::string& name, int rank, bool bytes) const {
+  return read_whole_integers(id_, path_, name, rank, bytes);
 }
 
 void write_atomic(const std::string& path,
@@ -463,6 +478,14 @@ Dataset ParallelH5File::header(const std::string& name, int rank) const {
   Handle ds{H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose};
   if (ds.id < 0) throw InputError("cannot open " + where);
   return read_header(ds.id, where, rank);
+}
+
+Dataset ParallelH5File::read(const std::string& name, int rank) const {
+  return read_whole(id_, path_, name, rank);
+}
+
+Dataset ParallelH5File::read_integers(const std::string& name, int rank, bool bytes) const {
+  return read_whole_integers(id_, path_, name, rank, bytes);
 }
 
 Dataset ParallelH5File::read_rows(const std::string& name, int rank,

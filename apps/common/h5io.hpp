@@ -171,6 +171,10 @@ class ParallelH5File {
   Dataset header(const std::string& dataset, int rank) const;
   /// The names of the file's top-level objects ("/q", ...).
   std::vector<std::string> names() const;
+  /// The whole dataset on every rank, as H5File::read and H5File::read_integers (for what
+  /// every rank holds whole: the score terms).
+  Dataset read(const std::string& dataset, int rank) const;
+  Dataset read_integers(const std::string& dataset, int rank, bool bytes) const;
   /// This rank's rows of the dataset, in the order given: dims are (B, H, rows[, D]).
   Dataset read_rows(const std::string& dataset, int rank, const std::vector<RowRange>& rows) const;
 

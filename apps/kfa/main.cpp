@@ -68,6 +68,7 @@
 #include "layernorm.hpp"
 #include "mha.hpp"
 #include "report.hpp"
+#include "terms.hpp"
 #include "views.hpp"
 
 namespace {
@@ -208,71 +209,13 @@ Options parse(int argc, char** argv) {
 
 // ---- The problem ----------------------------------------------------------------------------
 
-struct Problem {
+struct Problem : kfa_apps::Terms {  // the score terms, and:
   Dataset q, k, v;
   Dataset o, lse, dout, dlse;  // backward from a file: the forward's outputs and the gradients
   Dataset mask;                // --multiscale: M, or empty (M = 1); lse then holds /rsum
   const char* stat = "/lse";   // the name of the forward's row statistic
-  Dataset slopes, bias;        // score terms: ALiBi slopes (heads_q) or a bias, or neither
-  Dataset dense, lengths;      // or a boolean mask (uint8 in bytes) or key lengths (batch)
   Dataset cu_q, cu_k;          // varlen: the offsets of the packed sequences (batch + 1)
 };
-
-// The score terms' shapes against /q and /k: slopes (heads_q), bias (B or 1, H or 1, NQ, NK);
-// one term per pass.
-void check_term_shapes(const Problem& p) {
-  const auto& q = p.q.dims;
-  std::vector<std::string> given;
-  for (const auto& [d, ds] : {std::pair{&p.slopes, "ALiBi slopes"},
-                              {&p.bias, "/bias"},
-                              {&p.dense, "/mask"},
-                              {&p.lengths, "/key_lengths"}})
-    if (!d->dims.empty()) given.emplace_back(ds);
-  if (given.size() > 1)
-    throw InputError(given[0] + " and " + given[1] +
-                     " were both given; a pass takes one score term (kfa::masks has no "
-                     "combination of terms yet" +
-                     (p.dense.dims.empty() && p.lengths.dims.empty()
-                          ? std::string("; add the ALiBi term to /bias instead)")
-                          : std::string(")")));
-  if (!p.slopes.dims.empty() && p.slopes.dims[0] != q[1])
-    throw InputError("dataset /alibi_slopes has shape " + kfa_apps::shape_of(p.slopes.dims) +
-                     " but /q has shape " + kfa_apps::shape_of(q) + ": one slope per query head");
-  const auto& b = p.bias.dims;
-  if (!b.empty() && ((b[0] != q[0] && b[0] != 1) || (b[1] != q[1] && b[1] != 1) || b[2] != q[2] ||
-                     b[3] != p.k.dims[2]))
-    throw InputError("dataset /bias has shape " + kfa_apps::shape_of(b) + " but /q has shape " +
-                     kfa_apps::shape_of(q) + " and /k " + kfa_apps::shape_of(p.k.dims) +
-                     ": it must be (batch or 1, heads or 1, seqlen of /q, seqlen of /k)");
-  const auto& m = p.dense.dims;
-  if (!m.empty() && ((m[0] != q[0] && m[0] != 1) || (m[1] != q[1] && m[1] != 1) || m[2] != q[2] ||
-                     m[3] != p.k.dims[2]))
-    throw InputError("dataset /mask has shape " + kfa_apps::shape_of(m) + " but /q has shape " +
-                     kfa_apps::shape_of(q) + " and /k " + kfa_apps::shape_of(p.k.dims) +
-                     ": it must be (batch or 1, heads or 1, seqlen of /q, seqlen of /k)");
-  if (!p.lengths.dims.empty()) {
-    if (p.lengths.dims[0] != q[0])
-      throw InputError("dataset /key_lengths has shape " + kfa_apps::shape_of(p.lengths.dims) +
-                       " but /q has shape " + kfa_apps::shape_of(q) + ": one length per batch");
-    for (std::size_t b = 0; b < p.lengths.data.size(); ++b) {
-      const double n = p.lengths.data[b];
-      if (!(n >= 0 && n <= double(p.k.dims[2])))
-        throw InputError("dataset /key_lengths holds " + std::to_string(static_cast<long long>(n)) +
-                         " at (" + std::to_string(b) +
-                         "), outside [0, seqlen of /k = " + std::to_string(p.k.dims[2]) + "]");
-    }
-  }
-}
-
-// The standard ALiBi slopes of --alibi for `heads` query heads, as a dataset.
-Dataset standard_slopes(hsize_t heads) {
-  Dataset d;
-  d.dims = {heads};
-  d.dtype = DType::f64;
-  const auto s = kfa::masks::alibi_slopes(static_cast<int>(heads));
-  d.data.assign(s.begin(), s.end());
-  return d;
-}
 
 void check_file_shapes(const Problem& p) {
   const char* names[] = {"batch", "heads", "seqlen", "head_dim"};
@@ -443,48 +386,6 @@ Inputs<T> upload_inputs(const Options& o, Problem& p) {
 template <class T>
 using DeviceBias = Kokkos::View<Lse<T>****, Kokkos::LayoutRight, Exec::memory_space>;
 
-// Calls pass(term) with the problem's score term (kfa/masks.hpp) on the device, or pass() when
-// it has none; dbias: the backward's gradient of a bias (empty in the forward).
-template <class T, class Pass>
-void with_term(const Problem& p, const DeviceBias<T>& dbias, const Pass& pass) {
-  if (!p.slopes.dims.empty()) {
-    using Slopes = Kokkos::View<Lse<T>*, Kokkos::LayoutRight, Exec::memory_space>;
-    pass(kfa::masks::Alibi{kfa_apps::dataset_to_view<Slopes>(p.slopes, "kfa::alibi_slopes")});
-  } else if (!p.bias.dims.empty()) {
-    pass(kfa::masks::Bias{kfa_apps::dataset_to_view<DeviceBias<T>>(p.bias, "kfa::bias"), dbias});
-  } else if (!p.dense.dims.empty()) {
-    const auto& m = p.dense.dims;
-    Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, Kokkos::HostSpace,
-                 Kokkos::MemoryTraits<Kokkos::Unmanaged>>
-        host(const_cast<std::uint8_t*>(p.dense.bytes.data()), m[0], m[1], m[2], m[3]);
-    pass(kfa::masks::Dense{Kokkos::create_mirror_view_and_copy(Exec::memory_space(), host)});
-  } else if (!p.lengths.dims.empty()) {
-    Kokkos::View<std::int32_t*, Exec::memory_space> len("kfa::key_lengths", p.lengths.dims[0]);
-    auto h = Kokkos::create_mirror_view(len);
-    for (std::size_t b = 0; b < p.lengths.data.size(); ++b)
-      h(b) = static_cast<std::int32_t>(p.lengths.data[b]);
-    Kokkos::deep_copy(len, h);
-    pass(kfa::masks::KeyPadding{len});
-  } else {
-    pass();
-  }
-}
-
-// The score terms for the reference.
-kfa::reference::Terms reference_terms(const Problem& p) {
-  kfa::reference::Terms t;
-  t.alibi = p.slopes.data;
-  if (!p.bias.dims.empty()) t.bias = to_reference(p.bias);
-  if (!p.dense.dims.empty()) {
-    const auto& m = p.dense.dims;
-    t.mask = kfa::reference::Keep4("kfa::ref::mask", m[0], m[1], m[2], m[3]);
-    std::copy(p.dense.bytes.begin(), p.dense.bytes.end(), t.mask.data());
-  }
-  for (double n : p.lengths.data)
-    t.key_lengths.push_back(static_cast<int>(n));
-  return t;
-}
-
 template <class T>
 int run_forward(const Options& o, Problem& p) {
   const Inputs<T> in = upload_inputs<T>(o, p);
@@ -496,7 +397,7 @@ int run_forward(const Options& o, Problem& p) {
                    q.extent(0), q.extent(1), q.extent(2));
 
   kfa_apps::Timing tm;
-  with_term<T>(p, {}, [&](const auto&... term) {
+  kfa_apps::with_term<Lse<T>>(p, {}, [&](const auto&... term) {
     tm = kfa_apps::time_pass(o.repeat,
                              [&] { kfa::forward(Exec(), q, k, v, out, lse, o.params, term...); });
   });
@@ -512,7 +413,7 @@ int run_forward(const Options& o, Problem& p) {
   if (o.check) {
     const auto c = kfa::reference::check_forward<T>(
         to_reference(p.q), to_reference(p.k), to_reference(p.v), o.params, to_reference(o_ds),
-        to_reference3(lse_ds), keep_mask(o, d), reference_terms(p));
+        to_reference3(lse_ds), keep_mask(o, d), kfa_apps::reference_terms(p));
     verdict = Verdict{{{"O", "o", c.o}, {"LSE", "lse", c.lse}}};
   }
   if (!o.out.empty()) kfa_apps::write_atomic(o.out, {{"/o", &o_ds}, {"/lse", &lse_ds}});
@@ -530,7 +431,7 @@ int run_backward(const Options& o, Problem& p) {
   if (p.o.dims.empty()) {  // --random: the forward it needs, once and untimed
     out = DeviceTensor<T>(std::string("kfa::o"), d.batch, d.heads_q, d.seqlen_q, d.head_dim);
     lse = decltype(lse)(std::string("kfa::lse"), d.batch, d.heads_q, d.seqlen_q);
-    with_term<T>(p, {}, [&](const auto&... term) {
+    kfa_apps::with_term<Lse<T>>(p, {}, [&](const auto&... term) {
       kfa::forward(Exec(), q, k, v, out, lse, o.params, term...);
     });
   } else {
@@ -546,7 +447,7 @@ int run_backward(const Options& o, Problem& p) {
     dbias = DeviceBias<T>(std::string("kfa::dbias"), p.bias.dims[0], p.bias.dims[1], p.bias.dims[2],
                           p.bias.dims[3]);
   kfa_apps::Timing tm;
-  with_term<T>(p, dbias, [&](const auto&... term) {
+  kfa_apps::with_term<Lse<T>>(p, dbias, [&](const auto&... term) {
     tm = kfa_apps::time_pass(o.repeat, [&] {
       if (dlse.size() > 0)
         kfa::backward(Exec(), q, k, v, out, lse, dout, dlse, dq, dk, dv, o.params, term...);
@@ -569,14 +470,15 @@ int run_backward(const Options& o, Problem& p) {
     const auto c = kfa::reference::check_backward<T>(
         to_reference(p.q), to_reference(p.k), to_reference(p.v), o.params, to_reference(p.dout),
         to_reference3(p.dlse), to_reference(dq_ds), to_reference(dk_ds), to_reference(dv_ds),
-        keep_mask(o, d), reference_terms(p));
+        keep_mask(o, d), kfa_apps::reference_terms(p));
     verdict = Verdict{{{"dQ", "dq", c.dq}, {"dK", "dk", c.dk}, {"dV", "dv", c.dv}}};
     if (dbias.size() > 0)
-      verdict->checks.push_back({"dbias", "dbias",
-                                 kfa::reference::check_dbias<T>(
-                                     to_reference(p.q), to_reference(p.k), to_reference(p.v),
-                                     o.params, to_reference(p.dout), to_reference3(p.dlse),
-                                     to_reference(dbias_ds), keep_mask(o, d), reference_terms(p))});
+      verdict->checks.push_back(
+          {"dbias", "dbias",
+           kfa::reference::check_dbias<T>(to_reference(p.q), to_reference(p.k), to_reference(p.v),
+                                          o.params, to_reference(p.dout), to_reference3(p.dlse),
+                                          to_reference(dbias_ds), keep_mask(o, d),
+                                          kfa_apps::reference_terms(p))});
   }
   if (!o.out.empty()) {
     std::vector<std::pair<std::string, const Dataset*>> w{
@@ -939,7 +841,7 @@ int main_pass(Options o) {
       kfa_apps::require_memory(16.0 * double(H) * double(N) * double(Nk), "the --multiscale mask");
       p.mask = kfa_apps::decay_mask(H, N, Nk, o.dtype);
     }
-    if (o.alibi) p.slopes = standard_slopes(H);
+    if (o.alibi) p.slopes = kfa_apps::standard_slopes(H);
   } else {
     kfa_apps::H5File in(o.in);
     kfa_apps::check_known_datasets(in.names(), o.in, o.multiscale, !o.multiscale);
@@ -972,7 +874,7 @@ int main_pass(Options o) {
       p.slopes = in.header("/alibi_slopes", 1);
     }
     if (in.has("/bias")) p.bias = in.header("/bias", 4);
-    check_term_shapes(p);
+    kfa_apps::check_term_shapes(p, p.q.dims, p.k.dims);
     check_memory(p.q.dtype, double(p.q.size()), double(p.k.size()), double(p.q.dims[3]), bwd,
                  "dataset /q " + kfa_apps::shape_of(p.q.dims) + " with /k " +
                      kfa_apps::shape_of(p.k.dims) + " (" + name(p.q.dtype) + ") in '" + o.in + "'");
@@ -1004,8 +906,8 @@ int main_pass(Options o) {
     }
     if (!o.multiscale && in.has("/key_lengths"))
       p.lengths = in.read_integers("/key_lengths", 1, false);
-    if (o.alibi) p.slopes = standard_slopes(p.q.dims[1]);
-    check_term_shapes(p);
+    if (o.alibi) p.slopes = kfa_apps::standard_slopes(p.q.dims[1]);
+    kfa_apps::check_term_shapes(p, p.q.dims, p.k.dims);
     if (!o.allow_nonfinite)
       for (const auto& [d, ds] : {std::pair{&p.q, "/q"},
                                   {&p.k, "/k"},

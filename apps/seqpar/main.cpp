@@ -11,13 +11,18 @@
 //                seqlen_q, seqlen_k) when present, writes /o /rsum; backward reads /q /k /v
 //                [/mask] /o /rsum /do, writes /dq /dk /dv; --random draws kfa's decay mask
 //   mpiexec -n P kfa-seqpar --version
+//   score terms (softmax), as kfa: /alibi_slopes (heads_q) or --alibi, /bias (batch or 1,
+//                heads_q or 1, seqlen_q, seqlen_k; the backward writes its gradient /dbias),
+//                /mask (uint8, same extents) or /key_lengths (integers, batch); one per pass
 //   options: --mode ring|tree (default ring), --layout contiguous|zigzag (default contiguous),
 //            kfa's pass flags (one a field of kfa::Params, and --window LEFT,RIGHT)
 //
 // Files: every rank reads and writes only its own rows (owned_rows of the layout, along
-// seqlen) through parallel HDF5; no rank holds a whole tensor, except the multi-scale mask,
-// which every rank reads whole (kfa::mpi::msa takes it so). --random generates each rank's
-// rows from the global element index, so the problem is the same at every rank count.
+// seqlen) through parallel HDF5; no rank holds a whole tensor, except the multi-scale mask
+// and the score terms, which every rank reads whole (kfa::mpi takes them so; a bias or mask
+// costs each rank B H NQ NK values, and the backward with /bias a dL/dS buffer of that size
+// too), and /dbias, which every rank computes whole and rank 0 writes. --random generates each
+// rank's rows from the global element index, so the problem is the same at every rank count.
 // --check (with --random) compares each rank's rows with a single-rank computation of the
 // whole problem (kfa::forward / kfa::backward in the run's precision and in double) under
 // the tolerance rule; it needs the whole problem on every rank, so it is for checking, not
@@ -56,6 +61,7 @@
 #include "cli.hpp"
 #include "h5io.hpp"
 #include "report.hpp"
+#include "terms.hpp"
 #include "views.hpp"
 
 namespace {
@@ -74,7 +80,7 @@ const char* kUsage =
     "         (--in IN.h5 --out OUT.h5 | --random B,H,N,D [--heads-kv H] [--seqlen-k N]\n"
     "          [--dtype float|double] [--data-seed S] [--check])\n"
     "         [--mode ring|tree] [--layout contiguous|zigzag] [--repeat R] [--json]\n"
-    "         [--allow-nonfinite] [--multiscale]\n"
+    "         [--allow-nonfinite] [--multiscale] [--alibi]\n"
     "         [pass flags]\n"
     "       kfa-seqpar --version: kfa's version and options, the Kokkos it was compiled with\n"
     "  B,H,N,D: batch, query heads, sequence length, head dimension\n"
@@ -85,6 +91,9 @@ const char* kUsage =
     "  --multiscale: multi-scale attention, as kfa's: forward reads /q /k /v [/mask (H, NQ,\n"
     "           NK), whole on every rank], writes /o /rsum; backward reads /q /k /v [/mask]\n"
     "           /o /rsum /do, writes /dq /dk /dv; --random uses kfa's decay mask\n"
+    "  score terms, as kfa's: /alibi_slopes (H) or --alibi (slopes 2^(-8 (h+1) / H)), /bias (B\n"
+    "           or 1, H or 1, NQ, NK; the backward writes /dbias), /mask (uint8, same extents;\n"
+    "           0 = hidden) or /key_lengths (integers, B); whole on every rank, one per pass\n"
     "  --kokkos-FLAG=VALUE: passed to Kokkos after a check (threads: --kokkos-threads=N on\n"
     "           Kokkos 3.4, --kokkos-num-threads=N from 3.7)\n"
     "  GFLOP/s are those of the whole problem, all ranks together\n"
@@ -94,6 +103,7 @@ const char* kUsage =
 struct Options : kfa_apps::RunOptions {
   kmpi::Mode mode = kmpi::Mode::ring;
   kmpi::Layout layout = kmpi::Layout::contiguous;
+  bool alibi = false;  // ALiBi with the standard slopes
 };
 
 Options parse(int argc, char** argv) {
@@ -103,6 +113,8 @@ Options parse(int argc, char** argv) {
       o.mode = kfa_apps::parse_enum<kmpi::Mode>(flag, value());
     else if (flag == "--layout")
       o.layout = kfa_apps::parse_enum<kmpi::Layout>(flag, value());
+    else if (flag == "--alibi")
+      o.alibi = true;
     else
       return false;
     return true;
@@ -116,6 +128,7 @@ Options parse(int argc, char** argv) {
                      "path)");
   if (!o.in.empty() && o.check)
     throw InputError("--check applies to --random only (it needs the whole problem on each rank)");
+  if (o.multiscale && o.alibi) throw InputError("--alibi does not apply to --multiscale");
   kfa_apps::check_multiscale(o);
   return o;
 }
@@ -180,7 +193,7 @@ std::vector<RowRange> all_rows(hsize_t n) {
   return {{0, n}};
 }
 
-struct Problem {
+struct Problem : kfa_apps::Terms {  // the score terms, whole, and:
   long long B = 0, Hq = 0, Hk = 0, Nq = 0, Nk = 0, D = 0;
   Dataset q, k, v, o, lse, dout, dlse;  // this rank's rows (--multiscale: lse holds /rsum)
   Dataset mask;                         // --multiscale: the whole M, or empty (M = 1)
@@ -212,6 +225,12 @@ void check_memory(const Options& o, const Problem& p, DType t, const std::string
   // The whole multi-scale mask, in the kernel's type and the program's doubles (once more in
   // double under --check).
   if (o.multiscale) mine += (per + (o.check ? 8 : 0)) * double(p.Hq) * double(p.Nq) * double(p.Nk);
+  // A whole bias (the program's doubles and the kernel's copy; the backward's dbias twice over
+  // and kfa::mpi's dL/dS buffer of the whole problem) or boolean mask (bytes, twice).
+  const double whole = double(p.B) * double(p.Hq) * double(p.Nq) * double(p.Nk);
+  if (!p.bias.dims.empty())
+    mine += double(p.bias.size()) * (per * (bwd ? 2 : 1)) + (bwd ? whole * 8 : 0);
+  mine += 2.0 * double(p.dense.size());
   MPI_Comm node = MPI_COMM_NULL;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, comm_rank(), MPI_INFO_NULL, &node);
   double on_node = mine;
@@ -266,10 +285,11 @@ Problem load(const Options& o) {
     p.v = random_rows(o, 2, kd, kr);
     if (o.command == "backward") p.dout = random_rows(o, 3, qd, qr);
     if (o.multiscale) p.mask = kfa_apps::decay_mask(p.Hq, p.Nq, p.Nk, o.dtype);
+    if (o.alibi) p.slopes = kfa_apps::standard_slopes(hsize_t(p.Hq));
     return p;
   }
   kfa_apps::ParallelH5File in(o.in, MPI_COMM_WORLD);
-  kfa_apps::check_known_datasets(in.names(), o.in, o.multiscale);
+  kfa_apps::check_known_datasets(in.names(), o.in, o.multiscale, !o.multiscale);
   // Every header first (every rank reads the same ones, so all agree), then the rows: a
   // dataset whose shape disagrees must fail on every rank before any collective read.
   const bool bwd = o.command == "backward";
@@ -310,6 +330,28 @@ Problem load(const Options& o) {
   const bool has_mask = o.multiscale && in.has("/mask");
   if (has_mask)
     expect("/mask", in.header("/mask", 3), {qd[1], qd[2], kd[2]}, "(heads, seqlen) of /q and /k");
+  // The score terms (softmax), whole on every rank: their headers, and the integer ones whole
+  // (small, or checked as bytes below), before the memory check.
+  if (!o.multiscale) {
+    if (in.has("/alibi_slopes")) {
+      if (o.alibi)
+        throw InputError("--alibi and dataset /alibi_slopes in '" + o.in +
+                         "' were both given; give one");
+      p.slopes = in.header("/alibi_slopes", 1);
+    }
+    if (o.alibi) p.slopes = kfa_apps::standard_slopes(qd[1]);
+    if (in.has("/bias")) p.bias = in.header("/bias", 4);
+    if (in.has("/mask")) {
+      try {
+        p.dense = in.read_integers("/mask", 4, true);
+      } catch (const InputError& e) {
+        throw InputError(std::string(e.what()) +
+                         " (a float /mask is the weight tensor of --multiscale)");
+      }
+    }
+    if (in.has("/key_lengths")) p.lengths = in.read_integers("/key_lengths", 1, false);
+    kfa_apps::check_term_shapes(p, qd, kd);
+  }
   check_memory(o, p, qh.dtype,
                "dataset /q " + kfa_apps::shape_of(qd) + " with /k " + kfa_apps::shape_of(kd) +
                    " (" + kfa_apps::name(qh.dtype) + ") in '" + o.in + "'");
@@ -324,6 +366,11 @@ Problem load(const Options& o) {
     if (has_dlse) p.dlse = in.read_rows("/dlse", 3, qr);
   }
   if (has_mask) p.mask = in.read_rows("/mask", 3, all_rows(p.Nk));  // whole: (H, Nq, all Nk)
+  if (!p.slopes.dims.empty() && !o.alibi) p.slopes = in.read("/alibi_slopes", 1);
+  if (!p.bias.dims.empty()) p.bias = in.read("/bias", 4);
+  for (const auto& [d, ds] : {std::pair{&p.slopes, "/alibi_slopes"}, {&p.bias, "/bias"}})
+    if (!o.allow_nonfinite)
+      kfa_apps::refuse_non_finite(*d, std::string("dataset ") + ds + " in '" + o.in + "'");
   refuse_non_finite(o, p.q, "/q", qr);
   refuse_non_finite(o, p.k, "/k", kr);
   refuse_non_finite(o, p.v, "/v", kr);
@@ -346,34 +393,42 @@ Dev3<U> mask_view(const Problem& p) {
   return p.mask.dims.empty() ? Dev3<U>() : kfa_apps::dataset_to_view<Dev3<U>>(p.mask, "mask");
 }
 
-// kfa::mpi's forward of the run's attention on this rank's rows: o and lse (or rsum).
-template <class T>
+// kfa::mpi's forward of the run's attention on this rank's rows: o and lse (or rsum), with
+// the score term when one is given (softmax only: --multiscale takes none).
+template <class T, class... Term>
 void mpi_forward(const Options& o, const Dev3<T>& mask, const Dev4<T>& q, const Dev4<T>& k,
-                 const Dev4<T>& v, const Dev4<T>& out, const Dev3<T>& stat,
-                 const kmpi::SeqPar& sp) {
-  if (!o.multiscale)
-    kmpi::forward(Exec(), q, k, v, out, stat, o.params, sp);
-  else if (mask.size() > 0)
-    kmpi::msa::forward(Exec(), q, k, v, mask, out, stat, kfa_apps::msa_params(o), sp);
-  else
-    kmpi::msa::forward(Exec(), q, k, v, out, stat, kfa_apps::msa_params(o), sp);
+                 const Dev4<T>& v, const Dev4<T>& out, const Dev3<T>& stat, const kmpi::SeqPar& sp,
+                 const Term&... term) {
+  if (!o.multiscale) {
+    kmpi::forward(Exec(), q, k, v, out, stat, o.params, sp, term...);
+  } else if constexpr (sizeof...(Term) == 0) {
+    if (mask.size() > 0)
+      kmpi::msa::forward(Exec(), q, k, v, mask, out, stat, kfa_apps::msa_params(o), sp);
+    else
+      kmpi::msa::forward(Exec(), q, k, v, out, stat, kfa_apps::msa_params(o), sp);
+  }
 }
 
-// kfa::mpi's backward of the run's attention; dlse (softmax only) when `with_dlse`.
-template <class T>
+// kfa::mpi's backward of the run's attention; dlse (softmax only) when `with_dlse`; the
+// forward's score term, if any.
+template <class T, class... Term>
 void mpi_backward(const Options& o, const Dev3<T>& mask, const Dev4<T>& q, const Dev4<T>& k,
                   const Dev4<T>& v, const Dev4<T>& out, const Dev3<T>& stat, const Dev4<T>& dout,
                   const Dev3<T>& dlse, bool with_dlse, const Dev4<T>& dq, const Dev4<T>& dk,
-                  const Dev4<T>& dv, const kmpi::SeqPar& sp) {
-  if (o.multiscale && mask.size() > 0)
-    kmpi::msa::backward(Exec(), q, k, v, mask, out, stat, dout, dq, dk, dv, kfa_apps::msa_params(o),
-                        sp);
-  else if (o.multiscale)
-    kmpi::msa::backward(Exec(), q, k, v, out, stat, dout, dq, dk, dv, kfa_apps::msa_params(o), sp);
-  else if (with_dlse)
-    kmpi::backward(Exec(), q, k, v, out, stat, dout, dlse, dq, dk, dv, o.params, sp);
-  else
-    kmpi::backward(Exec(), q, k, v, out, stat, dout, dq, dk, dv, o.params, sp);
+                  const Dev4<T>& dv, const kmpi::SeqPar& sp, const Term&... term) {
+  if (!o.multiscale) {
+    if (with_dlse)
+      kmpi::backward(Exec(), q, k, v, out, stat, dout, dlse, dq, dk, dv, o.params, sp, term...);
+    else
+      kmpi::backward(Exec(), q, k, v, out, stat, dout, dq, dk, dv, o.params, sp, term...);
+  } else if constexpr (sizeof...(Term) == 0) {
+    if (mask.size() > 0)
+      kmpi::msa::backward(Exec(), q, k, v, mask, out, stat, dout, dq, dk, dv,
+                          kfa_apps::msa_params(o), sp);
+    else
+      kmpi::msa::backward(Exec(), q, k, v, out, stat, dout, dq, dk, dv, kfa_apps::msa_params(o),
+                          sp);
+  }
 }
 
 // ---- Timing --------------------------------------------------------------------------------
@@ -504,17 +559,21 @@ struct SingleRank {
         lse("l1", p.B, p.Hq, p.Nq),
         mask(mask_view<U>(p)) {
     if (!opts.multiscale)
-      kfa::forward(Exec(), q, k, v, o, lse, opts.params);
+      kfa_apps::with_term<U>(p, {}, [&](const auto&... term) {
+        kfa::forward(Exec(), q, k, v, o, lse, opts.params, term...);
+      });
     else if (mask.size() > 0)
       kfa::msa::forward(Exec(), q, k, v, mask, o, lse, kfa_apps::msa_params(opts));
     else
       kfa::msa::forward(Exec(), q, k, v, o, lse, kfa_apps::msa_params(opts));
   }
-  // The gradients given dout.
-  void backward(const Dev4<U>& dout, const Dev4<U>& dq, const Dev4<U>& dk,
+  // The gradients given dout (with the score term of p, as the forward).
+  void backward(const Problem& p, const Dev4<U>& dout, const Dev4<U>& dq, const Dev4<U>& dk,
                 const Dev4<U>& dv) const {
     if (!opts.multiscale)
-      kfa::backward(Exec(), q, k, v, o, lse, dout, dq, dk, dv, opts.params);
+      kfa_apps::with_term<U>(p, {}, [&](const auto&... term) {
+        kfa::backward(Exec(), q, k, v, o, lse, dout, dq, dk, dv, opts.params, term...);
+      });
     else if (mask.size() > 0)
       kfa::msa::backward(Exec(), q, k, v, mask, o, lse, dout, dq, dk, dv,
                          kfa_apps::msa_params(opts));
@@ -551,7 +610,7 @@ Verdict check_backward(const Options& o, const Problem& p, const Dev4<T>& dq, co
     const auto d = kfa_apps::dataset_to_view<Dev4<U>>(w.dout, "do");
     Dev4<U> dq1("dq1", p.B, p.Hq, p.Nq, p.D), dk1("dk1", p.B, p.Hk, p.Nk, p.D),
         dv1("dv1", p.B, p.Hk, p.Nk, p.D);
-    s.backward(d, dq1, dk1, dv1);
+    s.backward(p, d, dq1, dk1, dv1);
     return std::array{rows_of(to_host_double(dq1), qr), rows_of(to_host_double(dk1), kr),
                       rows_of(to_host_double(dv1), kr)};
   };
@@ -563,6 +622,16 @@ Verdict check_backward(const Options& o, const Problem& p, const Dev4<T>& dq, co
 }
 
 // ---- Report --------------------------------------------------------------------------------
+
+// " term=KIND" for the run's score term, or nothing.
+std::string term_name(const Problem& p) {
+  for (const auto& [d, name] : {std::pair{&p.slopes, "alibi"},
+                                {&p.bias, "bias"},
+                                {&p.dense, "mask"},
+                                {&p.lengths, "key_lengths"}})
+    if (!d->dims.empty()) return std::string(" term=") + name;
+  return "";
+}
 
 // Prints the summary (rank 0) with every rank's compute and MPI time, and the JSON line under
 // --json; returns the exit status.
@@ -577,7 +646,7 @@ int report(const Options& o, const Problem& p, const Timing& tm,
   const double gflops = kfa_apps::pass_flops(o, p.dims()) / tm.median_s * 1e-9;
   const std::string extra = std::string(o.multiscale ? "multiscale " : "") +
                             "ranks=" + std::to_string(P) + " mode=" + kfa::name_of(o.mode) +
-                            " layout=" + kfa::name_of(o.layout);
+                            " layout=" + kfa::name_of(o.layout) + term_name(p);
   std::printf("%s\n", kfa_apps::describe("kfa-seqpar", o, p.dims(), p.q.dtype, extra).c_str());
   std::printf(
       "time: median %.6f s over %lld run%s (slowest rank); %.2f GFLOP/s (all %d ranks "
@@ -597,7 +666,9 @@ int report(const Options& o, const Problem& p, const Timing& tm,
         kfa_apps::summary("the single-rank result (float64 and same precision)", *verdict).c_str());
   if (!o.out.empty())
     std::printf("wrote %s to %s\n",
-                o.command == "forward" ? (std::string("/o ") + p.stat).c_str() : "/dq /dk /dv",
+                o.command == "forward" ? (std::string("/o ") + p.stat).c_str()
+                : p.bias.dims.empty()  ? "/dq /dk /dv"
+                                       : "/dq /dk /dv /dbias",
                 o.out.c_str());
   if (o.json) {
     auto j = kfa_apps::pass_json(o, p.dims(), p.q.dtype)
@@ -640,8 +711,10 @@ int run_forward(const Options& o, const Problem& p) {
   const Dev3<T> mask = mask_view<T>(p);
   Dev4<T> out("o", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
   Dev3<T> lse("lse", q.extent(0), q.extent(1), q.extent(2));
-  const Timing tm =
-      time_pass(o, in.timings, [&] { mpi_forward(o, mask, q, k, v, out, lse, in.sp); });
+  Timing tm;
+  kfa_apps::with_term<T>(p, {}, [&](const auto&... term) {
+    tm = time_pass(o, in.timings, [&] { mpi_forward(o, mask, q, k, v, out, lse, in.sp, term...); });
+  });
   std::optional<Verdict> verdict;
   if (o.check) verdict = check_forward<T>(o, p, out, lse);
   if (!o.out.empty()) {
@@ -665,7 +738,9 @@ int run_backward(const Options& o, const Problem& p) {
   if (p.o.dims.empty()) {  // --random: the forward it needs, once and untimed
     out = Dev4<T>("o", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
     lse = Dev3<T>("lse", q.extent(0), q.extent(1), q.extent(2));
-    mpi_forward(o, mask, q, k, v, out, lse, in.sp);
+    kfa_apps::with_term<T>(p, {}, [&](const auto&... term) {
+      mpi_forward(o, mask, q, k, v, out, lse, in.sp, term...);
+    });
   } else {
     out = kfa_apps::dataset_to_view<Dev4<T>>(p.o, "o");
     lse = kfa_apps::dataset_to_view<Dev3<T>>(p.lse, "lse");
@@ -676,8 +751,14 @@ int run_backward(const Options& o, const Problem& p) {
       dv("dv", k.extent(0), k.extent(1), k.extent(2), k.extent(3));
   // Whether /dlse was given: the file's, not this rank's row count, so every rank alike.
   const bool with_dlse = !p.dlse.dims.empty();
-  const Timing tm = time_pass(o, in.timings, [&] {
-    mpi_backward(o, mask, q, k, v, out, lse, dout, dlse, with_dlse, dq, dk, dv, in.sp);
+  Dev4<T> dbias;  // the bias's gradient, whole on every rank
+  if (!p.bias.dims.empty())
+    dbias = Dev4<T>("dbias", p.bias.dims[0], p.bias.dims[1], p.bias.dims[2], p.bias.dims[3]);
+  Timing tm;
+  kfa_apps::with_term<T>(p, dbias, [&](const auto&... term) {
+    tm = time_pass(o, in.timings, [&] {
+      mpi_backward(o, mask, q, k, v, out, lse, dout, dlse, with_dlse, dq, dk, dv, in.sp, term...);
+    });
   });
   std::optional<Verdict> verdict;
   if (o.check) verdict = check_backward<T>(o, p, dq, dk, dv);
@@ -686,11 +767,21 @@ int run_backward(const Options& o, const Problem& p) {
                   dkd = kfa_apps::view_to_dataset(dk, p.q.dtype),
                   dvd = kfa_apps::view_to_dataset(dv, p.q.dtype);
     const auto qr = my_rows(o, p.Nq), kr = my_rows(o, p.Nk);
-    kfa_apps::write_rows_atomic(o.out,
-                                {{"/dq", p.q_dims(), &dqd, qr},
-                                 {"/dk", p.k_dims(), &dkd, kr},
-                                 {"/dv", p.k_dims(), &dvd, kr}},
-                                MPI_COMM_WORLD);
+    std::vector<kfa_apps::RowSlab> slabs = {{"/dq", p.q_dims(), &dqd, qr},
+                                            {"/dk", p.k_dims(), &dkd, kr},
+                                            {"/dv", p.k_dims(), &dvd, kr}};
+    // dbias: the same on every rank; rank 0 writes it (its rows: dimension 2, seqlen_q).
+    Dataset dbd, none;
+    if (dbias.size() > 0) {
+      dbd = kfa_apps::view_to_dataset(dbias, p.q.dtype);
+      none = dbd;
+      none.dims[2] = 0;
+      none.data.clear();
+      const bool first = comm_rank() == 0;
+      slabs.push_back({"/dbias", dbd.dims, first ? &dbd : &none,
+                       first ? all_rows(dbd.dims[2]) : std::vector<RowRange>{}});
+    }
+    kfa_apps::write_rows_atomic(o.out, slabs, MPI_COMM_WORLD);
   }
   return report(o, p, tm, verdict);
 }
@@ -763,6 +854,7 @@ std::vector<std::pair<std::string, std::string>> agreed_options(const Options& o
   add("--mode", kfa::name_of(o.mode));
   add("--layout", kfa::name_of(o.layout));
   add("--multiscale", flag(o.multiscale));
+  add("--alibi", flag(o.alibi));
   kfa::for_each_field(o.params, [&](const kfa::Field& f, const auto& x) {
     using X = std::decay_t<decltype(x)>;
     if constexpr (std::is_same_v<X, bool>)

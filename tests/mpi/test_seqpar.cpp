@@ -3,7 +3,9 @@
 // x mask (and dropout, GQA, seqlen_q != seqlen_k, dlse, sequences shorter than the rank count)
 // gives each rank its rows of the double-precision reference under the tolerance rule, and so
 // does multi-scale attention (kfa::mpi::msa, float and double, dense and decay masks); the
-// deterministic backward is bitwise repeatable; invalid input on one rank makes every rank
+// deterministic backward is bitwise repeatable; the score terms of kfa/masks.hpp (ALiBi, a
+// bias with dbias, a boolean mask, key padding) give the reference's result with the same term,
+// dbias whole and bitwise alike on every rank; invalid input on one rank makes every rank
 // throw the same kfa::Error. Run by ctest under mpiexec -n 1, 2, 3, 4.
 #include <gtest/gtest.h>
 #include <kfa/combiner_op.hpp>
@@ -22,6 +24,7 @@
 
 #include "../msa_mask.hpp"
 #include "../problem.hpp"
+#include "../terms.hpp"
 
 namespace {
 
@@ -699,6 +702,195 @@ TEST(SeqPar, MultiScaleMaskNotWholeEndsEveryRank) {
                                "whole (heads_q, seqlen_q, seqlen_k) = (2, 40, 40)";
       EXPECT_NE(got.find(want), std::string::npos) << "rank " << comm_rank() << ": '" << got << "'";
     }
+  }
+}
+
+// ---- Score terms (kfa/masks.hpp) ---------------------------------------------------------
+
+/// Whether x holds the same bytes on every rank (rank 0's, broadcast).
+bool same_on_every_rank(const Tensor4& x) {
+  std::vector<double> first(x.data(), x.data() + x.span());
+  MPI_Bcast(first.data(), static_cast<int>(first.size()), MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  int same = std::memcmp(first.data(), x.data(), x.span() * sizeof(double)) == 0 ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return same == 1;
+}
+
+// The forward and backward of one case with a term of `kind` in T, the whole term on every
+// rank: each rank's rows of O and LSE against the reference's rows with the same term, the
+// assembled gradients against its gradients (float: the tolerance rule; double: 1e-12
+// relative), and with a bias, dbias, whole on every rank, against the reference's and the
+// same bits on every rank.
+template <class T>
+void check_term(const Shape& s, kfa::Params p, Kind kind, kmpi::Mode mode, kmpi::Layout layout,
+                bool with_dlse) {
+  const std::uint64_t seed = seed_of(s, 94 + static_cast<int>(kind));
+  SCOPED_TRACE(::testing::Message()
+               << s << " " << describe(p) << " " << name_of(kind)
+               << (p.deterministic ? " deterministic" : " atomic") << (with_dlse ? " dlse" : "")
+               << " mode=" << kfa::name_of(mode) << " layout=" << kfa::name_of(layout)
+               << " ranks=" << comm_size() << " rank=" << comm_rank() << " "
+               << (std::is_same_v<T, float> ? "float" : "double"));
+  Problem pb(s, seed);
+  pb.rounded<T>();
+  std::mt19937_64 gen(seed + 1);
+  const kfa::reference::Terms t = make_terms<T>(s, kind, gen);
+  const Tensor4 dout = random_tensor("dout", s.batch, s.heads_q, s.seqlen_q, s.head_dim, gen);
+  const Tensor3 dlse = with_dlse ? random_dlse(s, gen) : Tensor3();
+  const kmpi::SeqPar sp{MPI_COMM_WORLD, s.seqlen_q, s.seqlen_k, layout, mode};
+  const Keep4 keep = keep_mask(s, p);
+
+  auto q = to_device<T>(my_rows(pb.q, layout, "q"));
+  auto k = to_device<T>(my_rows(pb.k, layout, "k"));
+  auto v = to_device<T>(my_rows(pb.v, layout, "v"));
+  DevT4<T> o("o", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
+  DevT3<T> lse("lse", q.extent(0), q.extent(1), q.extent(2));
+  Kokkos::deep_copy(o, std::numeric_limits<T>::quiet_NaN());
+  Kokkos::deep_copy(lse, std::numeric_limits<T>::quiet_NaN());
+  with_term<T>(t, {},
+               [&](const auto& term) { kmpi::forward(Exec(), q, k, v, o, lse, p, sp, term); });
+  const Tensor4 oh = to_host<Tensor4>(o, "oh");
+  const Tensor3 lh = to_host<Tensor3>(lse, "lh");
+  EXPECT_TRUE(all_written(oh) && all_written(lh));
+  Tensor4 o64("o64", s.batch, s.heads_q, s.seqlen_q, s.head_dim),
+      oT("oT", s.batch, s.heads_q, s.seqlen_q, s.head_dim);
+  Tensor3 l64("l64", s.batch, s.heads_q, s.seqlen_q), lT("lT", s.batch, s.heads_q, s.seqlen_q);
+  ref::forward<double>(pb.q, pb.k, pb.v, p, o64, l64, keep, t);
+  ref::forward<T>(pb.q, pb.k, pb.v, p, oT, lT, keep, t);
+  const auto co = ref::apply_rule<T>(oh, my_rows(oT, layout, "oTr"), my_rows(o64, layout, "o64r"));
+  const auto cl = ref::apply_rule<T>(lh, my_rows(lT, layout, "lTr"), my_rows(l64, layout, "l64r"));
+  EXPECT_TRUE(co.ok()) << "O err " << co.err << " > bound " << co.bound;
+  EXPECT_TRUE(cl.ok()) << "LSE err " << cl.err << " > bound " << cl.bound;
+
+  const auto dod = to_device<T>(my_rows(dout, layout, "do"));
+  DevT4<T> dq("dq", q.extent(0), q.extent(1), q.extent(2), q.extent(3)),
+      dk("dk", k.extent(0), k.extent(1), k.extent(2), k.extent(3)),
+      dv("dv", k.extent(0), k.extent(1), k.extent(2), k.extent(3));
+  for (const auto& g : {dq, dk, dv})
+    Kokkos::deep_copy(g, std::numeric_limits<T>::quiet_NaN());
+  View4<term_t<T>> db;
+  if (t.bias.span() > 0) {
+    db = View4<term_t<T>>("dbias", t.bias.extent(0), t.bias.extent(1), t.bias.extent(2),
+                          t.bias.extent(3));
+    Kokkos::deep_copy(db, std::numeric_limits<term_t<T>>::quiet_NaN());
+  }
+  with_term<T>(t, db, [&](const auto& term) {
+    if (with_dlse) {
+      const Tensor3 mine = my_rows(dlse, layout, "dlse");
+      DevT3<T> dl("dl", mine.extent(0), mine.extent(1), mine.extent(2));
+      auto h = Kokkos::create_mirror_view(dl);
+      for (std::size_t e = 0; e < h.span(); ++e)
+        h.data()[e] = static_cast<T>(mine.data()[e]);
+      Kokkos::deep_copy(dl, h);
+      kmpi::backward(Exec(), q, k, v, o, lse, dod, dl, dq, dk, dv, p, sp, term);
+    } else {
+      kmpi::backward(Exec(), q, k, v, o, lse, dod, dq, dk, dv, p, sp, term);
+    }
+  });
+  const Tensor4 dqh = to_host<Tensor4>(dq, "dqh"), dkh = to_host<Tensor4>(dk, "dkh"),
+                dvh = to_host<Tensor4>(dv, "dvh");
+  EXPECT_TRUE(all_written(dqh) && all_written(dkh) && all_written(dvh));
+  const auto g = ref::check_backward<T>(
+      pb.q, pb.k, pb.v, p, dout, dlse, assemble(dqh, s.seqlen_q, layout),
+      assemble(dkh, s.seqlen_k, layout), assemble(dvh, s.seqlen_k, layout), keep, t);
+  for (const auto& [name, cg] : {std::pair{"dQ", g.dq}, {"dK", g.dk}, {"dV", g.dv}})
+    EXPECT_TRUE(cg.ok()) << name << ": err " << cg.err << " > bound " << cg.bound
+                         << " (naive same-precision err " << cg.naive_err << ")";
+  if (db.span() > 0) {
+    const Tensor4 dbh = to_host<Tensor4>(db, "dbh");
+    EXPECT_TRUE(all_written(dbh));
+    const auto cd = ref::check_dbias<T>(pb.q, pb.k, pb.v, p, dout, dlse, dbh, keep, t);
+    EXPECT_TRUE(cd.ok()) << "dbias: err " << cd.err << " > bound " << cd.bound;
+    EXPECT_TRUE(same_on_every_rank(dbh)) << "dbias differs between ranks";
+  }
+}
+
+// Each kind of term, with no mask, causal (bottom_right: seqlen_q > seqlen_k leaves the first
+// rows with no key) and a window with softcap, in every mode and layout, in float or double
+// and either dQ path by turns. The boolean mask hides whole rows; the key lengths include 0 and 1
+// (batch 4).
+TEST(SeqPar, ScoreTermsEveryModeAndLayoutMatchReference) {
+  const auto m = masks();
+  const std::vector<std::pair<Kind, Shape>> kinds = {
+      {Kind::alibi, {2, 2, 1, 41, 33, 16}},    {Kind::bias, {2, 2, 2, 33, 41, 16}},
+      {Kind::bias_1h, {2, 2, 1, 41, 33, 16}},  {Kind::dense, {2, 2, 2, 33, 41, 16}},
+      {Kind::dense_11, {1, 2, 1, 41, 41, 16}}, {Kind::keypad, {4, 2, 2, 29, 37, 16}}};
+  int n = 0;
+  for (const auto& [kind, shape] : kinds)
+    for (int mi : {0, 1, 9})
+      for (auto mode : every<kmpi::Mode>())
+        for (auto layout : every<kmpi::Layout>()) {
+          kfa::Params p = m[mi];
+          ++n;  // each kind meets both types, both dQ paths and dlse over its cases
+          p.deterministic = n / 2 % 2 == 1;
+          if (n % 2 == 0)
+            check_term<float>(shape, p, kind, mode, layout, n % 3 == 0);
+          else
+            check_term<double>(shape, p, kind, mode, layout, n % 3 == 0);
+        }
+}
+
+// A term on some ranks and not on others, or of other extents, or dbias on one rank only:
+// every rank throws the same kfa::Error naming what differs, before any message that could
+// wait for a rank that is not coming.
+TEST(SeqPar, ScoreTermOnOneRankEndsEveryRank) {
+  const int P = comm_size(), last = P - 1;
+  if (P == 1) GTEST_SKIP() << "needs two ranks";
+  const Shape s{2, 2, 2, 24, 24, 16};
+  Problem pb(s, 8);
+  std::mt19937_64 gen(3);
+  const auto layout = kmpi::Layout::zigzag;
+  auto q = to_device<float>(my_rows(pb.q, layout, "q"));
+  auto k = to_device<float>(my_rows(pb.k, layout, "k"));
+  Dev4 o("o", q.extent(0), q.extent(1), q.extent(2), 16), dq("dq", 2, 2, q.extent(2), 16),
+      dk("dk", 2, 2, k.extent(2), 16), dv("dv", 2, 2, k.extent(2), 16);
+  Dev3 lse("lse", q.extent(0), q.extent(1), q.extent(2));
+  const bool odd = comm_rank() == last;
+  const kfa::reference::Terms alibi = make_terms<float>(s, Kind::alibi, gen),
+                              bias = make_terms<float>(s, odd ? Kind::bias_1h : Kind::bias, gen);
+  View4<float> db("db", 1, 2, 24, 24);  // shaped like the last rank's bias
+  auto expect_everywhere = [&](const std::string& got, const std::string& want) {
+    EXPECT_NE(got.find(want), std::string::npos) << "rank " << comm_rank() << ": '" << got << "'";
+    int len = static_cast<int>(got.size()), lo = 0, hi = 0;
+    MPI_Allreduce(&len, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&len, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    EXPECT_EQ(lo, hi);
+  };
+  for (auto mode : every<kmpi::Mode>()) {
+    const kmpi::SeqPar sp{MPI_COMM_WORLD, s.seqlen_q, s.seqlen_k, layout, mode};
+    std::string got;
+    try {  // ALiBi on the last rank only
+      if (odd)
+        with_term<float>(alibi, {}, [&](const auto& term) {
+          kmpi::forward(Exec(), q, k, k, o, lse, kfa::Params{}, sp, term);
+        });
+      else
+        kmpi::forward(Exec(), q, k, k, o, lse, kfa::Params{}, sp);
+    } catch (const kmpi::CollectiveError& e) {
+      got = e.what();
+    }
+    expect_everywhere(got, "mpi::forward: the score term differs between ranks");
+    got.clear();
+    try {  // a bias broadcast over batch on the last rank only, and dbias there only
+      with_term<float>(bias, odd ? db : View4<float>(), [&](const auto& term) {
+        kmpi::backward(Exec(), q, k, k, o, lse, q, dq, dk, dv, kfa::Params{}, sp, term);
+      });
+    } catch (const kmpi::CollectiveError& e) {
+      got = e.what();
+    }
+    expect_everywhere(got, "the score term's batch extent differs between ranks (1 vs 2)");
+    expect_everywhere(got, "whether dbias is given differs between ranks (false vs true)");
+    got.clear();
+    try {  // a bias of the last rank's rows only: not the whole problem's
+      kfa::reference::Terms rows;
+      rows.bias = odd ? Tensor4("b", 2, 2, q.extent(2), 24) : bias.bias;
+      with_term<float>(rows, {}, [&](const auto& term) {
+        kmpi::forward(Exec(), q, k, k, o, lse, kfa::Params{}, sp, term);
+      });
+    } catch (const kmpi::CollectiveError& e) {
+      got = e.what();
+    }
+    expect_everywhere(got, "rank " + std::to_string(last) + ": mpi::forward: bias has shape");
   }
 }
 

@@ -21,10 +21,11 @@
 /// global positions, so every mode, layout and rank count gives the single-device result
 /// within rounding (and, with dropout, the same mask). Multi-scale likewise with the final,
 /// global r and c = [r >= 1] rowsum(dO * O) / max(r, 1); its mask tensor is passed whole on
-/// every rank. params.deterministic: no atomics in the
-/// kernels and every cross-rank sum in a fixed order, so the backward is bitwise repeatable
-/// run to run for a given rank count and layout (not across rank counts: the blocks, and so
-/// the rounding, change with them).
+/// every rank, as are the score terms of kfa/masks.hpp (ALiBi, a dense bias with its gradient,
+/// a boolean mask, key padding), which each block reads at its global position.
+/// params.deterministic: no atomics in the kernels and every cross-rank sum in a fixed order, so
+/// the backward is bitwise repeatable run to run for a given rank count and layout (not across rank
+/// counts: the blocks, and so the rounding, change with them).
 ///
 /// Invalid input on any rank (a bad shape, params or SeqPar fields that differ between ranks)
 /// is found by a collective check before the first collective that could hang: every rank
@@ -68,7 +69,9 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstring>
+#include <optional>
 #include <type_traits>
+#include <utility>
 
 namespace kfa::mpi::impl {
 
@@ -83,6 +86,13 @@ void with_mode(Mode mode, F&& f) {
       return f(Tree{});
   }
 }
+
+/// The rule R with the score term Extra bound, as R::with_term makes it for values of T on
+/// ExecSpace.
+template <class R, class T, class ExecSpace, class Extra>
+using Bound = std::decay_t<
+    decltype(std::declval<const R&>().template with_term<backends::accum_t<T>, ExecSpace>(
+        "", std::declval<const Extra&>(), std::declval<const kfa::impl::Dims&>(), false))>;
 
 /// The checks of a pass's arguments that need no other rank, common to both passes and every
 /// rule.
@@ -108,10 +118,34 @@ inline const char* error_prefix(const char* region) {
   return region + std::strlen("kfa::");
 }
 
-/// The forward of every rule R (rules.hpp): o and stat (lse or rsum) of this rank's rows.
-template <class ExecSpace, class Q, class K, class V, class O, class Lse, class R>
+/// The whole problem's extents, which a score term is checked against.
+template <class Q>
+kfa::impl::Dims whole_dims(const Q& q, const SeqPar& sp) {
+  return {q.extent(0), q.extent(1), static_cast<std::size_t>(sp.seqlen_q),
+          static_cast<std::size_t>(sp.seqlen_k)};
+}
+
+/// What a backward with a score term does after the blocks: nothing, except for a dense bias
+/// with dbias: each rank sums its pairs' dL/dS over the broadcast dimensions into dbias (the
+/// single-device pass's fixed order), then the ranks sum dbias, in which every element is one
+/// rank's (each (i, j) pair is computed once, by one rank), so every rank ends with the whole
+/// dbias, the same bits on every rank.
+template <class ExecSpace, class R, class Extra>
+void store_term_gradient(const ExecSpace&, const R&, const Extra&, const SeqPar&) {}
+template <class ExecSpace, class Rule, class BiasView, class DBiasView>
+void store_term_gradient(const ExecSpace& space, const SoftmaxRows<Rule>& rows,
+                         const masks::Bias<BiasView, DBiasView>& m, const SeqPar& sp) {
+  if (m.dbias.data() == nullptr) return;  // alike on every rank: the check compared it
+  kfa::impl::store_gradient(space, rows.rule, m);
+  sum_over_ranks(space, m.dbias, sp);
+}
+
+/// The forward of every rule R (rules.hpp): o and stat (lse or rsum) of this rank's rows, with
+/// the score term `extra` (kfa/masks.hpp; NoTerm: none), whole on every rank.
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class R,
+          class Extra = kfa::impl::NoTerm>
 void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
-             const R& rule, const SeqPar& sp, const char* name) {
+             const R& rows, const SeqPar& sp, const char* name, const Extra& extra = {}) {
   using T = typename Q::non_const_value_type;
   kfa::impl::static_check_pass<ExecSpace, true, Lse>(kfa::impl::Inputs<Q, K, V>{},
                                                      kfa::impl::Outputs<O>{});
@@ -121,22 +155,29 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
   const Meter whole_call(total_sink(sp));
   const Ranks ranks = ranks_of(sp.comm);
   const int rank = ranks.rank, P = ranks.size;
-  const Call call =
-      call_of<T>(error_prefix(name), Passes::forward, q, k, false, R::name, rule.has_mask());
-  check_collectively(call, sp, rule.agreed(), [&] {
-    check_locally<T>(call, rule, sp, rank, P, q, k);
+  Call call =
+      call_of<T>(error_prefix(name), Passes::forward, q, k, false, R::name, rows.has_mask());
+  call.term = term_shape(extra, false);
+  // The rule the blocks run, bound to the term by the check (which validates the term).
+  std::optional<Bound<R, T, ExecSpace, Extra>> rule;
+  check_collectively(call, sp, rows.agreed(), [&] {
+    check_locally<T>(call, rows, sp, rank, P, q, k);
     kfa::impl::validate_forward(call.name, q, k, v, o, lse, R::stat_name);
+    rule.emplace(rows.template with_term<backends::accum_t<T>, ExecSpace>(
+        call.name, extra, whole_dims(q, sp), false));
   });
-  with_mode(sp.mode, [&](auto mode) { mode.forward(space, q, k, v, o, lse, rule, sp, rank, P); });
+  with_mode(sp.mode, [&](auto mode) { mode.forward(space, q, k, v, o, lse, *rule, sp, rank, P); });
   space.fence();
 }
 
-/// The backward of every rule R with an optional dlse (nullptr: none; softmax only).
+/// The backward of every rule R with an optional dlse (nullptr: none; softmax only) and the
+/// forward's score term (dbias, when a dense bias has one, on every rank: store_term_gradient).
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DLse,
-          class DQ, class DK, class DV, class R>
+          class DQ, class DK, class DV, class R, class Extra = kfa::impl::NoTerm>
 void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
               const Lse& lse, const DO& dout, const DLse* dlse, const DQ& dq, const DK& dk,
-              const DV& dv, const R& rule, const SeqPar& sp, const char* name) {
+              const DV& dv, const R& rows, const SeqPar& sp, const char* name,
+              const Extra& extra = {}) {
   using T = typename Q::non_const_value_type;
   kfa::impl::static_check_pass<ExecSpace, false, Lse>(kfa::impl::Inputs<Q, K, V, O, DO>{},
                                                       kfa::impl::Outputs<DQ, DK, DV>{});
@@ -149,21 +190,26 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
   const Meter whole_call(total_sink(sp));
   const Ranks ranks = ranks_of(sp.comm);
   const int rank = ranks.rank, P = ranks.size;
-  const Call call = call_of<T>(error_prefix(name), Passes::backward, q, k, dlse != nullptr, R::name,
-                               rule.has_mask());
-  check_collectively(call, sp, rule.agreed(), [&] {
-    check_locally<T>(call, rule, sp, rank, P, q, k);
+  Call call = call_of<T>(error_prefix(name), Passes::backward, q, k, dlse != nullptr, R::name,
+                         rows.has_mask());
+  call.term = term_shape(extra, true);
+  std::optional<Bound<R, T, ExecSpace, Extra>> rule;
+  check_collectively(call, sp, rows.agreed(), [&] {
+    check_locally<T>(call, rows, sp, rank, P, q, k);
     kfa::impl::validate_backward(call.name, q, k, v, o, lse, dout, dlse, dq, dk, dv, R::stat_name);
+    rule.emplace(rows.template with_term<backends::accum_t<T>, ExecSpace>(call.name, extra,
+                                                                          whole_dims(q, sp), true));
   });
   // The rule's row term of this rank's rows from the final O and statistic (softmax: delta =
   // rowsum(dO * O) - dLSE; multi-scale: c): with the global statistic every block's P is the
   // exact global one, so blocks need no re-merge.
   const Rows<backends::accum_t<T>, typename ExecSpace::memory_space> delta(
       "kfa::mpi::delta", q.extent(0), q.extent(1), q.extent(2));
-  rule.delta(space, delta, dout, o, lse, dlse, dq);
+  rule->delta(space, delta, dout, o, lse, dlse, dq);
   with_mode(sp.mode, [&](auto mode) {
-    mode.backward(space, q, k, v, dout, lse, delta, dq, dk, dv, rule, sp, rank, P);
+    mode.backward(space, q, k, v, dout, lse, delta, dq, dk, dv, *rule, sp, rank, P);
   });
+  store_term_gradient(space, *rule, extra, sp);
   space.fence();
 }
 
@@ -178,7 +224,7 @@ namespace kfa::mpi {
 template <class ExecSpace, class Q, class K, class V, class O, class Lse>
 void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
              const Params& params, const SeqPar& sp) {
-  impl::forward(space, q, k, v, o, lse, impl::SoftmaxRows{params}, sp, "kfa::mpi::forward");
+  impl::forward(space, q, k, v, o, lse, impl::SoftmaxRows<>{params}, sp, "kfa::mpi::forward");
 }
 
 /// Sequence-parallel backward: each rank passes its rows of q, k, v (as to forward), of o and
@@ -192,7 +238,7 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
               const Lse& lse, const DO& dout, const DQ& dq, const DK& dk, const DV& dv,
               const Params& params, const SeqPar& sp) {
   impl::backward(space, q, k, v, o, lse, dout, static_cast<const Lse*>(nullptr), dq, dk, dv,
-                 impl::SoftmaxRows{params}, sp, "kfa::mpi::backward");
+                 impl::SoftmaxRows<>{params}, sp, "kfa::mpi::backward");
 }
 
 /// As above, with dlse = dL/dLSE of this rank's rows (batch, heads_q, local seqlen_q).
@@ -202,8 +248,60 @@ template <class ExecSpace, class Q, class K, class V, class O, class Lse, class 
 void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
               const Lse& lse, const DO& dout, const DLse& dlse, const DQ& dq, const DK& dk,
               const DV& dv, const Params& params, const SeqPar& sp) {
-  impl::backward(space, q, k, v, o, lse, dout, &dlse, dq, dk, dv, impl::SoftmaxRows{params}, sp,
+  impl::backward(space, q, k, v, o, lse, dout, &dlse, dq, dk, dv, impl::SoftmaxRows<>{params}, sp,
                  "kfa::mpi::backward");
+}
+
+/// kfa::mpi::forward with a score term of kfa/masks.hpp, as kfa::forward takes one:
+/// kfa::masks::Alibi{slopes}, Bias{bias}, Dense{mask} or KeyPadding{lengths}. The term is the
+/// WHOLE problem's on every rank, at global positions: slopes (heads_q), a bias or boolean mask
+/// (batch or 1, heads_q or 1, seqlen_q, seqlen_k) with seqlen_q and seqlen_k those of SeqPar,
+/// key lengths (batch) in [0, seqlen_k]; the same values on every rank. A rank reads the rows
+/// and columns of the blocks it computes (ring: its queries against every key; tree: every
+/// query against its keys), so a bias or mask costs each rank its whole B Hq Nq Nk values
+/// (less where it broadcasts). Key padding and the masks of params skip the tiles they hide,
+/// as on one device; a row left with no key gets o = 0, lse = -inf. Every rank must pass a
+/// term of the same kind and, for a bias or mask, the same extents, or none.
+/// \throws kfa::Error on every rank when any rank's input is invalid, a term's shape does not
+///         fit the whole problem, or the ranks' terms differ in kind or extents.
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class Extra,
+          std::enable_if_t<kfa::impl::is_term<Extra>::value, int> = 0>
+void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
+             const Params& params, const SeqPar& sp, const Extra& term) {
+  impl::forward(space, q, k, v, o, lse, impl::SoftmaxRows<>{params}, sp, "kfa::mpi::forward", term);
+}
+
+/// kfa::mpi::backward with the forward's score term (as kfa::mpi::forward above). With
+/// kfa::masks::Bias{bias, dbias} and dbias not empty, EVERY rank receives the whole dbias
+/// (shaped like bias: dL/dbias summed over its broadcast dimensions), the same bits on every
+/// rank and those a repeated run gives: each (i, j) pair is computed by one rank, which sums
+/// it over the broadcast dimensions in a fixed order, and the ranks' parts meet in a sum where
+/// each element is nonzero on one rank only. It takes a dL/dS buffer of the whole problem per
+/// rank, (batch, heads_q, seqlen_q, seqlen_k) in the accumulation type; dbias holds float or
+/// double. Every rank must pass a dbias, or none.
+template <
+    class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK,
+    class DV, class Extra,
+    std::enable_if_t<kfa::impl::is_view_of_rank<DQ, 4>::value && kfa::impl::is_term<Extra>::value,
+                     int> = 0>
+void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+              const Lse& lse, const DO& dout, const DQ& dq, const DK& dk, const DV& dv,
+              const Params& params, const SeqPar& sp, const Extra& term) {
+  impl::backward(space, q, k, v, o, lse, dout, static_cast<const Lse*>(nullptr), dq, dk, dv,
+                 impl::SoftmaxRows<>{params}, sp, "kfa::mpi::backward", term);
+}
+
+/// As above, with dlse = dL/dLSE of this rank's rows.
+template <
+    class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DLse, class DQ,
+    class DK, class DV, class Extra,
+    std::enable_if_t<kfa::impl::is_view_of_rank<DLse, 3>::value && kfa::impl::is_term<Extra>::value,
+                     int> = 0>
+void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+              const Lse& lse, const DO& dout, const DLse& dlse, const DQ& dq, const DK& dk,
+              const DV& dv, const Params& params, const SeqPar& sp, const Extra& term) {
+  impl::backward(space, q, k, v, o, lse, dout, &dlse, dq, dk, dv, impl::SoftmaxRows<>{params}, sp,
+                 "kfa::mpi::backward", term);
 }
 
 }  // namespace kfa::mpi

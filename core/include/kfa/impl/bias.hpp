@@ -134,8 +134,10 @@ struct DenseBias {
             static_cast<std::ptrdiff_t>(bias.stride(2)), oq, ok};
   }
   KOKKOS_INLINE_FUNCTION bool wants_gradient() const { return grad.data() != nullptr; }
+  /// At the global position, like the bias: a block of a larger problem (kfa::mpi) writes its
+  /// own part of the whole problem's buffer.
   KOKKOS_INLINE_FUNCTION void gradient(int b, int h, int i, int j, Acc g) const {
-    grad(b, h, i, j) = g;
+    grad(b, h, i + oq, j + ok) = g;
   }
 };
 

@@ -5,8 +5,10 @@
 /// they compare, exactly, every value that must be the same everywhere: the fields of Params
 /// the pass reads, SeqPar's agreed fields, the extents that are not split and the value type.
 
+#include <kfa/impl/bias.hpp>
 #include <kfa/impl/mpi/comm.hpp>
 #include <kfa/impl/validate.hpp>
+#include <kfa/masks.hpp>
 #include <kfa/params.hpp>
 #include <kfa/seqpar.hpp>
 
@@ -25,6 +27,36 @@
 
 namespace kfa::mpi::impl {
 
+/// A pass's score term (kfa/masks.hpp) as the ranks compare it: its kind, the extents of a
+/// bias or boolean mask along batch and heads (1 where it broadcasts; the others are checked
+/// against values the ranks compare), and whether dbias is computed, which adds a collective.
+struct TermShape {
+  const char* kind = "none";  // at most 8 characters
+  long long batch = 0, heads = 0;
+  bool gradient = false;
+};
+inline TermShape term_shape(const kfa::impl::NoTerm&, bool) {
+  return {};
+}
+template <class S>
+TermShape term_shape(const masks::Alibi<S>&, bool) {
+  return {"alibi"};
+}
+template <class B, class D>
+TermShape term_shape(const masks::Bias<B, D>& m, bool grad) {
+  return {"bias", static_cast<long long>(m.bias.extent(0)),
+          static_cast<long long>(m.bias.extent(1)), grad && m.dbias.data() != nullptr};
+}
+template <class M>
+TermShape term_shape(const masks::Dense<M>& m, bool) {
+  return {"mask", static_cast<long long>(m.mask.extent(0)),
+          static_cast<long long>(m.mask.extent(1))};
+}
+template <class L>
+TermShape term_shape(const masks::KeyPadding<L>&, bool) {
+  return {"keypad"};
+}
+
 /// A pass as the check sees it: what it reads, and what every rank must call it with besides
 /// Params and SeqPar.
 struct Call {
@@ -35,6 +67,7 @@ struct Call {
   int value_bits;    // 32: float, 64: double
   const char* rule;  // the attention rule's short name (rules.hpp), at most 8 characters
   bool mask;         // whether a mask tensor was given (multi-scale)
+  TermShape term{};  // the score term given (softmax), if any
 };
 
 template <class T, class Q, class K>
@@ -158,6 +191,10 @@ inline std::vector<Agreed> agreed_values(const Call& call, const Params& p, cons
   out.push_back({"the value type", int_word(call.value_bits), &show_value_type});
   out.push_back({"the attention", name_word(call.rule), &show_name});
   out.push_back(agreed("whether a mask is given", call.mask));
+  out.push_back({"the score term", name_word(call.term.kind), &show_name});
+  out.push_back(agreed("the score term's batch extent", call.term.batch));
+  out.push_back(agreed("the score term's heads extent", call.term.heads));
+  out.push_back(agreed("whether dbias is given", call.term.gradient));
   return out;
 }
 

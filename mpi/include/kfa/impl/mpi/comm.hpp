@@ -10,6 +10,7 @@
 #include <mpi.h>
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <type_traits>
 #include <utility>
@@ -183,6 +184,40 @@ Packed<T, Mem> reduce_scatter_rows(const Packed<T, Mem>& all, const std::vector<
   }
   if (whole_rows) MPI_Type_free(&type);
   return Kokkos::create_mirror_view_and_copy(Mem(), host_mine);
+}
+
+/// x (a rank-4 view of float or double, any layout and space) summed elementwise over the
+/// ranks of sp.comm, in place on every rank, through host doubles and in pieces that MPI's int
+/// counts hold. The caller sums values that are nonzero on one rank at most (dbias: each (i, j)
+/// is one rank's), so every sum is exact and the same on every rank, whatever MPI's order.
+template <class ExecSpace, class View>
+void sum_over_ranks(const ExecSpace& space, const View& x, const SeqPar& sp) {
+  using V = typename View::non_const_value_type;
+  static_assert(View::rank == 4 && (std::is_same_v<V, float> || std::is_same_v<V, double>),
+                "kfa::mpi: dbias must be a rank-4 View of float or double");
+  space.fence();
+  const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+  std::vector<double> buf;
+  buf.reserve(x.size());
+  auto each = [&](auto&& f) {
+    for (std::size_t b = 0; b < h.extent(0); ++b)
+      for (std::size_t g = 0; g < h.extent(1); ++g)
+        for (std::size_t i = 0; i < h.extent(2); ++i)
+          for (std::size_t j = 0; j < h.extent(3); ++j)
+            f(h(b, g, i, j));
+  };
+  each([&](const V& e) { buf.push_back(static_cast<double>(e)); });
+  {
+    const Meter m(comm_sink(space, sp));
+    constexpr std::size_t piece = std::size_t(1) << 30;
+    for (std::size_t at = 0; at < buf.size(); at += piece)
+      MPI_Allreduce(MPI_IN_PLACE, buf.data() + at,
+                    static_cast<int>(std::min(piece, buf.size() - at)), MPI_DOUBLE, MPI_SUM,
+                    sp.comm);
+  }
+  std::size_t at = 0;
+  each([&](V& e) { e = static_cast<V>(buf[at++]); });
+  Kokkos::deep_copy(x, h);
 }
 
 /// inout <- in + inout elementwise, as a non-commutative MPI_Op: the sum in rank order, the

@@ -16,6 +16,8 @@
 /// Interface of a rule R (besides the joins, which are static so that an MPI_Op can call them):
 ///   masks(): the kfa::Params whose causal/window masks and dQ mode the blocks use;
 ///   validate<T>(name, q, sp): the rule's own checks of a rank's arguments (params, mask);
+///   with_term<Acc, ExecSpace>(name, extra, dims, grad): the rule the blocks run, with a score
+///     term of kfa/masks.hpp checked against the whole problem's dims and bound (softmax only);
 ///   agreed(): the Params every rank must pass alike; has_mask(): whether a mask is given;
 ///   forward(space, block, q, k, v, o, stat), backward(space, block, ...): a block's kernels;
 ///   delta(space, delta, dout, o, stat, dlse, dq): the backward's row term from final rows.
@@ -23,6 +25,7 @@
 #include <kfa/backends/portability.hpp>
 #include <kfa/combine.hpp>
 #include <kfa/impl/backward_kernel.hpp>
+#include <kfa/impl/bias.hpp>
 #include <kfa/impl/forward_kernel.hpp>
 #include <kfa/impl/mask.hpp>
 #include <kfa/impl/rule.hpp>
@@ -61,9 +64,14 @@ struct Join {
   A wa, wb, inv, stat;
 };
 
-/// Softmax attention (kfa::mpi::forward, kfa::mpi::backward).
+/// Softmax attention (kfa::mpi::forward, kfa::mpi::backward) under the kernels' row rule
+/// `Rule`: SoftmaxRule, or BiasedSoftmaxRule carrying a score term of kfa/masks.hpp
+/// (impl/bias.hpp). Every rank holds the whole term; the kernels place it at each block's
+/// origin, so a block reads it (and writes its part of the dbias buffer) at global positions.
+template <class Rule = kfa::impl::SoftmaxRule>
 struct SoftmaxRows {
   Params params;
+  Rule rule{};
 
   /// What kfa::mpi::forward takes and writes beside o.
   static constexpr const char* stat_name = "lse";
@@ -87,18 +95,25 @@ struct SoftmaxRows {
   void validate(const char* name, const Q&, const SeqPar&) const {
     kfa::impl::validate_params<T>(name, params);
   }
+  /// These rows with the score term `extra` (NoTerm: none) checked against the whole problem
+  /// `n` and bound: with a dense bias and `grad`, a zeroed dL/dS buffer of the whole problem.
+  template <class Acc, class ExecSpace, class Extra>
+  auto with_term(const char* name, const Extra& extra, const kfa::impl::Dims& n, bool grad) const {
+    auto bound = kfa::impl::term_rule<Acc, ExecSpace>(name, extra, n, grad);
+    return SoftmaxRows<decltype(bound)>{params, bound};
+  }
 
   template <class ExecSpace, class Q, class K, class V, class O, class L>
   void forward(const ExecSpace& space, const Block& b, const Q& q, const K& k, const V& v,
                const O& o, const L& lse) const {
-    kfa::impl::forward(space, q, k, v, o, lse, params, b.at);
+    kfa::impl::forward(space, q, k, v, o, lse, params, b.at, rule);
   }
   template <class ExecSpace, class Q, class K, class V, class DO, class L, class Delta, class DQ,
             class DK, class DV>
   void backward(const ExecSpace& space, const Block& b, const Q& q, const K& k, const V& v,
                 const DO& dout, const L& lse, const Delta& delta, const DQ& dq, const DK& dk,
                 const DV& dv) const {
-    kfa::impl::backward_add(space, q, k, v, dout, lse, delta, dq, dk, dv, params, b.at);
+    kfa::impl::backward_add(space, q, k, v, dout, lse, delta, dq, dk, dv, params, b.at, rule);
   }
   /// delta = rowsum(dO * O) - dLSE (dlse may be nullptr), zeroing dq.
   template <class ExecSpace, class Delta, class DO, class O, class L, class DLse, class DQ>
@@ -149,6 +164,12 @@ struct MultiScaleRows {
                       mask.extent(2), ") but must be the whole (heads_q, seqlen_q, seqlen_k) = (",
                       q.extent(1), ", ", sp.seqlen_q, ", ", sp.seqlen_k,
                       ") on every rank (from q and SeqPar)");
+  }
+  /// No score term here: kfa::mpi::msa's public passes take none.
+  template <class Acc, class ExecSpace>
+  const MultiScaleRows& with_term(const char*, const kfa::impl::NoTerm&, const kfa::impl::Dims&,
+                                  bool) const {
+    return *this;
   }
 
   /// The kernels' rule for block b: the mask cut to the block's global rows and columns.
