@@ -262,6 +262,12 @@ TEST(SeqParCli, MultiScale) {
                                         {"/rsum", &rsum},
                                         {"/lse", &rsum},
                                         {"/do", &dout}});
+  Dataset cu = q;  // any values: the name alone is refused
+  cu.dims = {2};
+  cu.data = {0, 37};
+  const fs::path varlen = work_dir() / "sp_varlen.h5";
+  kfa_apps::write_atomic(varlen.string(),
+                         {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/cu_seqlens_q", &cu}});
   struct Case {
     std::string args, want;
   };
@@ -269,9 +275,12 @@ TEST(SeqParCli, MultiScale) {
       {"forward --multiscale --in " + bad.string() + " --out " + out.string(),
        "dataset /mask has shape (4,53,37) but (heads, seqlen) of /q and /k gives (4,37,53)"},
       {"backward --multiscale --in " + lse.string() + " --out " + out.string(),
-       "'" + lse.string() + "' holds /lse, which kfa does not read"},
+       "'" + lse.string() + "' holds /lse, which kfa-seqpar does not read"},
       {"forward --multiscale --random 1,1,8,8 --softcap 2",
        "--softcap does not apply to --multiscale"},
+      // kfa reads varlen offsets; kfa-seqpar has no varlen and must not ignore them.
+      {"forward --in " + varlen.string() + " --out " + out.string(),
+       "'" + varlen.string() + "' holds /cu_seqlens_q, which kfa-seqpar does not read"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);

@@ -113,10 +113,10 @@ void refuse_non_finite(const Dataset& d, const std::string& where) {
 }
 
 void check_known_datasets(const std::vector<std::string>& names, const std::string& path,
-                          bool multiscale, bool terms) {
-  static const char* const known[] = {
-      "/q",    "/k",  "/v",  "/o",  "/lse",          "/do",
-      "/dlse", "/dq", "/dk", "/dv", "/cu_seqlens_q", "/cu_seqlens_k"};
+                          bool multiscale, bool terms, bool varlen, const char* program) {
+  static const char* const known[] = {"/q",  "/k",    "/v",  "/o",  "/lse",
+                                      "/do", "/dlse", "/dq", "/dk", "/dv"};
+  static const char* const known_varlen[] = {"/cu_seqlens_q", "/cu_seqlens_k"};
   static const char* const known_msa[] = {"/mask", "/rsum"};  // --multiscale's own
   static const char* const known_terms[] = {"/alibi_slopes", "/bias",
                                             "/key_lengths"};  // kfa's score terms
@@ -127,17 +127,19 @@ void check_known_datasets(const std::vector<std::string>& names, const std::stri
   const auto softmax_only = [&](const std::string& n) { return n == "/lse" || n == "/dlse"; };
   for (const std::string& n : names)
     if ((!in(known, n) || (multiscale && softmax_only(n))) && !(multiscale && in(known_msa, n)) &&
-        !(terms && (in(known_terms, n) || n == "/mask"))) {
+        !(terms && (in(known_terms, n) || n == "/mask")) && !(varlen && in(known_varlen, n))) {
       std::string msg = "'";
       msg += path;
       msg += "' holds ";
       msg += n;
+      msg += ", which ";
+      msg += program;
       msg +=
-          ", which kfa does not read (forward reads /q /k /v; backward also /o /lse /do and "
-          "/dlse; varlen (rank-3 /q /k /v) /cu_seqlens_q and /cu_seqlens_k; --multiscale also "
-          "/mask (float), and /rsum instead of /lse and no /dlse; "
-          "kfa, without --multiscale, also /alibi_slopes, /bias, /mask (uint8) or "
-          "/key_lengths): remove it, or it would be silently ignored";
+          " does not read (forward reads /q /k /v; backward also /o /lse /do and /dlse; "
+          "--multiscale also /mask (float), and /rsum instead of /lse and no /dlse; without "
+          "--multiscale also /alibi_slopes, /bias, /mask (uint8) or /key_lengths";
+      if (varlen) msg += "; varlen (rank-3 /q /k /v) /cu_seqlens_q and /cu_seqlens_k";
+      msg += "): remove it, or it would be silently ignored";
       throw InputError(msg);
     }
 }

@@ -141,9 +141,11 @@ std::string shape_of(const std::vector<hsize_t>& dims);
 /// Throws InputError for a top-level object of the file that no kfa pass reads or writes
 /// (a /mask the passes would silently not apply). `multiscale`: --multiscale's /mask and
 /// /rsum are read, /lse and /dlse are not; `terms`: the score terms /alibi_slopes, /bias,
-/// /mask (uint8) and /key_lengths are read.
+/// /mask (uint8) and /key_lengths are read; `varlen`: /cu_seqlens_q and /cu_seqlens_k are read
+/// (the kfa program; kfa-seqpar has no varlen). `program` names the reader in the message.
 void check_known_datasets(const std::vector<std::string>& names, const std::string& path,
-                          bool multiscale = false, bool terms = false);
+                          bool multiscale = false, bool terms = false, bool varlen = false,
+                          const char* program = "kfa");
 
 /// Writes the datasets to path atomically (temporary file, then rename). Throws WriteError
 /// (temporary file removed) when writing fails, InputError when the disk has too little free

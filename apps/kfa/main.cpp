@@ -844,7 +844,7 @@ int main_pass(Options o) {
     if (o.alibi) p.slopes = kfa_apps::standard_slopes(H);
   } else {
     kfa_apps::H5File in(o.in);
-    kfa_apps::check_known_datasets(in.names(), o.in, o.multiscale, !o.multiscale);
+    kfa_apps::check_known_datasets(in.names(), o.in, o.multiscale, !o.multiscale, true, "kfa");
     if (in.has("/cu_seqlens_q") || in.has("/cu_seqlens_k")) {
       read_varlen(o, in, p);
       return kfa_apps::with_value_type(o.dtype, [&](auto v) {

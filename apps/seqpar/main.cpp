@@ -289,7 +289,8 @@ Problem load(const Options& o) {
     return p;
   }
   kfa_apps::ParallelH5File in(o.in, MPI_COMM_WORLD);
-  kfa_apps::check_known_datasets(in.names(), o.in, o.multiscale, !o.multiscale);
+  kfa_apps::check_known_datasets(in.names(), o.in, o.multiscale, !o.multiscale, false,
+                                 "kfa-seqpar");
   // Every header first (every rank reads the same ones, so all agree), then the rows: a
   // dataset whose shape disagrees must fail on every rank before any collective read.
   const bool bwd = o.command == "backward";

@@ -141,6 +141,7 @@ inline std::size_t len(const std::vector<std::int32_t>& c, std::size_t s) {
 
 /// Forward pass over packed sequences, on `space` (asynchronously, as kfa::forward).
 ///
+/// \param space  the execution space instance the kernels run on.
 /// \param q      (total_q, heads_q, head_dim): the queries of every sequence, one after another.
 /// \param k, v   (total_k, heads_k, head_dim); heads_q a multiple of heads_k (GQA).
 /// \param cu_seqlens_q, cu_seqlens_k  batch + 1 offsets each, std::int32_t, any memory space
@@ -258,6 +259,7 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
 
 /// Backward pass over packed sequences (as kfa::backward, sequence by sequence).
 ///
+/// \param space  the execution space instance the kernels run on.
 /// \param q, k, v, cu_seqlens_q, cu_seqlens_k, params  as given to kfa::varlen::forward.
 /// \param o, lse  the forward's outputs, (total_q, heads_q, head_dim) and (heads_q, total_q).
 /// \param dout    gradient with respect to o, like q.
@@ -274,7 +276,16 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
                    cu_seqlens_k, dq, dk, dv, params);
 }
 
-/// As above, with the gradient through the LSE: dlse (heads_q, total_q), floating point.
+/// Backward pass over packed sequences with the gradient through the LSE (as the overload
+/// above, plus dlse).
+///
+/// \param space  the execution space instance the kernels run on.
+/// \param q, k, v, cu_seqlens_q, cu_seqlens_k, params  as given to kfa::varlen::forward.
+/// \param o, lse  the forward's outputs, (total_q, heads_q, head_dim) and (heads_q, total_q).
+/// \param dout    gradient with respect to o, like q.
+/// \param dlse    gradient with respect to lse, (heads_q, total_q), floating point.
+/// \param dq, dk, dv  outputs like q, k, v; dk and dv summed over each group's query heads.
+/// \throws kfa::Error as the overload above.
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DLse,
           class CuQ, class CuK, class DQ, class DK, class DV,
           std::enable_if_t<impl::is_view_of_rank<DLse, 2>::value, int> = 0>

@@ -54,16 +54,19 @@ struct TileTraits {
   }
 };
 
-/// The conversions of TileOps::stage_transposed: an element to Acc as it is (Widen), and an
-/// element of a boolean visibility mask to the additive score term it stands for, 0 where it
-/// is nonzero (visible) and -inf where it is 0 (hidden) (Visibility).
+/// A conversion of TileOps::stage_transposed: an element to Acc as it is.
 struct Widen {
+  /// x as an Acc.
   template <class Acc, class T>
   KOKKOS_INLINE_FUNCTION Acc to(T x) const {
     return static_cast<Acc>(x);
   }
 };
+/// A conversion of TileOps::stage_transposed: an element of a boolean visibility mask to the
+/// additive score term it stands for, 0 where it is nonzero (visible) and -inf where it is 0
+/// (hidden).
 struct Visibility {
+  /// 0 for a visible x, -inf for a hidden one.
   template <class Acc, class T>
   KOKKOS_INLINE_FUNCTION Acc to(T x) const {
     return x ? Acc(0) : -infinity<Acc>();

@@ -232,6 +232,9 @@ void check_collectively(const Call& call, const SeqPar& sp, const Params& p,
     local_check();
   } catch (const Error& e) {
     err = e.what();
+  } catch (const std::exception& e) {  // e.g. a term's workspace that does not fit: a rank that
+    // left here would leave the others waiting in agree()
+    err = std::string(call.name) + ": " + e.what();
   }
   const Meter m(sp.timings ? &sp.timings->comm_s : nullptr);
   agree(sp.comm, err);
