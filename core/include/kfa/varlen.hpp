@@ -70,11 +70,16 @@ void fill(const ExecSpace& space, const View& v, std::size_t begin, std::size_t 
       "kfa::varlen::fill",
       Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::size_t>>(space, 0, n * inner),
       KOKKOS_LAMBDA(std::size_t e) {
+        // Every capture is named before the constexpr-if: nvcc refuses an extended lambda's
+        // first capture of a variable inside one.
+        const View& w = v;
+        const std::size_t r0 = begin, m = inner;
+        const auto value = x;
         if constexpr (View::rank == 3) {
-          const std::size_t r = begin + e / inner, c = e % inner;
-          v(r, c / v.extent(2), c % v.extent(2)) = x;
+          const std::size_t r = r0 + e / m, c = e % m;
+          w(r, c / w.extent(2), c % w.extent(2)) = value;
         } else {
-          v(e % inner, begin + e / inner) = x;
+          w(e % m, r0 + e / m) = value;
         }
       });
 }
