@@ -15,6 +15,19 @@
 
 namespace kfa_apps {
 
+/// The run flags of parse_command_line that the subcommands besides the attention passes
+/// (kfa layernorm, kfa mha) take: the data, repeats and reports.
+inline const std::vector<std::string> kRunFlags = {
+    "--in",     "--out",  "--dtype", "--data-seed",
+    "--repeat", "--json", "--check", "--allow-nonfinite"};
+
+/// `own`, then kRunFlags, comma-separated: what such a subcommand says it takes.
+inline std::string with_run_flags(std::string own) {
+  for (const std::string& f : kRunFlags)
+    own += ", " + f;
+  return own;
+}
+
 /// An integer >= min for `flag`; throws InputError naming the flag otherwise.
 long long parse_int(const std::string& flag, const std::string& text, long long min);
 

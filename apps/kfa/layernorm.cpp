@@ -46,17 +46,10 @@ const char* const kLayerNormUsage =
 
 namespace {
 
-// The shared run flags layernorm takes (parse_command_line reads them); every other shared flag
-// (the attention pass flags, --heads-kv, --seqlen-k) is refused.
-const std::vector<std::string> kSharedFlags = {
-    "--in",     "--out",  "--dtype", "--data-seed",
-    "--repeat", "--json", "--check", "--allow-nonfinite"};
-
+// Besides kfa_apps::kRunFlags every other shared flag (the attention pass flags, --heads-kv,
+// --seqlen-k) is refused.
 std::string taken_flags() {
-  std::string list = "--eps, --unbiased, --random";
-  for (const std::string& f : kSharedFlags)
-    list += ", " + f;
-  return list;
+  return kfa_apps::with_run_flags("--eps, --unbiased, --random");
 }
 
 struct Problem {
@@ -269,7 +262,8 @@ void parse_layer_norm(int argc, char** argv, kfa_apps::RunOptions& o, LayerNormO
         if (n > INT_MAX) throw InputError("--random values must fit in int");
       return true;
     }
-    if (std::find(kSharedFlags.begin(), kSharedFlags.end(), flag) != kSharedFlags.end())
+    if (std::find(kfa_apps::kRunFlags.begin(), kfa_apps::kRunFlags.end(), flag) !=
+        kfa_apps::kRunFlags.end())
       return false;
     throw InputError("'" + flag + "' does not apply to kfa layernorm (it takes " + taken_flags() +
                      ")");

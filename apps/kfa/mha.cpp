@@ -63,17 +63,11 @@ const char* const kMhaUsage =
 
 namespace {
 
-// The shared run flags kfa mha takes besides the attention's pass flags (parse_command_line
-// reads them); --random, --heads-kv are its own, --seqlen-k and --multiscale are refused.
-const std::vector<std::string> kSharedFlags = {
-    "--in",     "--out",  "--dtype", "--data-seed",
-    "--repeat", "--json", "--check", "--allow-nonfinite"};
-
+// Besides kfa_apps::kRunFlags and the attention's pass flags: --random, --heads-kv are its
+// own, --seqlen-k and --multiscale are refused.
 std::string taken_flags() {
-  std::string list = "--heads, --heads-kv, --residual-layernorm, --eps, --random";
-  for (const std::string& f : kSharedFlags)
-    list += ", " + f;
-  return list + " and the attention's pass flags";
+  return kfa_apps::with_run_flags("--heads, --heads-kv, --residual-layernorm, --eps, --random") +
+         " and the attention's pass flags";
 }
 
 struct Problem {
@@ -395,7 +389,8 @@ void parse_mha(int argc, char** argv, kfa_apps::RunOptions& o, MhaOptions& m) {
         if (n > INT_MAX) throw InputError("--random values must fit in int");
       return true;
     }
-    if (std::find(kSharedFlags.begin(), kSharedFlags.end(), flag) != kSharedFlags.end())
+    if (std::find(kfa_apps::kRunFlags.begin(), kfa_apps::kRunFlags.end(), flag) !=
+        kfa_apps::kRunFlags.end())
       return false;
     if (flag != "--seqlen-k" && flag != "--multiscale") {
       o.seed_given = o.seed_given || flag == "--seed";
