@@ -133,9 +133,10 @@ typedef enum kfa_index_type {
 ///   serves both passes.
 /// - KFA_TERM_ALIBI: `values` holds Hq slopes of the pass's type (extent[0] = Hq, stride[0]).
 ///
-/// A row left with no visible key gets o = 0, lse = -inf and no gradient. Fields a kind does
-/// not use must be zero (NULL data, 0 extents and strides): a call rejects them rather than
-/// ignore them.
+/// A row left with no visible key gets o = 0, lse = -inf and no gradient. What a kind does not
+/// read must stay zero (values.data of KFA_TERM_NONE, dbias.data of any kind but a bias,
+/// lengths_type of any kind but key padding, the entries past extent[0] and stride[0] of
+/// lengths and slopes): a call rejects it rather than ignore it.
 typedef struct kfa_term {
   int kind;           ///< A kfa_term_kind value.
   kfa_tensor values;  ///< The mask, lengths, bias or slopes.
