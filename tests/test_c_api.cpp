@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <kfa/kfa.h>
 #include <kfa/kfa.hpp>
+#include <kfa/reference.hpp>
 
 #include <Kokkos_Core.hpp>
 
@@ -450,6 +451,7 @@ TEST(CApi, NoTermIsThePlainPass) {
 template <class T>
 struct Packed {
   int hq, hk, d;
+  std::int64_t q_extent3 = 0;  // q.extent[3], which a packed tensor must leave 0
   std::vector<std::int32_t> cu_q, cu_k;
   std::vector<T> q, k, v, o, lse, dout, dq, dk, dv;
 
@@ -499,8 +501,10 @@ struct Packed {
   }
 
   kfa_status forward(const kfa_params& p) {
-    const kfa_tensor tq_ = tq(q), tk_ = tk(k), tv = tk(v), to = tq(o), tl = tlse(),
-                     cq = offsets(cu_q), ck = offsets(cu_k);
+    kfa_tensor tq_ = tq(q);
+    tq_.extent[3] = q_extent3;
+    const kfa_tensor tk_ = tk(k), tv = tk(v), to = tq(o), tl = tlse(), cq = offsets(cu_q),
+                     ck = offsets(cu_k);
     if constexpr (std::is_same_v<T, float>)
       return kfa_varlen_forward_f32(&tq_, &tk_, &tv, &cq, &ck, &to, &tl, &p, KFA_MEMORY_HOST);
     else
@@ -613,14 +617,14 @@ TEST(CApi, TermAndVarlenErrorsNameTheArgument) {
     for (float x : a.dq)
       EXPECT_TRUE(x != x) << "dq written";
   }
-  // Offsets: one that decreases, one that does not end at total.
+  // Offsets: one that decreases, one that does not start at 0; q with a fourth extent.
   const auto varlen_error = [](const std::string& word, auto edit) {
     Packed<float> a(2, 2, 8, {0, 3, 5}, {0, 4, 6});
     edit(a);
     EXPECT_EQ(a.forward(kfa_params_default()), KFA_ERROR_INVALID_ARGUMENT);
     const std::string msg = kfa_last_error();
     EXPECT_NE(msg.find(word), std::string::npos) << "message \"" << msg << "\" lacks " << word;
-    EXPECT_EQ(msg.rfind("kfa: kfa_varlen_forward_f32: ", 0), 0u) << msg;
+    EXPECT_EQ(msg.rfind("kfa: ", 0), 0u) << msg;
     for (float x : a.o)
       ASSERT_TRUE(x != x) << "o written";
     for (float x : a.lse)
@@ -629,7 +633,9 @@ TEST(CApi, TermAndVarlenErrorsNameTheArgument) {
   varlen_error("cu_seqlens_k[2] = 6 is less than cu_seqlens_k[1] = 7", [](Packed<float>& a) {
     a.cu_k = {0, 7, 6};
   });
-  varlen_error("cu_seqlens_q[2] = 4", [](Packed<float>& a) { a.cu_q[2] = 4; });
+  varlen_error("cu_seqlens_q[0] = 1, must be 0", [](Packed<float>& a) { a.cu_q[0] = 1; });
+  varlen_error("kfa_varlen_forward_f32: q has rank 3 but extent[3] = 8",
+               [](Packed<float>& a) { a.q_extent3 = 8; });
 }
 
 // The message is per thread, and a success clears it.
