@@ -572,7 +572,7 @@ TEST(CApi, TermAndVarlenErrorsNameTheArgument) {
       return kfa_forward_term_f32(&q, &k, &k, &o, &lse, &p, &term, KFA_MEMORY_HOST);
     };
   };
-  std::vector<std::uint8_t> mask(2 * 6 * 5, 1);
+  std::vector<std::uint8_t> mask(std::size_t(2) * 6 * 5, 1);
   expect_error(KFA_ERROR_INVALID_ARGUMENT, "mask has shape (1, 2, 6, 5)",
                with(kfa_term_mask(kfa_tensor_contiguous(mask.data(), 1, 2, 6, 5))));
   const std::int32_t lengths[] = {6};
@@ -597,7 +597,7 @@ TEST(CApi, TermAndVarlenErrorsNameTheArgument) {
   {
     Arrays<float> a({1, 2, 2, 5, 5, 16}, false, 3);
     const Dims& s = a.s;
-    std::vector<float> bias(2 * 25, 0.5f), dbias(2 * 25, 7.0f);
+    std::vector<float> bias(std::size_t(2) * 25, 0.5f), dbias(std::size_t(2) * 25, 7.0f);
     const kfa_term term = kfa_term_bias(kfa_tensor_contiguous(bias.data(), 1, 2, 5, 5),
                                         kfa_tensor_contiguous(dbias.data(), 1, 1, 5, 5));
     const kfa_tensor q = a.tensor(a.q, s.hq, s.nq), k = a.tensor(a.k, s.hk, s.nk),
