@@ -5,8 +5,12 @@
 // its status through the module and kfa_last_error() names it.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstring>
+#include <limits>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "c_arrays.hpp"
 
@@ -25,6 +29,14 @@ void fortran_backward_f64(int d, int nq, int hq, int nk, int hk, int b, const do
                           const double* k, const double* v, const double* o, const double* lse,
                           const double* dout, const double* dlse, double* dq, double* dk,
                           double* dv, int causal, int with_dlse, int* status);
+void fortran_bias_f64(int d, int nq, int hq, int nk, int hk, int b, const double* q,
+                      const double* k, const double* v, double* o, double* lse, const double* dout,
+                      double* dq, double* dk, double* dv, const double* bias, double* dbias,
+                      int* status);
+void fortran_varlen_f32(int d, int hq, int hk, int nb, int tq, int tk, const float* q,
+                        const float* k, const float* v, const std::int32_t* cu_q,
+                        const std::int32_t* cu_k, float* o, float* lse, const float* dout,
+                        float* dq, float* dk, float* dv, int* status);
 void fortran_last_error(char* buf, int n);
 }
 
@@ -93,6 +105,96 @@ TEST(Fortran, SameBitsAsCxx) {
   check_same<float>({2, 4, 2, 17, 40, 32}, 1, 1);  // GQA, Nq != Nk
   check_same<double>({1, 2, 2, 33, 33, 16}, 1, 0);
   check_same<double>({2, 3, 1, 20, 9, 8}, 0, 1);  // MQA
+}
+
+// kfa_forward / kfa_backward with bias= and dbias=: bitwise the C interface's
+// kfa_forward_term_f64 / kfa_backward_term_f64 on the same arrays (the C interface is checked
+// against the reference in test_c_api).
+TEST(Fortran, BiasSameBitsAsC) {
+  const Dims s{2, 4, 2, 11, 14, 16};
+  Arrays<double> f(s, false, 21), c(s, false, 21);
+  std::vector<double> bias(std::size_t(s.b) * s.hq * s.nq * s.nk);
+  for (std::size_t e = 0; e < bias.size(); ++e)
+    bias[e] = 0.01 * static_cast<double>(e % 97) - 0.5;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> fdb(bias.size(), nan), cdb(bias.size(), nan);
+  int status = -1;
+  fortran_bias_f64(s.d, s.nq, s.hq, s.nk, s.hk, s.b, f.q.data(), f.k.data(), f.v.data(), f.o.data(),
+                   f.lse.data(), f.dout.data(), f.dq.data(), f.dk.data(), f.dv.data(), bias.data(),
+                   fdb.data(), &status);
+  ASSERT_EQ(status, KFA_OK) << fortran_message();
+  const kfa_tensor q = c.tensor(c.q, s.hq, s.nq), k = c.tensor(c.k, s.hk, s.nk),
+                   v = c.tensor(c.v, s.hk, s.nk), o = c.tensor(c.o, s.hq, s.nq),
+                   lse = c.rows(c.lse), dout = c.tensor(c.dout, s.hq, s.nq),
+                   dq = c.tensor(c.dq, s.hq, s.nq), dk = c.tensor(c.dk, s.hk, s.nk),
+                   dv = c.tensor(c.dv, s.hk, s.nk);
+  const kfa_term term = kfa_term_bias(kfa_tensor_contiguous(bias.data(), s.b, s.hq, s.nq, s.nk),
+                                      kfa_tensor_contiguous(cdb.data(), s.b, s.hq, s.nq, s.nk));
+  kfa_params p = kfa_params_default();
+  p.causal = 1;
+  ASSERT_EQ(kfa_forward_term_f64(&q, &k, &v, &o, &lse, &p, &term, KFA_MEMORY_HOST), KFA_OK);
+  ASSERT_EQ(kfa_backward_term_f64(&q, &k, &v, &o, &lse, &dout, nullptr, &dq, &dk, &dv, &p, &term,
+                                  KFA_MEMORY_HOST),
+            KFA_OK);
+  EXPECT_TRUE(same_bits(f.o, c.o));
+  EXPECT_TRUE(same_bits(f.lse, c.lse));
+  EXPECT_TRUE(same_bits(f.dq, c.dq));
+  EXPECT_TRUE(same_bits(f.dk, c.dk));
+  EXPECT_TRUE(same_bits(f.dv, c.dv));
+  EXPECT_TRUE(same_bits(fdb, cdb));
+  for (double x : fdb)
+    ASSERT_TRUE(x == x) << "dbias not written";
+}
+
+// kfa_varlen_forward / kfa_varlen_backward: bitwise the C interface's on the same packed arrays,
+// with sequences of 0 and 1 queries and keys.
+TEST(Fortran, VarlenSameBitsAsC) {
+  const int hq = 4, hk = 2, d = 16;
+  std::vector<std::int32_t> cu_q = {0, 6, 6, 7, 18}, cu_k = {0, 9, 10, 10, 21};
+  const int nb = 4, tq = cu_q.back(), tk = cu_k.back();
+  // Packed (total, heads, head_dim) arrays as an Arrays problem of batch 1 whose "heads" hold
+  // the rows: the values are any, only the sizes matter.
+  Arrays<float> f({1, tq, tk, hq, hk, d}, false, 23), c({1, tq, tk, hq, hk, d}, false, 23);
+  int status = -1;
+  fortran_varlen_f32(d, hq, hk, nb, tq, tk, f.q.data(), f.k.data(), f.v.data(), cu_q.data(),
+                     cu_k.data(), f.o.data(), f.lse.data(), f.dout.data(), f.dq.data(), f.dk.data(),
+                     f.dv.data(), &status);
+  ASSERT_EQ(status, KFA_OK) << fortran_message();
+  const auto packed = [&](std::vector<float>& a, int total, int heads) {
+    kfa_tensor t{};
+    t.data = a.data();
+    t.extent[0] = total;
+    t.extent[1] = heads;
+    t.extent[2] = d;
+    return t;
+  };
+  const auto offsets = [](std::vector<std::int32_t>& x) {
+    kfa_tensor t{};
+    t.data = x.data();
+    t.extent[0] = static_cast<std::int64_t>(x.size());
+    return t;
+  };
+  const kfa_tensor q = packed(c.q, tq, hq), k = packed(c.k, tk, hk), v = packed(c.v, tk, hk),
+                   o = packed(c.o, tq, hq), dout = packed(c.dout, tq, hq),
+                   dq = packed(c.dq, tq, hq), dk = packed(c.dk, tk, hk), dv = packed(c.dv, tk, hk),
+                   cq = offsets(cu_q), ck = offsets(cu_k);
+  kfa_tensor lse{};
+  lse.data = c.lse.data();
+  lse.extent[0] = hq;
+  lse.extent[1] = tq;
+  kfa_params p = kfa_params_default();
+  p.causal = 1;
+  ASSERT_EQ(kfa_varlen_forward_f32(&q, &k, &v, &cq, &ck, &o, &lse, &p, KFA_MEMORY_HOST), KFA_OK)
+      << kfa_last_error();
+  ASSERT_EQ(kfa_varlen_backward_f32(&q, &k, &v, &o, &lse, &dout, nullptr, &cq, &ck, &dq, &dk, &dv,
+                                    &p, KFA_MEMORY_HOST),
+            KFA_OK)
+      << kfa_last_error();
+  EXPECT_TRUE(same_bits(f.o, c.o));
+  EXPECT_TRUE(same_bits(f.lse, c.lse));
+  EXPECT_TRUE(same_bits(f.dq, c.dq));
+  EXPECT_TRUE(same_bits(f.dk, c.dk));
+  EXPECT_TRUE(same_bits(f.dv, c.dv));
 }
 
 TEST(Fortran, StatusAndMessage) {

@@ -1,7 +1,8 @@
 ! Calls of the Fortran module kfa, made from Fortran on the arrays a C++ suite (test_fortran.cpp)
 ! passes in, so that the suite compares them bitwise with the C++ API on the same memory.
 module kfa_test_calls
-  use, intrinsic :: iso_c_binding, only: c_int, c_float, c_double, c_char, c_null_char
+  use, intrinsic :: iso_c_binding, only: c_int, c_int32_t, c_float, c_double, c_char, &
+                                         c_null_char
   use kfa
   implicit none
 contains
@@ -105,6 +106,47 @@ contains
                           layout, mode, dlse=dlse, status=s)
     status = s
   end subroutine mpi_backward_f32
+
+  ! kfa_forward and kfa_backward with a bias and its gradient (causal, double).
+  subroutine bias_f64(d, nq, hq, nk, hk, b, q, k, v, o, lse, dout, dq, dk, dv, bias, dbias, &
+                      status) bind(c, name='fortran_bias_f64')
+    integer(c_int), value :: d, nq, hq, nk, hk, b
+    real(c_double), intent(in) :: q(d, nq, hq, b), k(d, nk, hk, b), v(d, nk, hk, b), &
+                                  dout(d, nq, hq, b), bias(nk, nq, hq, b)
+    real(c_double), intent(inout) :: o(d, nq, hq, b), lse(nq, hq, b), dq(d, nq, hq, b), &
+                                     dk(d, nk, hk, b), dv(d, nk, hk, b), dbias(nk, nq, hq, b)
+    integer(c_int), intent(out) :: status
+    type(kfa_params) :: p
+    integer :: s
+    p = kfa_params_default()
+    p%causal = 1
+    call kfa_forward(q, k, v, o, lse, p, s, bias=bias)
+    status = s
+    if (s /= KFA_OK) return
+    call kfa_backward(q, k, v, o, lse, dout, dq, dk, dv, p, status=s, bias=bias, dbias=dbias)
+    status = s
+  end subroutine bias_f64
+
+  ! kfa_varlen_forward and kfa_varlen_backward (causal, float) on packed arrays
+  ! (head_dim, heads, total) with nb + 1 offsets.
+  subroutine varlen_f32(d, hq, hk, nb, tq, tk, q, k, v, cu_q, cu_k, o, lse, dout, dq, dk, dv, &
+                        status) bind(c, name='fortran_varlen_f32')
+    integer(c_int), value :: d, hq, hk, nb, tq, tk
+    real(c_float), intent(in) :: q(d, hq, tq), k(d, hk, tk), v(d, hk, tk), dout(d, hq, tq)
+    integer(c_int32_t), intent(in) :: cu_q(nb + 1), cu_k(nb + 1)
+    real(c_float), intent(inout) :: o(d, hq, tq), lse(tq, hq), dq(d, hq, tq), dk(d, hk, tk), &
+                                    dv(d, hk, tk)
+    integer(c_int), intent(out) :: status
+    type(kfa_params) :: p
+    integer :: s
+    p = kfa_params_default()
+    p%causal = 1
+    call kfa_varlen_forward(q, k, v, cu_q, cu_k, o, lse, p, s)
+    status = s
+    if (s /= KFA_OK) return
+    call kfa_varlen_backward(q, k, v, o, lse, dout, cu_q, cu_k, dq, dk, dv, p, status=s)
+    status = s
+  end subroutine varlen_f32
 
   ! kfa_last_error() through the module, copied into buf (at most n - 1 characters).
   subroutine last_error(buf, n) bind(c, name='fortran_last_error')

@@ -7,8 +7,10 @@
 #include <mpi.h>
 #include <kfa/distributed.hpp>
 
+#include <cmath>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "../c_arrays.hpp"
 
@@ -100,6 +102,67 @@ TEST(CApiMpi, SameBitsAsKfaMpi) {
   check_same<double>({1, 2, 2, 37, 37, 16}, KFA_MPI_LAYOUT_ZIGZAG, KFA_MPI_MODE_RING, 1);
   check_same<float>({2, 4, 2, 29, 41, 16}, KFA_MPI_LAYOUT_CONTIGUOUS, KFA_MPI_MODE_TREE, 1);
   check_same<float>({1, 2, 1, 33, 33, 32}, KFA_MPI_LAYOUT_CONTIGUOUS, KFA_MPI_MODE_RING, 0);
+}
+
+// A score term through kfa_mpi_forward_term_f64 / kfa_mpi_backward_term_f64: a global bias
+// (the same on every rank) with its gradient, bitwise kfa::mpi's with kfa::masks::Bias on the
+// same rows; every rank receives the whole dbias.
+TEST(CApiMpi, BiasSameBitsAsKfaMpi) {
+  const Dims g{2, 4, 2, 19, 23, 16};
+  for (kfa_mpi_mode mode : {KFA_MPI_MODE_RING, KFA_MPI_MODE_TREE}) {
+    SCOPED_TRACE(::testing::Message() << "mode=" << mode);
+    Arrays<double> c = local<double>(g, KFA_MPI_LAYOUT_ZIGZAG, 5),
+                   cxx = local<double>(g, KFA_MPI_LAYOUT_ZIGZAG, 5);
+    const Dims& s = c.s;
+    const std::size_t n = std::size_t(g.b) * g.hq * g.nq * g.nk;
+    std::vector<double> bias(n), cdb(n, std::nan("")), xdb(n, std::nan(""));
+    for (std::size_t e = 0; e < n; ++e)
+      bias[e] = 0.01 * static_cast<double>(e % 89) - 0.4;
+    const kfa_term term = kfa_term_bias(kfa_tensor_contiguous(bias.data(), g.b, g.hq, g.nq, g.nk),
+                                        kfa_tensor_contiguous(cdb.data(), g.b, g.hq, g.nq, g.nk));
+    kfa_params cp = kfa_params_default();
+    cp.causal = 1;
+    const kfa_seqpar seqpar{g.nq, g.nk, static_cast<int>(MPI_Comm_c2f(MPI_COMM_WORLD)),
+                            KFA_MPI_LAYOUT_ZIGZAG, mode};
+    const kfa_tensor q = c.tensor(c.q, s.hq, s.nq), k = c.tensor(c.k, s.hk, s.nk),
+                     v = c.tensor(c.v, s.hk, s.nk), o = c.tensor(c.o, s.hq, s.nq),
+                     lse = c.rows(c.lse), dout = c.tensor(c.dout, s.hq, s.nq),
+                     dq = c.tensor(c.dq, s.hq, s.nq), dk = c.tensor(c.dk, s.hk, s.nk),
+                     dv = c.tensor(c.dv, s.hk, s.nk);
+    ASSERT_EQ(kfa_mpi_forward_term_f64(&q, &k, &v, &o, &lse, &cp, &term, &seqpar, KFA_MEMORY_HOST),
+              KFA_OK)
+        << kfa_last_error();
+    ASSERT_EQ(kfa_mpi_backward_term_f64(&q, &k, &v, &o, &lse, &dout, nullptr, &dq, &dk, &dv, &cp,
+                                        &term, &seqpar, KFA_MEMORY_HOST),
+              KFA_OK)
+        << kfa_last_error();
+    using Host = Kokkos::DefaultHostExecutionSpace;
+    using B4 = Kokkos::View<double****, Kokkos::LayoutRight, Kokkos::HostSpace,
+                            Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    const kfa::masks::Bias<B4, B4> xb{B4(bias.data(), g.b, g.hq, g.nq, g.nk),
+                                      B4(xdb.data(), g.b, g.hq, g.nq, g.nk)};
+    kfa::Params p;
+    p.causal = true;
+    const kfa::mpi::SeqPar sp{MPI_COMM_WORLD, g.nq, g.nk, kfa::mpi::Layout::zigzag,
+                              static_cast<kfa::mpi::Mode>(mode)};
+    kfa::mpi::forward(Host(), cxx.view(cxx.q, s.hq, s.nq), cxx.view(cxx.k, s.hk, s.nk),
+                      cxx.view(cxx.v, s.hk, s.nk), cxx.view(cxx.o, s.hq, s.nq),
+                      cxx.row_view(cxx.lse), p, sp, xb);
+    kfa::mpi::backward(Host(), cxx.view(cxx.q, s.hq, s.nq), cxx.view(cxx.k, s.hk, s.nk),
+                       cxx.view(cxx.v, s.hk, s.nk), cxx.view(cxx.o, s.hq, s.nq),
+                       cxx.row_view(cxx.lse), cxx.view(cxx.dout, s.hq, s.nq),
+                       cxx.view(cxx.dq, s.hq, s.nq), cxx.view(cxx.dk, s.hk, s.nk),
+                       cxx.view(cxx.dv, s.hk, s.nk), p, sp, xb);
+    Host().fence();
+    EXPECT_TRUE(same_bits(c.o, cxx.o));
+    EXPECT_TRUE(same_bits(c.lse, cxx.lse));
+    EXPECT_TRUE(same_bits(c.dq, cxx.dq));
+    EXPECT_TRUE(same_bits(c.dk, cxx.dk));
+    EXPECT_TRUE(same_bits(c.dv, cxx.dv));
+    EXPECT_TRUE(same_bits(cdb, xdb));
+    for (double x : cdb)
+      ASSERT_TRUE(x == x) << "dbias not written";
+  }
 }
 
 #ifdef KFA_TEST_FORTRAN

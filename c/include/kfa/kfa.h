@@ -102,12 +102,68 @@ typedef struct kfa_seqpar {
   int mode;    ///< A kfa_mpi_mode value.
 } kfa_seqpar;
 
+/// The kinds of score term a kfa_term describes (kfa/masks.hpp in C++).
+typedef enum kfa_term_kind {
+  KFA_TERM_NONE = 0,         ///< No term: the pass of the functions without one.
+  KFA_TERM_MASK = 1,         ///< A boolean mask: key j visible to query i iff mask != 0.
+  KFA_TERM_KEY_PADDING = 2,  ///< Key lengths per batch: key j of batch b visible iff j < len[b].
+  KFA_TERM_BIAS = 3,         ///< An additive bias, with its gradient in the backward if asked.
+  KFA_TERM_ALIBI = 4         ///< ALiBi: bias -slope[h] |i + shift - j|, shift the masks' diagonal.
+} kfa_term_kind;
+
+/// The integer type of key lengths: the `lengths_type` field of kfa_term.
+typedef enum kfa_index_type {
+  KFA_INT32 = 0,  ///< int32_t lengths (the default of a zero-initialised kfa_term).
+  KFA_INT64 = 1   ///< int64_t lengths.
+} kfa_index_type;
+
+/// One term of the score besides the masks of kfa_params (kfa::masks::Dense, KeyPadding, Bias,
+/// Alibi): S = softcap(scale Q K^T) + bias, then the masks. Build it with kfa_term_mask,
+/// kfa_term_key_padding, kfa_term_bias or kfa_term_alibi, or zero-initialise it and set the
+/// fields. Its tensors live where the call's memory argument says, like q.
+///
+/// - KFA_TERM_MASK: `values` holds uint8_t, extents (B or 1, Hq or 1, Nq, Nk): an extent of 1
+///   broadcasts over that dimension; any strides, but unit stride along Nk.
+/// - KFA_TERM_KEY_PADDING: `values` holds B lengths (extent[0] = B, stride[0], the others
+///   unused and 0), each in [0, Nk], of the type `lengths_type` names.
+/// - KFA_TERM_BIAS: `values` holds the pass's type (float for _f32, double for _f64), extents
+///   (B or 1, Hq or 1, Nq, Nk) as a mask's. `dbias`, shaped like the bias, is the backward's
+///   output dL/dbias (summed over the broadcast dimensions, written, not added to, bitwise
+///   repeatable); its data NULL means no gradient. The forward ignores it, so one kfa_term
+///   serves both passes.
+/// - KFA_TERM_ALIBI: `values` holds Hq slopes of the pass's type (extent[0] = Hq, stride[0]).
+///
+/// A row left with no visible key gets o = 0, lse = -inf and no gradient. What a kind does not
+/// read must stay zero (values.data of KFA_TERM_NONE, dbias.data of any kind but a bias,
+/// lengths_type of any kind but key padding, the entries past extent[0] and stride[0] of
+/// lengths and slopes): a call rejects it rather than ignore it.
+typedef struct kfa_term {
+  int kind;           ///< A kfa_term_kind value.
+  kfa_tensor values;  ///< The mask, lengths, bias or slopes.
+  kfa_tensor dbias;   ///< KFA_TERM_BIAS only: the backward's dL/dbias; data NULL for none.
+  int lengths_type;   ///< KFA_TERM_KEY_PADDING only: a kfa_index_type value.
+} kfa_term;
+
 /// The defaults of kfa::Params (scale 1/sqrt(head_dim), no mask, no dropout).
 kfa_params kfa_params_default(void);
 
 /// A contiguous row-major (batch, heads, seqlen, head_dim) tensor at data.
 kfa_tensor kfa_tensor_contiguous(void* data, int64_t batch, int64_t heads, int64_t seqlen,
                                  int64_t head_dim);
+
+/// A boolean mask term: mask is (B or 1, Hq or 1, Nq, Nk) of uint8_t (see kfa_term).
+kfa_term kfa_term_mask(kfa_tensor mask);
+
+/// A key padding term: batch lengths at `lengths`, int32_t or int64_t as lengths_type says
+/// (a kfa_index_type value), contiguous.
+kfa_term kfa_term_key_padding(const void* lengths, int64_t batch, int lengths_type);
+
+/// A bias term: bias (B or 1, Hq or 1, Nq, Nk) of the pass's type; dbias shaped like it, or a
+/// tensor with NULL data for no gradient (see kfa_term).
+kfa_term kfa_term_bias(kfa_tensor bias, kfa_tensor dbias);
+
+/// An ALiBi term: heads_q slopes of the pass's type at `slopes`, contiguous.
+kfa_term kfa_term_alibi(const void* slopes, int64_t heads_q);
 
 /// Initialises Kokkos with its defaults when nobody has (a program that initialises Kokkos
 /// itself may skip this; kfa then leaves Kokkos to it). Call from one thread, before any pass.
@@ -175,6 +231,100 @@ kfa_status kfa_mpi_backward_f64(const kfa_tensor* q, const kfa_tensor* k, const 
                                 const kfa_tensor* dlse, const kfa_tensor* dq, const kfa_tensor* dk,
                                 const kfa_tensor* dv, const kfa_params* params,
                                 const kfa_seqpar* seqpar, int memory);
+
+/// kfa_forward_f32 with a score term (kfa::forward with a kfa/masks.hpp object); term NULL or
+/// of kind KFA_TERM_NONE is kfa_forward_f32 itself. The term is checked against q and k before
+/// any kernel runs (a shape that does not fit, lengths outside [0, Nk], ...).
+kfa_status kfa_forward_term_f32(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
+                                const kfa_tensor* o, const kfa_tensor* lse,
+                                const kfa_params* params, const kfa_term* term, int memory);
+
+/// kfa_forward_term_f32 in double (bias and slopes in double too).
+kfa_status kfa_forward_term_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
+                                const kfa_tensor* o, const kfa_tensor* lse,
+                                const kfa_params* params, const kfa_term* term, int memory);
+
+/// kfa_backward_f32 with the forward's score term; a bias term's dbias, when its data is not
+/// NULL, receives dL/dbias.
+kfa_status kfa_backward_term_f32(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
+                                 const kfa_tensor* o, const kfa_tensor* lse, const kfa_tensor* dout,
+                                 const kfa_tensor* dlse, const kfa_tensor* dq, const kfa_tensor* dk,
+                                 const kfa_tensor* dv, const kfa_params* params,
+                                 const kfa_term* term, int memory);
+
+/// kfa_backward_term_f32 in double.
+kfa_status kfa_backward_term_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
+                                 const kfa_tensor* o, const kfa_tensor* lse, const kfa_tensor* dout,
+                                 const kfa_tensor* dlse, const kfa_tensor* dq, const kfa_tensor* dk,
+                                 const kfa_tensor* dv, const kfa_params* params,
+                                 const kfa_term* term, int memory);
+
+/// kfa_mpi_forward_f32 with a score term (kfa::mpi::forward with one): the term is the WHOLE
+/// problem's on every rank, at global positions (a bias or mask of the global Nq and Nk), with
+/// the same kind and extents on every rank.
+kfa_status kfa_mpi_forward_term_f32(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
+                                    const kfa_tensor* o, const kfa_tensor* lse,
+                                    const kfa_params* params, const kfa_term* term,
+                                    const kfa_seqpar* seqpar, int memory);
+
+/// kfa_mpi_forward_term_f32 in double.
+kfa_status kfa_mpi_forward_term_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
+                                    const kfa_tensor* o, const kfa_tensor* lse,
+                                    const kfa_params* params, const kfa_term* term,
+                                    const kfa_seqpar* seqpar, int memory);
+
+/// kfa_mpi_backward_f32 with the forward's score term: a bias term's dbias (every rank passes
+/// one, or none) receives the whole dL/dbias on every rank.
+kfa_status kfa_mpi_backward_term_f32(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
+                                     const kfa_tensor* o, const kfa_tensor* lse,
+                                     const kfa_tensor* dout, const kfa_tensor* dlse,
+                                     const kfa_tensor* dq, const kfa_tensor* dk,
+                                     const kfa_tensor* dv, const kfa_params* params,
+                                     const kfa_term* term, const kfa_seqpar* seqpar, int memory);
+
+/// kfa_mpi_backward_term_f32 in double.
+kfa_status kfa_mpi_backward_term_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
+                                     const kfa_tensor* o, const kfa_tensor* lse,
+                                     const kfa_tensor* dout, const kfa_tensor* dlse,
+                                     const kfa_tensor* dq, const kfa_tensor* dk,
+                                     const kfa_tensor* dv, const kfa_params* params,
+                                     const kfa_term* term, const kfa_seqpar* seqpar, int memory);
+
+/// Forward pass in float over a batch of sequences packed without padding (kfa::varlen::forward,
+/// flash-attn's varlen interface). q and o: (total_q, Hq, D); k, v: (total_k, Hk, D), as
+/// kfa_tensors whose extent[3] and stride[3] are unused (0); lse: (Hq, total_q), extent[2..3]
+/// unused. cu_seqlens_q and cu_seqlens_k: B + 1 int32_t offsets each (extent[0] = B + 1),
+/// non-decreasing from 0 to total_q and total_k: sequence s has the query rows
+/// [cu_seqlens_q[s], cu_seqlens_q[s+1]) and the key rows [cu_seqlens_k[s], cu_seqlens_k[s+1]),
+/// and is its own attention problem (masks aligned to its own lengths; a length may be 0). The
+/// offsets are read on the host before any kernel runs. No score terms here.
+kfa_status kfa_varlen_forward_f32(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
+                                  const kfa_tensor* cu_seqlens_q, const kfa_tensor* cu_seqlens_k,
+                                  const kfa_tensor* o, const kfa_tensor* lse,
+                                  const kfa_params* params, int memory);
+
+/// kfa_varlen_forward_f32 in double (lse in double too).
+kfa_status kfa_varlen_forward_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
+                                  const kfa_tensor* cu_seqlens_q, const kfa_tensor* cu_seqlens_k,
+                                  const kfa_tensor* o, const kfa_tensor* lse,
+                                  const kfa_params* params, int memory);
+
+/// Backward pass in float over packed sequences (kfa::varlen::backward): dq like q, dk and dv
+/// like k, from the forward's tensors, dout (like q) and dlse ((Hq, total_q), may be NULL).
+kfa_status kfa_varlen_backward_f32(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
+                                   const kfa_tensor* o, const kfa_tensor* lse,
+                                   const kfa_tensor* dout, const kfa_tensor* dlse,
+                                   const kfa_tensor* cu_seqlens_q, const kfa_tensor* cu_seqlens_k,
+                                   const kfa_tensor* dq, const kfa_tensor* dk, const kfa_tensor* dv,
+                                   const kfa_params* params, int memory);
+
+/// kfa_varlen_backward_f32 in double.
+kfa_status kfa_varlen_backward_f64(const kfa_tensor* q, const kfa_tensor* k, const kfa_tensor* v,
+                                   const kfa_tensor* o, const kfa_tensor* lse,
+                                   const kfa_tensor* dout, const kfa_tensor* dlse,
+                                   const kfa_tensor* cu_seqlens_q, const kfa_tensor* cu_seqlens_k,
+                                   const kfa_tensor* dq, const kfa_tensor* dk, const kfa_tensor* dv,
+                                   const kfa_params* params, int memory);
 
 #ifdef __cplusplus
 }
