@@ -20,7 +20,9 @@
 
 #include <kfa/backward.hpp>
 #include <kfa/forward.hpp>
+#include <kfa/impl/bias.hpp>
 #include <kfa/impl/validate.hpp>
+#include <kfa/masks.hpp>
 #include <kfa/params.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -105,6 +107,22 @@ constexpr void static_check_lse() {
                 "kfa::varlen: lse (and dlse) must be rank-2 Views (heads_q, total_q)");
 }
 
+template <class Extra>
+struct is_alibi : std::false_type {};
+template <class S>
+struct is_alibi<masks::Alibi<S>> : std::true_type {};
+
+/// The terms a packed call takes: none, or ALiBi, whose slopes are per head. A dense bias or
+/// mask and key padding are (batch, heads, seqlen_q, seqlen_k) or per-batch tensors of a padded
+/// batch: they have no packed meaning.
+template <class Extra>
+constexpr void static_check_term() {
+  static_assert(std::is_same_v<Extra, impl::NoTerm> || is_alibi<Extra>::value,
+                "kfa::varlen takes kfa::masks::Alibi only: a dense bias (masks::Bias), a boolean "
+                "mask (masks::Dense) or key padding (masks::KeyPadding) is a padded batch's "
+                "tensor and has no packed meaning (each sequence's lengths are its padding)");
+}
+
 /// Host copy of offsets `name`, checked: batch + 1 entries from 0 to `total`, non-decreasing.
 template <class Cu>
 std::vector<std::int32_t> offsets(const char* pass, const char* name, const Cu& cu,
@@ -144,6 +162,55 @@ inline std::size_t len(const std::vector<std::int32_t>& c, std::size_t s) {
 
 }  // namespace detail
 
+namespace detail {
+
+/// Both forward overloads: extra is impl::NoTerm or ALiBi.
+template <class ExecSpace, class Q, class K, class V, class CuQ, class CuK, class O, class Lse,
+          class Extra>
+void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const CuQ& cu_seqlens_q,
+             const CuK& cu_seqlens_k, const O& o, const Lse& lse, const Params& params,
+             const Extra& extra) {
+  static_check_packed<Q>();
+  static_check_packed<K>();
+  static_check_packed<V>();
+  static_check_packed<O>();
+  static_check_lse<Lse>();
+  static_check_cu<CuQ>();
+  static_check_cu<CuK>();
+  static_check_term<Extra>();
+  using R4 = decltype(rows(q, 0, 0));
+  using L3 = decltype(lse_rows(lse, 0, 0));
+  impl::static_check_pass<ExecSpace, true, L3>(
+      impl::Inputs<R4, decltype(rows(k, 0, 0)), decltype(rows(v, 0, 0))>{},
+      impl::Outputs<decltype(rows(o, 0, 0))>{});
+  const char* pass = "varlen::forward";
+  impl::validate_params<typename Q::non_const_value_type>(pass, params);
+  const std::size_t tq = q.extent(0), tk = k.extent(0);
+  impl::validate_forward(pass, rows(q, 0, tq), rows(k, 0, tk), rows(v, 0, tk), rows(o, 0, tq),
+                         lse_rows(lse, 0, tq));
+  impl::term_rule<backends::accum_t<typename Q::non_const_value_type>, ExecSpace>(
+      pass, extra, impl::dims_of(rows(q, 0, tq), rows(k, 0, tk)), false);
+  std::vector<std::int32_t> cq, ck;
+  sequences(pass, cu_seqlens_q, cu_seqlens_k, tq, tk, cq, ck);
+
+  using LseT = typename Lse::non_const_value_type;
+  for (std::size_t s = 0; s + 1 < cq.size(); ++s) {
+    const std::size_t nq = len(cq, s), nk = len(ck, s);
+    if (nq == 0) continue;
+    if (nk == 0) {  // no key: o = 0, lse = -inf, as for a fully masked row
+      fill(space, o, cq[s], nq, typename O::non_const_value_type(0.0f));
+      fill(space, lse, cq[s], nq, -std::numeric_limits<LseT>::infinity());
+      continue;
+    }
+    impl::Origin at;
+    at.b = static_cast<long long>(s);
+    impl::forward(space, rows(q, cq[s], nq), rows(k, ck[s], nk), rows(v, ck[s], nk),
+                  rows(o, cq[s], nq), lse_rows(lse, cq[s], nq), params, at, extra);
+  }
+}
+
+}  // namespace detail
+
 /// Forward pass over packed sequences, on `space` (asynchronously, as kfa::forward).
 ///
 /// \param space  the execution space instance the kernels run on.
@@ -164,51 +231,32 @@ inline std::size_t len(const std::vector<std::int32_t>& c, std::size_t s) {
 template <class ExecSpace, class Q, class K, class V, class CuQ, class CuK, class O, class Lse>
 void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const CuQ& cu_seqlens_q,
              const CuK& cu_seqlens_k, const O& o, const Lse& lse, const Params& params = {}) {
-  detail::static_check_packed<Q>();
-  detail::static_check_packed<K>();
-  detail::static_check_packed<V>();
-  detail::static_check_packed<O>();
-  detail::static_check_lse<Lse>();
-  detail::static_check_cu<CuQ>();
-  detail::static_check_cu<CuK>();
-  using namespace detail;
-  using R4 = decltype(rows(q, 0, 0));
-  using L3 = decltype(lse_rows(lse, 0, 0));
-  impl::static_check_pass<ExecSpace, true, L3>(
-      impl::Inputs<R4, decltype(rows(k, 0, 0)), decltype(rows(v, 0, 0))>{},
-      impl::Outputs<decltype(rows(o, 0, 0))>{});
-  const char* pass = "varlen::forward";
-  impl::validate_params<typename Q::non_const_value_type>(pass, params);
-  const std::size_t tq = q.extent(0), tk = k.extent(0);
-  impl::validate_forward(pass, rows(q, 0, tq), rows(k, 0, tk), rows(v, 0, tk), rows(o, 0, tq),
-                         lse_rows(lse, 0, tq));
-  std::vector<std::int32_t> cq, ck;
-  sequences(pass, cu_seqlens_q, cu_seqlens_k, tq, tk, cq, ck);
+  detail::forward(space, q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, params, impl::NoTerm{});
+}
 
-  using LseT = typename Lse::non_const_value_type;
-  for (std::size_t s = 0; s + 1 < cq.size(); ++s) {
-    const std::size_t nq = len(cq, s), nk = len(ck, s);
-    if (nq == 0) continue;
-    if (nk == 0) {  // no key: o = 0, lse = -inf, as for a fully masked row
-      fill(space, o, cq[s], nq, typename O::non_const_value_type(0.0f));
-      fill(space, lse, cq[s], nq, -std::numeric_limits<LseT>::infinity());
-      continue;
-    }
-    impl::Origin at;
-    at.b = static_cast<long long>(s);
-    impl::forward(space, rows(q, cq[s], nq), rows(k, ck[s], nk), rows(v, ck[s], nk),
-                  rows(o, cq[s], nq), lse_rows(lse, cq[s], nq), params, at);
-  }
+/// As above with ALiBi, kfa::masks::Alibi{slopes} (heads_q slopes): the bias
+/// -slopes(h) |i + shift - j| of each sequence, i and j its own query and key positions and
+/// shift its own diagonal (seqlen_k - seqlen_q of the sequence for Align::bottom_right, 0 for
+/// top_left), as the padded call gives batch element s. The other terms of kfa/masks.hpp
+/// (a dense bias or mask, key padding) are (batch, heads, seqlen_q, seqlen_k) tensors with no
+/// packed layout: they do not compile here.
+/// \throws kfa::Error as above, and for slopes whose length is not heads_q.
+template <class ExecSpace, class Q, class K, class V, class CuQ, class CuK, class O, class Lse,
+          class Extra, std::enable_if_t<impl::is_term<Extra>::value, int> = 0>
+void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const CuQ& cu_seqlens_q,
+             const CuK& cu_seqlens_k, const O& o, const Lse& lse, const Params& params,
+             const Extra& extra) {
+  detail::forward(space, q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, params, extra);
 }
 
 namespace detail {
 
-/// Both backward overloads: dlse may be nullptr.
+/// Every backward overload: dlse may be nullptr, extra is impl::NoTerm or ALiBi.
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DLse,
-          class CuQ, class CuK, class DQ, class DK, class DV>
+          class CuQ, class CuK, class DQ, class DK, class DV, class Extra>
 void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
               const Lse& lse, const DO& dout, const DLse* dlse, const CuQ& cu_q, const CuK& cu_k,
-              const DQ& dq, const DK& dk, const DV& dv, const Params& params) {
+              const DQ& dq, const DK& dk, const DV& dv, const Params& params, const Extra& extra) {
   static_check_packed<Q>();
   static_check_packed<K>();
   static_check_packed<V>();
@@ -221,6 +269,7 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
   static_check_lse<DLse>();
   static_check_cu<CuQ>();
   static_check_cu<CuK>();
+  static_check_term<Extra>();
   const char* pass = "varlen::backward";
   impl::validate_params<typename Q::non_const_value_type>(pass, params);
   const std::size_t tq = q.extent(0), tk = k.extent(0);
@@ -228,6 +277,8 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
   impl::validate_backward(pass, rows(q, 0, tq), rows(k, 0, tk), rows(v, 0, tk), rows(o, 0, tq),
                           lse_rows(lse, 0, tq), rows(dout, 0, tq), dlse ? &dl : nullptr,
                           rows(dq, 0, tq), rows(dk, 0, tk), rows(dv, 0, tk));
+  impl::term_rule<backends::accum_t<typename Q::non_const_value_type>, ExecSpace>(
+      pass, extra, impl::dims_of(rows(q, 0, tq), rows(k, 0, tk)), true);
   std::vector<std::int32_t> cq, ck;
   sequences(pass, cu_q, cu_k, tq, tk, cq, ck);
   // The symmetric pass needs self-attention in every sequence: refuse before any launch.
@@ -256,7 +307,8 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
     const auto dls = dlse ? lse_rows(*dlse, cq[s], nq) : decltype(lse_rows(*dlse, 0, 0))();
     impl::backward(space, qs, rows(k, ck[s], nk), rows(v, ck[s], nk), rows(o, cq[s], nq), ls,
                    rows(dout, cq[s], nq), dlse ? &dls : static_cast<const decltype(dls)*>(nullptr),
-                   rows(dq, cq[s], nq), rows(dk, ck[s], nk), rows(dv, ck[s], nk), params, at);
+                   rows(dq, cq[s], nq), rows(dk, ck[s], nk), rows(dv, ck[s], nk), params, at,
+                   extra);
   }
 }
 
@@ -278,7 +330,7 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
               const Lse& lse, const DO& dout, const CuQ& cu_seqlens_q, const CuK& cu_seqlens_k,
               const DQ& dq, const DK& dk, const DV& dv, const Params& params = {}) {
   detail::backward(space, q, k, v, o, lse, dout, static_cast<const Lse*>(nullptr), cu_seqlens_q,
-                   cu_seqlens_k, dq, dk, dv, params);
+                   cu_seqlens_k, dq, dk, dv, params, impl::NoTerm{});
 }
 
 /// Backward pass over packed sequences with the gradient through the LSE (as the overload
@@ -299,7 +351,41 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
               const CuK& cu_seqlens_k, const DQ& dq, const DK& dk, const DV& dv,
               const Params& params = {}) {
   detail::backward(space, q, k, v, o, lse, dout, &dlse, cu_seqlens_q, cu_seqlens_k, dq, dk, dv,
-                   params);
+                   params, impl::NoTerm{});
+}
+
+/// The backward overload without dlse, with ALiBi: `extra` is the kfa::masks::Alibi{slopes}
+/// given to kfa::varlen::forward (no other term compiles here; slopes get no gradient).
+/// \param space, q, k, v, o, lse, dout, cu_seqlens_q, cu_seqlens_k, dq, dk, dv, params  as
+///        in the overload without a term.
+/// \param extra  kfa::masks::Alibi{slopes}, heads_q slopes.
+/// \throws kfa::Error as that overload, and for slopes whose length is not heads_q.
+template <
+    class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class CuQ, class CuK,
+    class DQ, class DK, class DV, class Extra,
+    std::enable_if_t<impl::is_view_of_rank<DQ, 3>::value && impl::is_term<Extra>::value, int> = 0>
+void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+              const Lse& lse, const DO& dout, const CuQ& cu_seqlens_q, const CuK& cu_seqlens_k,
+              const DQ& dq, const DK& dk, const DV& dv, const Params& params, const Extra& extra) {
+  detail::backward(space, q, k, v, o, lse, dout, static_cast<const Lse*>(nullptr), cu_seqlens_q,
+                   cu_seqlens_k, dq, dk, dv, params, extra);
+}
+
+/// The backward overload with dlse, with ALiBi (as the overload above).
+/// \param space, q, k, v, o, lse, dout, dlse, cu_seqlens_q, cu_seqlens_k, dq, dk, dv, params  as
+///        in the overload with dlse and without a term.
+/// \param extra  kfa::masks::Alibi{slopes}, heads_q slopes.
+/// \throws kfa::Error as that overload, and for slopes whose length is not heads_q.
+template <
+    class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DLse, class CuQ,
+    class CuK, class DQ, class DK, class DV, class Extra,
+    std::enable_if_t<impl::is_view_of_rank<DLse, 2>::value && impl::is_term<Extra>::value, int> = 0>
+void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+              const Lse& lse, const DO& dout, const DLse& dlse, const CuQ& cu_seqlens_q,
+              const CuK& cu_seqlens_k, const DQ& dq, const DK& dk, const DV& dv,
+              const Params& params, const Extra& extra) {
+  detail::backward(space, q, k, v, o, lse, dout, &dlse, cu_seqlens_q, cu_seqlens_k, dq, dk, dv,
+                   params, extra);
 }
 
 }  // namespace kfa::varlen
