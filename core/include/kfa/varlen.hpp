@@ -185,6 +185,10 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const C
       impl::Outputs<decltype(rows(o, 0, 0))>{});
   const char* pass = "varlen::forward";
   impl::validate_params<typename Q::non_const_value_type>(pass, params);
+  if (params.num_splits > 1)
+    impl::fail(pass, "num_splits = ", params.num_splits,
+               ": packed sequences run one team per (sequence, head, query tile), without "
+               "split-KV; give 0 or 1");
   const std::size_t tq = q.extent(0), tk = k.extent(0);
   impl::validate_forward(pass, rows(q, 0, tq), rows(k, 0, tk), rows(v, 0, tk), rows(o, 0, tq),
                          lse_rows(lse, 0, tq));
@@ -193,20 +197,10 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const C
   std::vector<std::int32_t> cq, ck;
   sequences(pass, cu_seqlens_q, cu_seqlens_k, tq, tk, cq, ck);
 
-  using LseT = typename Lse::non_const_value_type;
-  for (std::size_t s = 0; s + 1 < cq.size(); ++s) {
-    const std::size_t nq = len(cq, s), nk = len(ck, s);
-    if (nq == 0) continue;
-    if (nk == 0) {  // no key: o = 0, lse = -inf, as for a fully masked row
-      fill(space, o, cq[s], nq, typename O::non_const_value_type(0.0f));
-      fill(space, lse, cq[s], nq, -std::numeric_limits<LseT>::infinity());
-      continue;
-    }
-    impl::Origin at;
-    at.b = static_cast<long long>(s);
-    impl::forward(space, rows(q, cq[s], nq), rows(k, ck[s], nk), rows(v, ck[s], nk),
-                  rows(o, cq[s], nq), lse_rows(lse, cq[s], nq), params, at, extra);
-  }
+  // One launch over (sequence, head, query tile); a sequence without keys gets o = 0 and
+  // lse = -inf from it, as a fully masked row does.
+  impl::forward_packed(space, rows(q, 0, tq), rows(k, 0, tk), rows(v, 0, tk), rows(o, 0, tq),
+                       lse_rows(lse, 0, tq), cq, ck, params, extra);
 }
 
 }  // namespace detail
