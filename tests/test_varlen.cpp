@@ -368,6 +368,31 @@ TYPED_TEST(Varlen, EqualLengthsEqualThePaddedCallBitwise) {
   same(bw.dv, vl.dv, nk, "dv");
 }
 
+// The forward is one kernel launch for the whole packed batch, whatever its lengths (0, 1, a
+// long one among short ones): the Kokkos tools callback sees every parallel_for by name.
+std::vector<std::string>* launched = nullptr;
+void record_launch(const char* name, std::uint32_t /*device*/, std::uint64_t* id) {
+  if (launched) launched->emplace_back(name);
+  *id = 0;
+}
+
+TEST(VarlenLaunches, ForwardIsOneLaunch) {
+  const VarlenProblem pb = mixed(4, 2, 31);
+  std::vector<std::string> names;
+  launched = &names;
+  Kokkos::Tools::Experimental::set_begin_parallel_for_callback(record_launch);
+  kfa::Params p;
+  p.causal = true;
+  const auto out = run<double>(pb, p, false);
+  Kokkos::Tools::Experimental::set_begin_parallel_for_callback(nullptr);
+  launched = nullptr;
+  EXPECT_EQ(std::count(names.begin(), names.end(), std::string("kfa::forward")), 1)
+      << names.size() << " launches in all";
+  const auto fc = kfa::reference::varlen::check_forward<double>(pb.q, pb.k, pb.v, pb.cu_q, pb.cu_k,
+                                                                p, out.o, out.lse);
+  EXPECT_TRUE(fc.ok());
+}
+
 /// Expects `f` to throw kfa::Error whose message contains every one of `parts`.
 template <class F>
 void expect_error(const F& f, const std::vector<std::string>& parts) {
@@ -420,6 +445,11 @@ TEST(VarlenValidation, BadOffsetsAreRefusedBeforeAnyKernel) {
         kfa::varlen::backward(Exec(), q, k, v, o, lse, dout, good_q, good_k, dq, dk, dv, sym);
       },
       {"symmetric", "sequence 0", "seqlen_q = 4", "seqlen_k = 5"});
+  // Packed sequences have no split-KV.
+  kfa::Params split;
+  split.num_splits = 2;
+  expect_error([&] { kfa::varlen::forward(Exec(), q, k, v, good_q, good_k, o, lse, split); },
+               {"varlen::forward", "num_splits = 2", "split-KV"});
   // ALiBi slopes: one per query head.
   Kokkos::View<double*, Device> slopes3("slopes", 3);
   expect_error(
