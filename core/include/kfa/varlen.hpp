@@ -11,12 +11,20 @@
 /// positions within the sequence, so the keep-mask of sequence s is element s of the padded
 /// batch's (kfa::dropout_mask on (B, heads_q, max seqlen_q, max seqlen_k)).
 ///
-/// Each sequence runs as a batch of one on strided views of the packed arrays: the kernels of
-/// kfa::forward and kfa::backward unchanged, with no padded rows computed or stored. That costs
-/// one launch (forward) or a few (backward) per sequence. On a host space it is nothing next to
-/// the work; on a GPU each launch costs some microseconds and a short sequence fills few
-/// multiprocessors (one team per (head, query tile)), so a batch of many short sequences runs
-/// below the device's throughput, where one launch over (sequence, head, tile) would not.
+/// ALiBi (kfa::masks::Alibi, after the Params) is taken within each sequence: its bias
+/// -slopes(h) |i + shift - j| has i, j and the diagonal shift of that sequence. The other terms
+/// of kfa/masks.hpp (a dense bias or boolean mask, key padding) are tensors of a padded batch
+/// with no packed layout (each sequence's lengths are already its padding): they do not compile
+/// with kfa::varlen.
+///
+/// The forward is one launch of kfa::forward's kernel over (sequence, head, query tile): a
+/// small device array of each sequence's first query tile (built on the host from cu_seqlens_q)
+/// maps a team to its sequence, whose rows, lengths and diagonal it then works on, so that no
+/// padded row is computed or stored and many short sequences fill a GPU as one batch does
+/// (impl/packed.hpp). It has no split-KV (num_splits > 1 is refused). The backward still runs
+/// each sequence as a batch of one on strided views of the packed arrays, a few launches per
+/// sequence: nothing next to the work on a host space, launch latency and under-filled
+/// launches for batches of many short sequences on a GPU.
 
 #include <kfa/backward.hpp>
 #include <kfa/forward.hpp>
