@@ -35,10 +35,8 @@
 
 #include <Kokkos_Core.hpp>
 
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -65,33 +63,6 @@ auto lse_rows(const V2& v, std::size_t begin, std::size_t n) {
   const std::size_t s0 = v.stride(0), s1 = v.stride(1);
   return View(v.data() + begin * s1,
               Kokkos::LayoutStride(1, v.extent(0) * s0, v.extent(0), s0, n, s1));
-}
-
-/// Sets rows [begin, begin + n) of a packed (total, heads, head_dim) tensor, or columns
-/// [begin, begin + n) of a (heads, total) LSE, to x (Kokkos' deep_copy of a scalar takes no
-/// strided view on every Kokkos version kfa builds with).
-template <class ExecSpace, class View>
-void fill(const ExecSpace& space, const View& v, std::size_t begin, std::size_t n,
-          typename View::non_const_value_type x) {
-  const bool rows_first = View::rank == 3;
-  const std::size_t inner = rows_first ? v.extent(1) * v.extent(2) : v.extent(0);
-  if (n == 0 || inner == 0) return;
-  Kokkos::parallel_for(
-      "kfa::varlen::fill",
-      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::size_t>>(space, 0, n * inner),
-      KOKKOS_LAMBDA(std::size_t e) {
-        // Every capture is named before the constexpr-if: nvcc refuses an extended lambda's
-        // first capture of a variable inside one.
-        const View& w = v;
-        const std::size_t r0 = begin, m = inner;
-        const auto value = x;
-        if constexpr (View::rank == 3) {
-          const std::size_t r = r0 + e / m, c = e % m;
-          w(r, c / w.extent(2), c % w.extent(2)) = value;
-        } else {
-          w(e % m, r0 + e / m) = value;
-        }
-      });
 }
 
 template <class View>
@@ -293,25 +264,11 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
                    s, " has seqlen_q = ", len(cq, s), ", seqlen_k = ", len(ck, s),
                    ", heads_q = ", q.extent(1), ", heads_k = ", k.extent(1));
 
-  for (std::size_t s = 0; s + 1 < cq.size(); ++s) {
-    const std::size_t nq = len(cq, s), nk = len(ck, s);
-    // A sequence without queries gives its keys no gradient, one without keys its queries none.
-    if (nq == 0 || nk == 0) {
-      fill(space, dq, cq[s], nq, typename DQ::non_const_value_type(0.0f));
-      fill(space, dk, ck[s], nk, typename DK::non_const_value_type(0.0f));
-      fill(space, dv, ck[s], nk, typename DV::non_const_value_type(0.0f));
-      continue;
-    }
-    impl::Origin at;
-    at.b = static_cast<long long>(s);
-    const auto qs = rows(q, cq[s], nq);
-    const auto ls = lse_rows(lse, cq[s], nq);
-    const auto dls = dlse ? lse_rows(*dlse, cq[s], nq) : decltype(lse_rows(*dlse, 0, 0))();
-    impl::backward(space, qs, rows(k, ck[s], nk), rows(v, ck[s], nk), rows(o, cq[s], nq), ls,
-                   rows(dout, cq[s], nq), dlse ? &dls : static_cast<const decltype(dls)*>(nullptr),
-                   rows(dq, cq[s], nq), rows(dk, ck[s], nk), rows(dv, ck[s], nk), params, at,
-                   extra);
-  }
+  // A few launches for all sequences; a sequence without queries gives its keys zero
+  // gradients there, one without keys its queries.
+  impl::backward_packed(space, rows(q, 0, tq), rows(k, 0, tk), rows(v, 0, tk), rows(o, 0, tq),
+                        lse_rows(lse, 0, tq), rows(dout, 0, tq), dlse ? &dl : nullptr,
+                        rows(dq, 0, tq), rows(dk, 0, tk), rows(dv, 0, tk), cq, ck, params, extra);
 }
 
 }  // namespace detail
