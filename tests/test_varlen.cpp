@@ -368,29 +368,49 @@ TYPED_TEST(Varlen, EqualLengthsEqualThePaddedCallBitwise) {
   same(bw.dv, vl.dv, nk, "dv");
 }
 
-// The forward is one kernel launch for the whole packed batch, whatever its lengths (0, 1, a
-// long one among short ones): the Kokkos tools callback sees every parallel_for by name.
+// Each pass is one launch of each of its kernels for the whole packed batch, whatever its
+// lengths (0, 1, a long one among short ones): the Kokkos tools callback sees every
+// parallel_for by name.
 std::vector<std::string>* launched = nullptr;
 void record_launch(const char* name, std::uint32_t /*device*/, std::uint64_t* id) {
   if (launched) launched->emplace_back(name);
   *id = 0;
 }
 
-TEST(VarlenLaunches, ForwardIsOneLaunch) {
+TEST(VarlenLaunches, EachKernelLaunchesOnce) {
   const VarlenProblem pb = mixed(4, 2, 31);
+  for (auto mode : {kfa::DqMode::atomic, kfa::DqMode::query_pass}) {
+    SCOPED_TRACE(kfa::name_of(mode));
+    std::vector<std::string> names;
+    launched = &names;
+    Kokkos::Tools::Experimental::set_begin_parallel_for_callback(record_launch);
+    kfa::Params p;
+    p.causal = true;
+    p.dq_mode = mode;
+    const auto out = run<double>(pb, p, true);
+    Kokkos::Tools::Experimental::set_begin_parallel_for_callback(nullptr);
+    launched = nullptr;
+    auto count = [&](const char* n) { return std::count(names.begin(), names.end(), n); };
+    EXPECT_EQ(count("kfa::forward"), 1) << names.size() << " launches in all";
+    EXPECT_EQ(count("kfa::backward::dkdv"), 1);
+    EXPECT_EQ(count("kfa::backward::dq"), mode == kfa::DqMode::query_pass ? 1 : 0);
+    const auto fc = kfa::reference::varlen::check_forward<double>(pb.q, pb.k, pb.v, pb.cu_q,
+                                                                  pb.cu_k, p, out.o, out.lse);
+    EXPECT_TRUE(fc.ok());
+    const auto bc = kfa::reference::varlen::check_backward<double>(
+        pb.q, pb.k, pb.v, pb.cu_q, pb.cu_k, p, pb.dout, pb.dlse, out.dq, out.dk, out.dv);
+    EXPECT_TRUE(bc.ok());
+  }
+  const VarlenProblem self({4, 0, 1, 70, 9}, {4, 0, 1, 70, 9}, 2, 2, 16, 32);
   std::vector<std::string> names;
   launched = &names;
   Kokkos::Tools::Experimental::set_begin_parallel_for_callback(record_launch);
   kfa::Params p;
-  p.causal = true;
-  const auto out = run<double>(pb, p, false);
+  p.dq_mode = kfa::DqMode::symmetric;
+  run<double>(self, p, true);
   Kokkos::Tools::Experimental::set_begin_parallel_for_callback(nullptr);
   launched = nullptr;
-  EXPECT_EQ(std::count(names.begin(), names.end(), std::string("kfa::forward")), 1)
-      << names.size() << " launches in all";
-  const auto fc = kfa::reference::varlen::check_forward<double>(pb.q, pb.k, pb.v, pb.cu_q, pb.cu_k,
-                                                                p, out.o, out.lse);
-  EXPECT_TRUE(fc.ok());
+  EXPECT_EQ(std::count(names.begin(), names.end(), "kfa::backward::symmetric"), 1);
 }
 
 /// Expects `f` to throw kfa::Error whose message contains every one of `parts`.

@@ -17,14 +17,13 @@
 /// with no packed layout (each sequence's lengths are already its padding): they do not compile
 /// with kfa::varlen.
 ///
-/// The forward is one launch of kfa::forward's kernel over (sequence, head, query tile): a
-/// small device array of each sequence's first query tile (built on the host from cu_seqlens_q)
-/// maps a team to its sequence, whose rows, lengths and diagonal it then works on, so that no
-/// padded row is computed or stored and many short sequences fill a GPU as one batch does
-/// (impl/packed.hpp). It has no split-KV (num_splits > 1 is refused). The backward still runs
-/// each sequence as a batch of one on strided views of the packed arrays, a few launches per
-/// sequence: nothing next to the work on a host space, launch latency and under-filled
-/// launches for batches of many short sequences on a GPU.
+/// Each pass launches each of its kernels once for all sequences: the forward's over
+/// (sequence, head, query tile), the backward's key-tile kernel over (sequence, kv head, key
+/// tile) and its query-tile (or symmetric) kernel like the forward's. A small device array of
+/// each sequence's first tile (built on the host from cu_seqlens) maps a team to its sequence,
+/// whose rows, lengths and diagonal it then works on (impl/packed.hpp): no padded row is
+/// computed or stored, and many short sequences fill a GPU as one batch does. There is no
+/// split-KV (num_splits > 1 is refused).
 
 #include <kfa/backward.hpp>
 #include <kfa/forward.hpp>
@@ -273,7 +272,8 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
 
 }  // namespace detail
 
-/// Backward pass over packed sequences (as kfa::backward, sequence by sequence).
+/// Backward pass over packed sequences (as kfa::backward for each sequence, in one launch per
+/// kernel for all of them).
 ///
 /// \param space  the execution space instance the kernels run on.
 /// \param q, k, v, cu_seqlens_q, cu_seqlens_k, params  as given to kfa::varlen::forward.
