@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <kfa/config.hpp>
+#include <kfa/masks.hpp>
 #ifdef KFA_CLI_NN
 #include <kfa/mha_reference.hpp>
 #endif
@@ -734,7 +735,8 @@ kfa::reference::Packed3 to_packed(const Dataset& d) {
 
 // Varlen: rank-3 /q /k /v with /cu_seqlens_q and /cu_seqlens_k (int32), forward and backward
 // against the reference run sequence by sequence (dropout: the padded batch's mask from kfa
-// dropout-mask), lengths 0 and 1 included; bad offsets and shapes exit 2 naming them.
+// dropout-mask), lengths 0 and 1 included, with ALiBi too; bad offsets and shapes, and the
+// terms varlen has no packed meaning for, exit 2 naming them.
 TEST(Cli, Varlen) {
   const std::vector<std::int32_t> cq{0, 3, 3, 4, 44, 49}, ck{0, 5, 9, 10, 43, 43};
   const int H = 4, Hk = 2, D = 16, Nq = 49, Nk = 43;
@@ -804,7 +806,64 @@ TEST(Cli, Varlen) {
   expect_bad("forward --in " + e2.string(), "/cu_seqlens_k is missing");
   add_int32(e2, "/cu_seqlens_k", {0, 5, 9, 10, 43, 44});
   expect_bad("forward --in " + e2.string(), "cu_seqlens_k[5] = 44 (the last entry) must equal");
-  expect_bad("forward --alibi --in " + in.string(), "--alibi does not apply to a varlen problem");
+
+  // ALiBi within each sequence: --alibi (the standard slopes) forward, /alibi_slopes backward,
+  // against the reference with those slopes.
+  const auto standard = kfa::masks::alibi_slopes(H);
+  const fs::path af = work_dir() / "vl_alibi_fwd.h5";
+  fs::remove(af);
+  const CliRun fa =
+      run_cli("forward --alibi --in " + in.string() + " --out " + af.string() + flags);
+  ASSERT_EQ(fa.status, 0) << fa.err;
+  kfa_apps::H5File fao(af.string());
+  const Dataset oa = fao.read("/o", 3), lsea = fao.read("/lse", 2);
+  kfa::reference::Tensor2 lsea_t("lse", H, Nq);
+  std::copy(lsea.data.begin(), lsea.data.end(), lsea_t.data());
+  const auto ca = kfa::reference::varlen::check_forward<double>(
+      qp, kp, vp, cqi, cki, p, to_packed(oa), lsea_t, keep, standard);
+  EXPECT_TRUE(ca.ok()) << "ALiBi O err " << ca.o.err << ", LSE err " << ca.lse.err;
+  Dataset slopes;
+  slopes.dims = {hsize_t(H)};
+  slopes.dtype = DType::f64;
+  slopes.data = standard;
+  const fs::path abin = work_dir() / "vl_alibi_bin.h5", about = work_dir() / "vl_alibi_bout.h5";
+  kfa_apps::write_atomic(abin.string(), {{"/q", &q},
+                                         {"/k", &k},
+                                         {"/v", &v},
+                                         {"/o", &oa},
+                                         {"/lse", &lsea},
+                                         {"/do", &dout},
+                                         {"/alibi_slopes", &slopes}});
+  add_int32(abin, "/cu_seqlens_q", cq);
+  add_int32(abin, "/cu_seqlens_k", ck);
+  fs::remove(about);
+  const CliRun ba =
+      run_cli("backward --check --in " + abin.string() + " --out " + about.string() + flags);
+  ASSERT_EQ(ba.status, 0) << ba.err;
+  kfa_apps::H5File fba(about.string());
+  const auto ga = kfa::reference::varlen::check_backward<double>(
+      qp, kp, vp, cqi, cki, p, dop, {}, to_packed(fba.read("/dq", 3)),
+      to_packed(fba.read("/dk", 3)), to_packed(fba.read("/dv", 3)), keep, standard);
+  EXPECT_TRUE(ga.ok()) << "ALiBi dQ err " << ga.dq.err << ", dK err " << ga.dk.err << ", dV err "
+                       << ga.dv.err;
+  expect_bad("backward --alibi --in " + abin.string(), "--alibi and dataset /alibi_slopes");
+  const fs::path e4 = work_dir() / "vl_e4.h5", e5 = work_dir() / "vl_e5.h5";
+  Dataset slopes3 = slopes;
+  slopes3.dims = {3};
+  slopes3.data.resize(3);
+  kfa_apps::write_atomic(e4.string(),
+                         {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/alibi_slopes", &slopes3}});
+  add_int32(e4, "/cu_seqlens_q", cq);
+  add_int32(e4, "/cu_seqlens_k", ck);
+  expect_bad("forward --in " + e4.string(), "/alibi_slopes has shape (3)");
+  Dataset bias;
+  bias.dims = {1, hsize_t(H), hsize_t(Nq), hsize_t(Nk)};
+  bias.dtype = DType::f64;
+  bias.data.assign(std::size_t(H) * Nq * Nk, 0.0);
+  kfa_apps::write_atomic(e5.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/bias", &bias}});
+  add_int32(e5, "/cu_seqlens_q", cq);
+  add_int32(e5, "/cu_seqlens_k", ck);
+  expect_bad("forward --in " + e5.string(), "takes no /bias");
   kfa_apps::write_atomic(
       e3.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/o", &o}, {"/lse", &o}, {"/do", &dout}});
   add_int32(e3, "/cu_seqlens_q", cq);

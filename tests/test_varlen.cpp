@@ -109,9 +109,39 @@ struct VarlenOut {
   Packed3 dq, dk, dv;
 };
 
-/// kfa::varlen::forward (and backward when asked) in precision T, outputs poisoned by NaN.
+/// ALiBi slopes (heads_q of them, not the standard ones: a head's slope matters) on the space;
+/// empty: none.
 template <class T>
-VarlenOut<T> run(const VarlenProblem& pb, const kfa::Params& p, bool grads) {
+Kokkos::View<lse_t<T>*, Device> slopes_on_space(const std::vector<double>& alibi) {
+  Kokkos::View<lse_t<T>*, Device> d("slopes", alibi.size());
+  auto h = Kokkos::create_mirror_view(d);
+  for (std::size_t i = 0; i < alibi.size(); ++i)
+    h(i) = static_cast<lse_t<T>>(alibi[i]);
+  Kokkos::deep_copy(d, h);
+  return d;
+}
+
+std::vector<double> some_slopes(int heads) {
+  std::vector<double> s(static_cast<std::size_t>(heads));
+  for (int h = 0; h < heads; ++h)
+    s[static_cast<std::size_t>(h)] = 0.05 + 0.4 * h / heads;
+  return s;
+}
+
+/// Calls f() or f(kfa::masks::Alibi{slopes}) as alibi is empty or not.
+template <class T, class F>
+void with_alibi(const std::vector<double>& alibi, const F& f) {
+  if (alibi.empty())
+    f();
+  else
+    f(kfa::masks::Alibi{slopes_on_space<T>(alibi)});
+}
+
+/// kfa::varlen::forward (and backward when asked) in precision T, outputs poisoned by NaN;
+/// with ALiBi where alibi holds slopes.
+template <class T>
+VarlenOut<T> run(const VarlenProblem& pb, const kfa::Params& p, bool grads,
+                 const std::vector<double>& alibi = {}) {
   const auto q = to_space<Packed<T>>(pb.q), k = to_space<Packed<T>>(pb.k),
              v = to_space<Packed<T>>(pb.v);
   const Cu cq = to_device_cu(pb.cu_q), ck = to_device_cu(pb.cu_k);
@@ -119,7 +149,9 @@ VarlenOut<T> run(const VarlenProblem& pb, const kfa::Params& p, bool grads) {
   Rows<lse_t<T>> lse("lse", pb.heads_q, q.extent(0));
   Kokkos::deep_copy(o, quiet_nan<T>());
   Kokkos::deep_copy(lse, quiet_nan<lse_t<T>>());
-  kfa::varlen::forward(Exec(), q, k, v, cq, ck, o, lse, p);
+  with_alibi<T>(alibi, [&](const auto&... term) {
+    kfa::varlen::forward(Exec(), q, k, v, cq, ck, o, lse, p, term...);
+  });
   VarlenOut<T> out;
   if (grads) {
     const auto dout = to_space<Packed<T>>(pb.dout);
@@ -128,12 +160,14 @@ VarlenOut<T> run(const VarlenProblem& pb, const kfa::Params& p, bool grads) {
         dv("dv", v.extent(0), v.extent(1), v.extent(2));
     for (const auto& g : {dq, dk, dv})
       Kokkos::deep_copy(g, quiet_nan<T>());
-    if (pb.dlse.span() > 0) {
-      const auto dlse = to_space<Rows<lse_t<T>>>(pb.dlse);
-      kfa::varlen::backward(Exec(), q, k, v, o, lse, dout, dlse, cq, ck, dq, dk, dv, p);
-    } else {
-      kfa::varlen::backward(Exec(), q, k, v, o, lse, dout, cq, ck, dq, dk, dv, p);
-    }
+    with_alibi<T>(alibi, [&](const auto&... term) {
+      if (pb.dlse.span() > 0) {
+        const auto dlse = to_space<Rows<lse_t<T>>>(pb.dlse);
+        kfa::varlen::backward(Exec(), q, k, v, o, lse, dout, dlse, cq, ck, dq, dk, dv, p, term...);
+      } else {
+        kfa::varlen::backward(Exec(), q, k, v, o, lse, dout, cq, ck, dq, dk, dv, p, term...);
+      }
+    });
     Kokkos::fence();
     out.dq = to_host<Packed3>(dq, "dq");
     out.dk = to_host<Packed3>(dk, "dk");
@@ -146,21 +180,22 @@ VarlenOut<T> run(const VarlenProblem& pb, const kfa::Params& p, bool grads) {
 }
 
 /// Runs the pass(es) and checks them against the reference, sequence by sequence, fed with the
-/// padded batch's keep-mask under dropout.
+/// padded batch's keep-mask under dropout and the ALiBi slopes where alibi holds them.
 template <class T>
-void check(const VarlenProblem& pb, const kfa::Params& p, bool grads, const std::string& what) {
+void check(const VarlenProblem& pb, const kfa::Params& p, bool grads, const std::string& what,
+           const std::vector<double>& alibi = {}) {
   SCOPED_TRACE(what);
-  const auto out = run<T>(pb, p, grads);
+  const auto out = run<T>(pb, p, grads, alibi);
   const Keep4 keep = keep_mask(pb.padded(), p);
   EXPECT_TRUE(all_written(out.o)) << "o";
   const auto fc = kfa::reference::varlen::check_forward<T>(pb.q, pb.k, pb.v, pb.cu_q, pb.cu_k, p,
-                                                           out.o, out.lse, keep);
+                                                           out.o, out.lse, keep, alibi);
   EXPECT_TRUE(fc.o.ok()) << "o err " << fc.o.err << " bound " << fc.o.bound;
   EXPECT_TRUE(fc.lse.ok()) << "lse err " << fc.lse.err << " bound " << fc.lse.bound;
   if (!grads) return;
   EXPECT_TRUE(all_written(out.dq) && all_written(out.dk) && all_written(out.dv)) << "gradients";
   const auto bc = kfa::reference::varlen::check_backward<T>(
-      pb.q, pb.k, pb.v, pb.cu_q, pb.cu_k, p, pb.dout, pb.dlse, out.dq, out.dk, out.dv, keep);
+      pb.q, pb.k, pb.v, pb.cu_q, pb.cu_k, p, pb.dout, pb.dlse, out.dq, out.dk, out.dv, keep, alibi);
   EXPECT_TRUE(bc.dq.ok()) << "dq err " << bc.dq.err << " bound " << bc.dq.bound;
   EXPECT_TRUE(bc.dk.ok()) << "dk err " << bc.dk.err << " bound " << bc.dk.bound;
   EXPECT_TRUE(bc.dv.ok()) << "dv err " << bc.dv.err << " bound " << bc.dv.bound;
@@ -243,6 +278,46 @@ TYPED_TEST(Varlen, BackwardEachDqMode) {
   check<TypeParam>(self, p, true, "symmetric causal dropout");
 }
 
+// ALiBi: each sequence's bias from its own positions and diagonal (seqlen_k - seqlen_q of the
+// sequence under bottom-right alignment), with every mask of Params, GQA and dropout.
+TYPED_TEST(Varlen, AlibiForwardMatchesReferencePerSequence) {
+  const VarlenProblem pb = mixed(2, 2, 21);
+  const auto alibi = some_slopes(2);
+  for (const auto& [name, p] : options())
+    check<TypeParam>(pb, p, false, "alibi " + name, alibi);
+  const VarlenProblem gqa = mixed(4, 2, 22);
+  kfa::Params p;
+  p.dropout = 0.25;
+  p.seed = 8;
+  p.causal = true;
+  check<TypeParam>(gqa, p, false, "alibi gqa dropout causal", some_slopes(4));
+}
+
+TYPED_TEST(Varlen, AlibiBackwardEachDqMode) {
+  const VarlenProblem gqa = mixed(4, 2, 23, true);
+  const auto alibi = some_slopes(4);
+  for (auto mode : {kfa::DqMode::atomic, kfa::DqMode::query_pass}) {
+    kfa::Params p;
+    p.dq_mode = mode;
+    check<TypeParam>(gqa, p, true, std::string("alibi gqa dlse ") + kfa::name_of(mode), alibi);
+    p.causal = true;
+    p.align = kfa::Align::top_left;
+    p.window_left = 5;
+    p.softcap = 4;
+    p.dropout = 0.2;
+    p.seed = 98;
+    check<TypeParam>(
+        gqa, p, true,
+        std::string("alibi gqa dlse causal top-left window softcap dropout ") + kfa::name_of(mode),
+        alibi);
+  }
+  const VarlenProblem self({4, 0, 1, 70, 9}, {4, 0, 1, 70, 9}, 2, 2, 16, 24);
+  kfa::Params p;
+  p.dq_mode = kfa::DqMode::symmetric;
+  p.causal = true;
+  check<TypeParam>(self, p, true, "alibi symmetric causal", some_slopes(2));
+}
+
 // Where every sequence has the same lengths the packed batch is the padded one without
 // padding: the kernels see the same rows, so the results equal kfa::forward's and
 // kfa::backward's bitwise, dropout included (sequence s draws batch element s's mask).
@@ -291,6 +366,51 @@ TYPED_TEST(Varlen, EqualLengthsEqualThePaddedCallBitwise) {
   same(bw.dq, vl.dq, nq, "dq");
   same(bw.dk, vl.dk, nk, "dk");
   same(bw.dv, vl.dv, nk, "dv");
+}
+
+// Each pass is one launch of each of its kernels for the whole packed batch, whatever its
+// lengths (0, 1, a long one among short ones): the Kokkos tools callback sees every
+// parallel_for by name.
+std::vector<std::string>* launched = nullptr;
+void record_launch(const char* name, std::uint32_t /*device*/, std::uint64_t* id) {
+  if (launched) launched->emplace_back(name);
+  *id = 0;
+}
+
+TEST(VarlenLaunches, EachKernelLaunchesOnce) {
+  const VarlenProblem pb = mixed(4, 2, 31);
+  for (auto mode : {kfa::DqMode::atomic, kfa::DqMode::query_pass}) {
+    SCOPED_TRACE(kfa::name_of(mode));
+    std::vector<std::string> names;
+    launched = &names;
+    Kokkos::Tools::Experimental::set_begin_parallel_for_callback(record_launch);
+    kfa::Params p;
+    p.causal = true;
+    p.dq_mode = mode;
+    const auto out = run<double>(pb, p, true);
+    Kokkos::Tools::Experimental::set_begin_parallel_for_callback(nullptr);
+    launched = nullptr;
+    auto count = [&](const char* n) { return std::count(names.begin(), names.end(), n); };
+    EXPECT_EQ(count("kfa::forward"), 1) << names.size() << " launches in all";
+    EXPECT_EQ(count("kfa::backward::dkdv"), 1);
+    EXPECT_EQ(count("kfa::backward::dq"), mode == kfa::DqMode::query_pass ? 1 : 0);
+    const auto fc = kfa::reference::varlen::check_forward<double>(pb.q, pb.k, pb.v, pb.cu_q,
+                                                                  pb.cu_k, p, out.o, out.lse);
+    EXPECT_TRUE(fc.ok());
+    const auto bc = kfa::reference::varlen::check_backward<double>(
+        pb.q, pb.k, pb.v, pb.cu_q, pb.cu_k, p, pb.dout, pb.dlse, out.dq, out.dk, out.dv);
+    EXPECT_TRUE(bc.ok());
+  }
+  const VarlenProblem self({4, 0, 1, 70, 9}, {4, 0, 1, 70, 9}, 2, 2, 16, 32);
+  std::vector<std::string> names;
+  launched = &names;
+  Kokkos::Tools::Experimental::set_begin_parallel_for_callback(record_launch);
+  kfa::Params p;
+  p.dq_mode = kfa::DqMode::symmetric;
+  run<double>(self, p, true);
+  Kokkos::Tools::Experimental::set_begin_parallel_for_callback(nullptr);
+  launched = nullptr;
+  EXPECT_EQ(std::count(names.begin(), names.end(), "kfa::backward::symmetric"), 1);
 }
 
 /// Expects `f` to throw kfa::Error whose message contains every one of `parts`.
@@ -345,6 +465,25 @@ TEST(VarlenValidation, BadOffsetsAreRefusedBeforeAnyKernel) {
         kfa::varlen::backward(Exec(), q, k, v, o, lse, dout, good_q, good_k, dq, dk, dv, sym);
       },
       {"symmetric", "sequence 0", "seqlen_q = 4", "seqlen_k = 5"});
+  // Packed sequences have no split-KV.
+  kfa::Params split;
+  split.num_splits = 2;
+  expect_error([&] { kfa::varlen::forward(Exec(), q, k, v, good_q, good_k, o, lse, split); },
+               {"varlen::forward", "num_splits = 2", "split-KV"});
+  // ALiBi slopes: one per query head.
+  Kokkos::View<double*, Device> slopes3("slopes", 3);
+  expect_error(
+      [&] {
+        kfa::varlen::forward(Exec(), q, k, v, good_q, good_k, o, lse, kfa::Params{},
+                             kfa::masks::Alibi{slopes3});
+      },
+      {"varlen::forward", "alibi slopes", "heads_q = 2"});
+  expect_error(
+      [&] {
+        kfa::varlen::backward(Exec(), q, k, v, o, lse, dout, good_q, good_k, dq, dk, dv,
+                              kfa::Params{}, kfa::masks::Alibi{slopes3});
+      },
+      {"varlen::backward", "alibi slopes", "heads_q = 2"});
   Kokkos::fence();
   for (const Packed3& out : {to_host<Packed3>(o, "o"), to_host<Packed3>(dq, "dq")}) {
     int written = 0;

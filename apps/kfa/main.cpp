@@ -33,7 +33,8 @@
 // Under --multiscale /mask is the float weight tensor instead. One score term per pass.
 // Varlen (kfa::varlen): /cu_seqlens_q and /cu_seqlens_k (integers, batch + 1 offsets) with
 // packed /q (total_q, heads_q, D), /k /v (total_k, heads_kv, D); /o like /q, /lse (heads_q,
-// total_q); no score terms, no --multiscale.
+// total_q); ALiBi (/alibi_slopes or --alibi) within each sequence; no /bias, /mask or
+// /key_lengths (a padded batch's tensors) and no --multiscale.
 // backward --random times the backward alone: the forward it needs runs once, untimed.
 // A backward from a file must be given the --dropout, --seed and --offset of its forward.
 //
@@ -101,7 +102,8 @@ const char* kUsage =
     "            hides keys j >= length of each batch; one score term per pass\n"
     "  varlen:   /cu_seqlens_q and /cu_seqlens_k (integers, B+1 offsets from 0 to the total)\n"
     "            with packed /q (TOTAL_Q, H, D), /k /v (TOTAL_K, HKV, D), /o like /q and /lse\n"
-    "            /dlse (H, TOTAL_Q): each sequence its own attention (kfa::varlen)\n"
+    "            /dlse (H, TOTAL_Q): each sequence its own attention (kfa::varlen); of the\n"
+    "            score terms ALiBi only, from each sequence's own positions\n"
     "  --multiscale: O = (S V) / max(rowsum |S|, 1), S = scale (Q K^T) * M; forward reads\n"
     "            /q /k /v [/mask (H, NQ, NK)], writes /o /rsum; backward reads /q /k /v [/mask]\n"
     "            /o /rsum /do, writes /dq /dk /dv; --random uses the decay mask\n"
@@ -592,6 +594,15 @@ template <class T>
 using DeviceRows = Kokkos::View<Lse<T>**, Kokkos::LayoutRight, Exec::memory_space>;
 using DeviceCu = Kokkos::View<std::int32_t*, Exec::memory_space>;
 
+// Calls f() or f(kfa::masks::Alibi{slopes}) as the problem has ALiBi slopes or not: the one
+// score term kfa::varlen takes.
+template <class T, class F>
+void with_alibi(const Problem& p, const F& f) {
+  if (p.slopes.dims.empty()) return f();
+  using Slopes = Kokkos::View<Lse<T>*, Kokkos::LayoutRight, Exec::memory_space>;
+  f(kfa::masks::Alibi{kfa_apps::dataset_to_view<Slopes>(p.slopes, "kfa::alibi_slopes")});
+}
+
 std::vector<int> offsets_of(const Dataset& d) {
   return std::vector<int>(d.data.begin(), d.data.end());
 }
@@ -653,8 +664,12 @@ int run_forward_varlen(const Options& o, Problem& p) {
                       q.extent(0), q.extent(1), q.extent(2));
   DeviceRows<T> lse(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::lse")),
                     q.extent(1), q.extent(0));
-  const kfa_apps::Timing tm = kfa_apps::time_pass(
-      o.repeat, [&] { kfa::varlen::forward(Exec(), q, k, v, cq, ck, out, lse, o.params); });
+  kfa_apps::Timing tm;
+  with_alibi<T>(p, [&](const auto&... term) {
+    tm = kfa_apps::time_pass(o.repeat, [&] {
+      kfa::varlen::forward(Exec(), q, k, v, cq, ck, out, lse, o.params, term...);
+    });
+  });
   const VarlenSizes z = varlen_sizes(o, p);
   Dataset o_ds, lse_ds;
   if (o.check || !o.out.empty()) {
@@ -665,7 +680,7 @@ int run_forward_varlen(const Options& o, Problem& p) {
   if (o.check) {
     const auto c = kfa::reference::varlen::check_forward<T>(
         to_packed(p.q), to_packed(p.k), to_packed(p.v), offsets_of(p.cu_q), offsets_of(p.cu_k),
-        o.params, to_packed(o_ds), to_rows(lse_ds), keep_mask(o, z.padded));
+        o.params, to_packed(o_ds), to_rows(lse_ds), keep_mask(o, z.padded), p.slopes.data);
     verdict = Verdict{{{"O", "o", c.o}, {"LSE", "lse", c.lse}}};
   }
   if (!o.out.empty()) kfa_apps::write_atomic(o.out, {{"/o", &o_ds}, {"/lse", &lse_ds}});
@@ -687,11 +702,16 @@ int run_backward_varlen(const Options& o, Problem& p) {
   DevicePacked<T> dq(std::string("kfa::dq"), q.extent(0), q.extent(1), q.extent(2)),
       dk(std::string("kfa::dk"), k.extent(0), k.extent(1), k.extent(2)),
       dv(std::string("kfa::dv"), v.extent(0), v.extent(1), v.extent(2));
-  const kfa_apps::Timing tm = kfa_apps::time_pass(o.repeat, [&] {
-    if (dlse.size() > 0)
-      kfa::varlen::backward(Exec(), q, k, v, out, lse, dout, dlse, cq, ck, dq, dk, dv, o.params);
-    else
-      kfa::varlen::backward(Exec(), q, k, v, out, lse, dout, cq, ck, dq, dk, dv, o.params);
+  kfa_apps::Timing tm;
+  with_alibi<T>(p, [&](const auto&... term) {
+    tm = kfa_apps::time_pass(o.repeat, [&] {
+      if (dlse.size() > 0)
+        kfa::varlen::backward(Exec(), q, k, v, out, lse, dout, dlse, cq, ck, dq, dk, dv, o.params,
+                              term...);
+      else
+        kfa::varlen::backward(Exec(), q, k, v, out, lse, dout, cq, ck, dq, dk, dv, o.params,
+                              term...);
+    });
   });
   const VarlenSizes z = varlen_sizes(o, p);
   Dataset dq_ds, dk_ds, dv_ds;
@@ -706,7 +726,7 @@ int run_backward_varlen(const Options& o, Problem& p) {
     const auto c = kfa::reference::varlen::check_backward<T>(
         to_packed(p.q), to_packed(p.k), to_packed(p.v), offsets_of(p.cu_q), offsets_of(p.cu_k),
         o.params, to_packed(p.dout), to_rows(p.dlse), to_packed(dq_ds), to_packed(dk_ds),
-        to_packed(dv_ds), keep_mask(o, z.padded));
+        to_packed(dv_ds), keep_mask(o, z.padded), p.slopes.data);
     verdict = Verdict{{{"dQ", "dq", c.dq}, {"dK", "dk", c.dk}, {"dV", "dv", c.dv}}};
   }
   if (!o.out.empty())
@@ -723,15 +743,22 @@ void read_varlen(Options& o, const kfa_apps::H5File& in, Problem& p) {
       throw InputError(std::string("dataset ") + ds + " is missing" + file +
                        "; a varlen problem needs /cu_seqlens_q and /cu_seqlens_k");
   if (o.multiscale) throw InputError("--multiscale does not take varlen (/cu_seqlens_q)" + file);
-  if (o.alibi) throw InputError("--alibi does not apply to a varlen problem (/cu_seqlens_q)");
-  for (const char* ds : {"/alibi_slopes", "/bias", "/mask", "/key_lengths"})
+  for (const char* ds : {"/bias", "/mask", "/key_lengths"})
     if (in.has(ds))
       throw InputError(std::string("dataset ") + ds + file +
-                       ": a varlen problem (/cu_seqlens_q) takes no score term yet");
+                       ": a varlen problem (/cu_seqlens_q) takes no " + ds +
+                       " (a padded batch's tensor, with no packed layout); of the score terms it "
+                       "takes ALiBi (/alibi_slopes or --alibi)");
+  if (in.has("/alibi_slopes")) {
+    if (o.alibi)
+      throw InputError("--alibi and dataset /alibi_slopes" + file + " were both given; give one");
+    p.slopes = in.header("/alibi_slopes", 1);
+  }
   const bool bwd = o.command == "backward";
   p.q = in.header("/q", 3);
   p.k = in.header("/k", 3);
   p.v = in.header("/v", 3);
+  kfa_apps::check_term_shapes(p, p.q.dims, p.k.dims);  // slopes: (heads_q), dims[1] of /q
   for (const auto& [d, ds] : {std::pair{&p.k, "/k"}, {&p.v, "/v"}})
     if (d->dtype != p.q.dtype)
       throw InputError(std::string("dataset ") + ds + " is " + name(d->dtype) + " but /q is " +
@@ -773,9 +800,14 @@ void read_varlen(Options& o, const kfa_apps::H5File& in, Problem& p) {
     p.lse = in.read("/lse", 2);
     if (in.has("/dlse")) p.dlse = in.read("/dlse", 2);
   }
+  if (!p.slopes.dims.empty()) p.slopes = in.read("/alibi_slopes", 1);
+  if (o.alibi) p.slopes = kfa_apps::standard_slopes(p.q.dims[1]);
   if (!o.allow_nonfinite)
-    for (const auto& [d, ds] :
-         {std::pair{&p.q, "/q"}, {&p.k, "/k"}, {&p.v, "/v"}, {&p.dout, "/do"}})
+    for (const auto& [d, ds] : {std::pair{&p.q, "/q"},
+                                {&p.k, "/k"},
+                                {&p.v, "/v"},
+                                {&p.dout, "/do"},
+                                {&p.slopes, "/alibi_slopes"}})
       kfa_apps::refuse_non_finite(*d, std::string("dataset ") + ds + file);
   o.dtype = p.q.dtype;
 }

@@ -754,17 +754,20 @@ inline Keep4 keep_of(const Keep4& keep, int s, int nq, int nk) {
 
 /// The naive forward in precision T of every sequence; o like q, lse (heads_q, total_q). keep:
 /// the keep-mask of the padded batch (batch, heads_q, >= max seqlen_q, >= max seqlen_k), as
-/// kfa::dropout_mask gives it, needed only when p.dropout > 0.
+/// kfa::dropout_mask gives it, needed only when p.dropout > 0. alibi: heads_q ALiBi slopes
+/// (empty: none), each sequence's bias taken from its own positions and lengths.
 template <class T_>
 void forward(const Packed3& q, const Packed3& k, const Packed3& v, const std::vector<int>& cu_q,
              const std::vector<int>& cu_k, const Params& p, const Packed3& o, const Tensor2& lse,
-             const Keep4& keep = {}) {
+             const Keep4& keep = {}, const std::vector<double>& alibi = {}) {
+  Terms terms;
+  terms.alibi = alibi;
   for (std::size_t s = 0; s + 1 < cu_q.size(); ++s) {
     const int nq = cu_q[s + 1] - cu_q[s], nk = cu_k[s + 1] - cu_k[s];
     const Tensor4 qs = unpack(q, cu_q[s], nq), os = unpack(o, cu_q[s], nq);
     Tensor3 ls("kfa::ref::varlen::lse", 1, q.extent(1), nq);
     reference::forward<T_>(qs, unpack(k, cu_k[s], nk), unpack(v, cu_k[s], nk), p, os, ls,
-                           keep_of(keep, static_cast<int>(s), nq, nk));
+                           keep_of(keep, static_cast<int>(s), nq, nk), terms);
     pack(os, o, cu_q[s]);
     for (std::size_t h = 0; h < q.extent(1); ++h)
       for (int i = 0; i < nq; ++i)
@@ -773,12 +776,14 @@ void forward(const Packed3& q, const Packed3& k, const Packed3& v, const std::ve
 }
 
 /// The naive gradients in precision T of every sequence; dlse (heads_q, total_q) may be empty;
-/// keep as for forward.
+/// keep and alibi as for forward.
 template <class T_>
 void backward(const Packed3& q, const Packed3& k, const Packed3& v, const std::vector<int>& cu_q,
               const std::vector<int>& cu_k, const Params& p, const Packed3& dout,
               const Tensor2& dlse, const Packed3& dq, const Packed3& dk, const Packed3& dv,
-              const Keep4& keep = {}) {
+              const Keep4& keep = {}, const std::vector<double>& alibi = {}) {
+  Terms terms;
+  terms.alibi = alibi;
   for (std::size_t s = 0; s + 1 < cu_q.size(); ++s) {
     const int nq = cu_q[s + 1] - cu_q[s], nk = cu_k[s + 1] - cu_k[s];
     Tensor3 dls;
@@ -792,19 +797,20 @@ void backward(const Packed3& q, const Packed3& k, const Packed3& v, const std::v
                   dvs = unpack(dv, cu_k[s], nk);
     reference::backward<T_>(unpack(q, cu_q[s], nq), unpack(k, cu_k[s], nk), unpack(v, cu_k[s], nk),
                             p, unpack(dout, cu_q[s], nq), dls, dqs, dks, dvs,
-                            keep_of(keep, static_cast<int>(s), nq, nk));
+                            keep_of(keep, static_cast<int>(s), nq, nk), terms);
     pack(dqs, dq, cu_q[s]);
     pack(dks, dk, cu_k[s]);
     pack(dvs, dv, cu_k[s]);
   }
 }
 
-/// The tolerance rule (as check_forward) on a packed forward's (o, lse) computed in precision T.
+/// The tolerance rule (as check_forward) on a packed forward's (o, lse) computed in precision T;
+/// keep and alibi as for forward.
 template <class T>
 ForwardCheck check_forward(const Packed3& q, const Packed3& k, const Packed3& v,
                            const std::vector<int>& cu_q, const std::vector<int>& cu_k,
                            const Params& p, const Packed3& o, const Tensor2& lse,
-                           const Keep4& keep = {}) {
+                           const Keep4& keep = {}, const std::vector<double>& alibi = {}) {
   auto like = [](const Packed3& t) {
     return Packed3("kfa::ref::varlen::o", t.extent(0), t.extent(1), t.extent(2));
   };
@@ -813,26 +819,27 @@ ForwardCheck check_forward(const Packed3& q, const Packed3& k, const Packed3& v,
   };
   const Packed3 o64 = like(o), oT = like(o);
   const Tensor2 lse64 = lse_like(lse), lseT = lse_like(lse);
-  forward<double>(q, k, v, cu_q, cu_k, p, o64, lse64, keep);
-  if (!std::is_same_v<T, double>) forward<T>(q, k, v, cu_q, cu_k, p, oT, lseT, keep);
+  forward<double>(q, k, v, cu_q, cu_k, p, o64, lse64, keep, alibi);
+  if (!std::is_same_v<T, double>) forward<T>(q, k, v, cu_q, cu_k, p, oT, lseT, keep, alibi);
   return {apply_rule<T>(o, oT, o64), apply_rule<T>(lse, lseT, lse64)};
 }
 
-/// The tolerance rule (as check_backward) on packed gradients computed in precision T.
+/// The tolerance rule (as check_backward) on packed gradients computed in precision T; keep and
+/// alibi as for forward.
 template <class T>
 BackwardCheck check_backward(const Packed3& q, const Packed3& k, const Packed3& v,
                              const std::vector<int>& cu_q, const std::vector<int>& cu_k,
                              const Params& p, const Packed3& dout, const Tensor2& dlse,
                              const Packed3& dq, const Packed3& dk, const Packed3& dv,
-                             const Keep4& keep = {}) {
+                             const Keep4& keep = {}, const std::vector<double>& alibi = {}) {
   auto like = [](const Packed3& t) {
     return Packed3("kfa::ref::varlen::grad", t.extent(0), t.extent(1), t.extent(2));
   };
   const Packed3 dq64 = like(q), dk64 = like(k), dv64 = like(v);
   const Packed3 dqT = like(q), dkT = like(k), dvT = like(v);
-  backward<double>(q, k, v, cu_q, cu_k, p, dout, dlse, dq64, dk64, dv64, keep);
+  backward<double>(q, k, v, cu_q, cu_k, p, dout, dlse, dq64, dk64, dv64, keep, alibi);
   if (!std::is_same_v<T, double>)
-    backward<T>(q, k, v, cu_q, cu_k, p, dout, dlse, dqT, dkT, dvT, keep);
+    backward<T>(q, k, v, cu_q, cu_k, p, dout, dlse, dqT, dkT, dvT, keep, alibi);
   return {apply_rule<T>(dq, dqT, dq64), apply_rule<T>(dk, dkT, dk64), apply_rule<T>(dv, dvT, dv64)};
 }
 

@@ -11,24 +11,31 @@
 /// positions within the sequence, so the keep-mask of sequence s is element s of the padded
 /// batch's (kfa::dropout_mask on (B, heads_q, max seqlen_q, max seqlen_k)).
 ///
-/// Each sequence runs as a batch of one on strided views of the packed arrays: the kernels of
-/// kfa::forward and kfa::backward unchanged, with no padded rows computed or stored. That costs
-/// one launch (forward) or a few (backward) per sequence. On a host space it is nothing next to
-/// the work; on a GPU each launch costs some microseconds and a short sequence fills few
-/// multiprocessors (one team per (head, query tile)), so a batch of many short sequences runs
-/// below the device's throughput, where one launch over (sequence, head, tile) would not.
+/// ALiBi (kfa::masks::Alibi, after the Params) is taken within each sequence: its bias
+/// -slopes(h) |i + shift - j| has i, j and the diagonal shift of that sequence. The other terms
+/// of kfa/masks.hpp (a dense bias or boolean mask, key padding) are tensors of a padded batch
+/// with no packed layout (each sequence's lengths are already its padding): they do not compile
+/// with kfa::varlen.
+///
+/// Each pass launches each of its kernels once for all sequences: the forward's over
+/// (sequence, head, query tile), the backward's key-tile kernel over (sequence, kv head, key
+/// tile) and its query-tile (or symmetric) kernel like the forward's. A small device array of
+/// each sequence's first tile (built on the host from cu_seqlens) maps a team to its sequence,
+/// whose rows, lengths and diagonal it then works on (impl/packed.hpp): no padded row is
+/// computed or stored, and many short sequences fill a GPU as one batch does. There is no
+/// split-KV (num_splits > 1 is refused).
 
 #include <kfa/backward.hpp>
 #include <kfa/forward.hpp>
+#include <kfa/impl/bias.hpp>
 #include <kfa/impl/validate.hpp>
+#include <kfa/masks.hpp>
 #include <kfa/params.hpp>
 
 #include <Kokkos_Core.hpp>
 
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -57,33 +64,6 @@ auto lse_rows(const V2& v, std::size_t begin, std::size_t n) {
               Kokkos::LayoutStride(1, v.extent(0) * s0, v.extent(0), s0, n, s1));
 }
 
-/// Sets rows [begin, begin + n) of a packed (total, heads, head_dim) tensor, or columns
-/// [begin, begin + n) of a (heads, total) LSE, to x (Kokkos' deep_copy of a scalar takes no
-/// strided view on every Kokkos version kfa builds with).
-template <class ExecSpace, class View>
-void fill(const ExecSpace& space, const View& v, std::size_t begin, std::size_t n,
-          typename View::non_const_value_type x) {
-  const bool rows_first = View::rank == 3;
-  const std::size_t inner = rows_first ? v.extent(1) * v.extent(2) : v.extent(0);
-  if (n == 0 || inner == 0) return;
-  Kokkos::parallel_for(
-      "kfa::varlen::fill",
-      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::size_t>>(space, 0, n * inner),
-      KOKKOS_LAMBDA(std::size_t e) {
-        // Every capture is named before the constexpr-if: nvcc refuses an extended lambda's
-        // first capture of a variable inside one.
-        const View& w = v;
-        const std::size_t r0 = begin, m = inner;
-        const auto value = x;
-        if constexpr (View::rank == 3) {
-          const std::size_t r = r0 + e / m, c = e % m;
-          w(r, c / w.extent(2), c % w.extent(2)) = value;
-        } else {
-          w(e % m, r0 + e / m) = value;
-        }
-      });
-}
-
 template <class View>
 constexpr void static_check_packed() {
   static_assert(Kokkos::is_view<View>::value && View::rank == 3,
@@ -103,6 +83,22 @@ template <class Lse>
 constexpr void static_check_lse() {
   static_assert(Kokkos::is_view<Lse>::value && Lse::rank == 2,
                 "kfa::varlen: lse (and dlse) must be rank-2 Views (heads_q, total_q)");
+}
+
+template <class Extra>
+struct is_alibi : std::false_type {};
+template <class S>
+struct is_alibi<masks::Alibi<S>> : std::true_type {};
+
+/// The terms a packed call takes: none, or ALiBi, whose slopes are per head. A dense bias or
+/// mask and key padding are (batch, heads, seqlen_q, seqlen_k) or per-batch tensors of a padded
+/// batch: they have no packed meaning.
+template <class Extra>
+constexpr void static_check_term() {
+  static_assert(std::is_same_v<Extra, impl::NoTerm> || is_alibi<Extra>::value,
+                "kfa::varlen takes kfa::masks::Alibi only: a dense bias (masks::Bias), a boolean "
+                "mask (masks::Dense) or key padding (masks::KeyPadding) is a padded batch's "
+                "tensor and has no packed meaning (each sequence's lengths are its padding)");
 }
 
 /// Host copy of offsets `name`, checked: batch + 1 entries from 0 to `total`, non-decreasing.
@@ -144,6 +140,49 @@ inline std::size_t len(const std::vector<std::int32_t>& c, std::size_t s) {
 
 }  // namespace detail
 
+namespace detail {
+
+/// Both forward overloads: extra is impl::NoTerm or ALiBi.
+template <class ExecSpace, class Q, class K, class V, class CuQ, class CuK, class O, class Lse,
+          class Extra>
+void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const CuQ& cu_seqlens_q,
+             const CuK& cu_seqlens_k, const O& o, const Lse& lse, const Params& params,
+             const Extra& extra) {
+  static_check_packed<Q>();
+  static_check_packed<K>();
+  static_check_packed<V>();
+  static_check_packed<O>();
+  static_check_lse<Lse>();
+  static_check_cu<CuQ>();
+  static_check_cu<CuK>();
+  static_check_term<Extra>();
+  using R4 = decltype(rows(q, 0, 0));
+  using L3 = decltype(lse_rows(lse, 0, 0));
+  impl::static_check_pass<ExecSpace, true, L3>(
+      impl::Inputs<R4, decltype(rows(k, 0, 0)), decltype(rows(v, 0, 0))>{},
+      impl::Outputs<decltype(rows(o, 0, 0))>{});
+  const char* pass = "varlen::forward";
+  impl::validate_params<typename Q::non_const_value_type>(pass, params);
+  if (params.num_splits > 1)
+    impl::fail(pass, "num_splits = ", params.num_splits,
+               ": packed sequences run one team per (sequence, head, query tile), without "
+               "split-KV; give 0 or 1");
+  const std::size_t tq = q.extent(0), tk = k.extent(0);
+  impl::validate_forward(pass, rows(q, 0, tq), rows(k, 0, tk), rows(v, 0, tk), rows(o, 0, tq),
+                         lse_rows(lse, 0, tq));
+  impl::term_rule<backends::accum_t<typename Q::non_const_value_type>, ExecSpace>(
+      pass, extra, impl::dims_of(rows(q, 0, tq), rows(k, 0, tk)), false);
+  std::vector<std::int32_t> cq, ck;
+  sequences(pass, cu_seqlens_q, cu_seqlens_k, tq, tk, cq, ck);
+
+  // One launch over (sequence, head, query tile); a sequence without keys gets o = 0 and
+  // lse = -inf from it, as a fully masked row does.
+  impl::forward_packed(space, rows(q, 0, tq), rows(k, 0, tk), rows(v, 0, tk), rows(o, 0, tq),
+                       lse_rows(lse, 0, tq), cq, ck, params, extra);
+}
+
+}  // namespace detail
+
 /// Forward pass over packed sequences, on `space` (asynchronously, as kfa::forward).
 ///
 /// \param space  the execution space instance the kernels run on.
@@ -164,51 +203,32 @@ inline std::size_t len(const std::vector<std::int32_t>& c, std::size_t s) {
 template <class ExecSpace, class Q, class K, class V, class CuQ, class CuK, class O, class Lse>
 void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const CuQ& cu_seqlens_q,
              const CuK& cu_seqlens_k, const O& o, const Lse& lse, const Params& params = {}) {
-  detail::static_check_packed<Q>();
-  detail::static_check_packed<K>();
-  detail::static_check_packed<V>();
-  detail::static_check_packed<O>();
-  detail::static_check_lse<Lse>();
-  detail::static_check_cu<CuQ>();
-  detail::static_check_cu<CuK>();
-  using namespace detail;
-  using R4 = decltype(rows(q, 0, 0));
-  using L3 = decltype(lse_rows(lse, 0, 0));
-  impl::static_check_pass<ExecSpace, true, L3>(
-      impl::Inputs<R4, decltype(rows(k, 0, 0)), decltype(rows(v, 0, 0))>{},
-      impl::Outputs<decltype(rows(o, 0, 0))>{});
-  const char* pass = "varlen::forward";
-  impl::validate_params<typename Q::non_const_value_type>(pass, params);
-  const std::size_t tq = q.extent(0), tk = k.extent(0);
-  impl::validate_forward(pass, rows(q, 0, tq), rows(k, 0, tk), rows(v, 0, tk), rows(o, 0, tq),
-                         lse_rows(lse, 0, tq));
-  std::vector<std::int32_t> cq, ck;
-  sequences(pass, cu_seqlens_q, cu_seqlens_k, tq, tk, cq, ck);
+  detail::forward(space, q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, params, impl::NoTerm{});
+}
 
-  using LseT = typename Lse::non_const_value_type;
-  for (std::size_t s = 0; s + 1 < cq.size(); ++s) {
-    const std::size_t nq = len(cq, s), nk = len(ck, s);
-    if (nq == 0) continue;
-    if (nk == 0) {  // no key: o = 0, lse = -inf, as for a fully masked row
-      fill(space, o, cq[s], nq, typename O::non_const_value_type(0.0f));
-      fill(space, lse, cq[s], nq, -std::numeric_limits<LseT>::infinity());
-      continue;
-    }
-    impl::Origin at;
-    at.b = static_cast<long long>(s);
-    impl::forward(space, rows(q, cq[s], nq), rows(k, ck[s], nk), rows(v, ck[s], nk),
-                  rows(o, cq[s], nq), lse_rows(lse, cq[s], nq), params, at);
-  }
+/// As above with ALiBi, kfa::masks::Alibi{slopes} (heads_q slopes): the bias
+/// -slopes(h) |i + shift - j| of each sequence, i and j its own query and key positions and
+/// shift its own diagonal (seqlen_k - seqlen_q of the sequence for Align::bottom_right, 0 for
+/// top_left), as the padded call gives batch element s. The other terms of kfa/masks.hpp
+/// (a dense bias or mask, key padding) are (batch, heads, seqlen_q, seqlen_k) tensors with no
+/// packed layout: they do not compile here.
+/// \throws kfa::Error as above, and for slopes whose length is not heads_q.
+template <class ExecSpace, class Q, class K, class V, class CuQ, class CuK, class O, class Lse,
+          class Extra, std::enable_if_t<impl::is_term<Extra>::value, int> = 0>
+void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const CuQ& cu_seqlens_q,
+             const CuK& cu_seqlens_k, const O& o, const Lse& lse, const Params& params,
+             const Extra& extra) {
+  detail::forward(space, q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, params, extra);
 }
 
 namespace detail {
 
-/// Both backward overloads: dlse may be nullptr.
+/// Every backward overload: dlse may be nullptr, extra is impl::NoTerm or ALiBi.
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DLse,
-          class CuQ, class CuK, class DQ, class DK, class DV>
+          class CuQ, class CuK, class DQ, class DK, class DV, class Extra>
 void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
               const Lse& lse, const DO& dout, const DLse* dlse, const CuQ& cu_q, const CuK& cu_k,
-              const DQ& dq, const DK& dk, const DV& dv, const Params& params) {
+              const DQ& dq, const DK& dk, const DV& dv, const Params& params, const Extra& extra) {
   static_check_packed<Q>();
   static_check_packed<K>();
   static_check_packed<V>();
@@ -221,6 +241,7 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
   static_check_lse<DLse>();
   static_check_cu<CuQ>();
   static_check_cu<CuK>();
+  static_check_term<Extra>();
   const char* pass = "varlen::backward";
   impl::validate_params<typename Q::non_const_value_type>(pass, params);
   const std::size_t tq = q.extent(0), tk = k.extent(0);
@@ -228,6 +249,8 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
   impl::validate_backward(pass, rows(q, 0, tq), rows(k, 0, tk), rows(v, 0, tk), rows(o, 0, tq),
                           lse_rows(lse, 0, tq), rows(dout, 0, tq), dlse ? &dl : nullptr,
                           rows(dq, 0, tq), rows(dk, 0, tk), rows(dv, 0, tk));
+  impl::term_rule<backends::accum_t<typename Q::non_const_value_type>, ExecSpace>(
+      pass, extra, impl::dims_of(rows(q, 0, tq), rows(k, 0, tk)), true);
   std::vector<std::int32_t> cq, ck;
   sequences(pass, cu_q, cu_k, tq, tk, cq, ck);
   // The symmetric pass needs self-attention in every sequence: refuse before any launch.
@@ -240,29 +263,17 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
                    s, " has seqlen_q = ", len(cq, s), ", seqlen_k = ", len(ck, s),
                    ", heads_q = ", q.extent(1), ", heads_k = ", k.extent(1));
 
-  for (std::size_t s = 0; s + 1 < cq.size(); ++s) {
-    const std::size_t nq = len(cq, s), nk = len(ck, s);
-    // A sequence without queries gives its keys no gradient, one without keys its queries none.
-    if (nq == 0 || nk == 0) {
-      fill(space, dq, cq[s], nq, typename DQ::non_const_value_type(0.0f));
-      fill(space, dk, ck[s], nk, typename DK::non_const_value_type(0.0f));
-      fill(space, dv, ck[s], nk, typename DV::non_const_value_type(0.0f));
-      continue;
-    }
-    impl::Origin at;
-    at.b = static_cast<long long>(s);
-    const auto qs = rows(q, cq[s], nq);
-    const auto ls = lse_rows(lse, cq[s], nq);
-    const auto dls = dlse ? lse_rows(*dlse, cq[s], nq) : decltype(lse_rows(*dlse, 0, 0))();
-    impl::backward(space, qs, rows(k, ck[s], nk), rows(v, ck[s], nk), rows(o, cq[s], nq), ls,
-                   rows(dout, cq[s], nq), dlse ? &dls : static_cast<const decltype(dls)*>(nullptr),
-                   rows(dq, cq[s], nq), rows(dk, ck[s], nk), rows(dv, ck[s], nk), params, at);
-  }
+  // A few launches for all sequences; a sequence without queries gives its keys zero
+  // gradients there, one without keys its queries.
+  impl::backward_packed(space, rows(q, 0, tq), rows(k, 0, tk), rows(v, 0, tk), rows(o, 0, tq),
+                        lse_rows(lse, 0, tq), rows(dout, 0, tq), dlse ? &dl : nullptr,
+                        rows(dq, 0, tq), rows(dk, 0, tk), rows(dv, 0, tk), cq, ck, params, extra);
 }
 
 }  // namespace detail
 
-/// Backward pass over packed sequences (as kfa::backward, sequence by sequence).
+/// Backward pass over packed sequences (as kfa::backward for each sequence, in one launch per
+/// kernel for all of them).
 ///
 /// \param space  the execution space instance the kernels run on.
 /// \param q, k, v, cu_seqlens_q, cu_seqlens_k, params  as given to kfa::varlen::forward.
@@ -278,7 +289,7 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
               const Lse& lse, const DO& dout, const CuQ& cu_seqlens_q, const CuK& cu_seqlens_k,
               const DQ& dq, const DK& dk, const DV& dv, const Params& params = {}) {
   detail::backward(space, q, k, v, o, lse, dout, static_cast<const Lse*>(nullptr), cu_seqlens_q,
-                   cu_seqlens_k, dq, dk, dv, params);
+                   cu_seqlens_k, dq, dk, dv, params, impl::NoTerm{});
 }
 
 /// Backward pass over packed sequences with the gradient through the LSE (as the overload
@@ -299,7 +310,41 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
               const CuK& cu_seqlens_k, const DQ& dq, const DK& dk, const DV& dv,
               const Params& params = {}) {
   detail::backward(space, q, k, v, o, lse, dout, &dlse, cu_seqlens_q, cu_seqlens_k, dq, dk, dv,
-                   params);
+                   params, impl::NoTerm{});
+}
+
+/// The backward overload without dlse, with ALiBi: `extra` is the kfa::masks::Alibi{slopes}
+/// given to kfa::varlen::forward (no other term compiles here; slopes get no gradient).
+/// \param space, q, k, v, o, lse, dout, cu_seqlens_q, cu_seqlens_k, dq, dk, dv, params  as
+///        in the overload without a term.
+/// \param extra  kfa::masks::Alibi{slopes}, heads_q slopes.
+/// \throws kfa::Error as that overload, and for slopes whose length is not heads_q.
+template <
+    class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class CuQ, class CuK,
+    class DQ, class DK, class DV, class Extra,
+    std::enable_if_t<impl::is_view_of_rank<DQ, 3>::value && impl::is_term<Extra>::value, int> = 0>
+void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+              const Lse& lse, const DO& dout, const CuQ& cu_seqlens_q, const CuK& cu_seqlens_k,
+              const DQ& dq, const DK& dk, const DV& dv, const Params& params, const Extra& extra) {
+  detail::backward(space, q, k, v, o, lse, dout, static_cast<const Lse*>(nullptr), cu_seqlens_q,
+                   cu_seqlens_k, dq, dk, dv, params, extra);
+}
+
+/// The backward overload with dlse, with ALiBi (as the overload above).
+/// \param space, q, k, v, o, lse, dout, dlse, cu_seqlens_q, cu_seqlens_k, dq, dk, dv, params  as
+///        in the overload with dlse and without a term.
+/// \param extra  kfa::masks::Alibi{slopes}, heads_q slopes.
+/// \throws kfa::Error as that overload, and for slopes whose length is not heads_q.
+template <
+    class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DLse, class CuQ,
+    class CuK, class DQ, class DK, class DV, class Extra,
+    std::enable_if_t<impl::is_view_of_rank<DLse, 2>::value && impl::is_term<Extra>::value, int> = 0>
+void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+              const Lse& lse, const DO& dout, const DLse& dlse, const CuQ& cu_seqlens_q,
+              const CuK& cu_seqlens_k, const DQ& dq, const DK& dk, const DV& dv,
+              const Params& params, const Extra& extra) {
+  detail::backward(space, q, k, v, o, lse, dout, &dlse, cu_seqlens_q, cu_seqlens_k, dq, dk, dv,
+                   params, extra);
 }
 
 }  // namespace kfa::varlen

@@ -33,6 +33,7 @@
 #include <kfa/impl/dropout.hpp>
 #include <kfa/impl/launch.hpp>
 #include <kfa/impl/mask.hpp>
+#include <kfa/impl/packed.hpp>
 #include <kfa/impl/profiling.hpp>
 #include <kfa/impl/rule.hpp>
 #include <kfa/impl/score.hpp>
@@ -45,11 +46,14 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace kfa::impl {
 
-/// The views of a backward pass, carried as one value by the kernels.
-template <class Q, class K, class V, class DO, class Lse, class DQ, class DK, class DV>
+/// The views of a backward pass, carried as one value by the kernels, and where its sequences
+/// lie in them (impl/packed.hpp: a padded batch, or packed sequences in batch 0).
+template <class Q, class K, class V, class DO, class Lse, class DQ, class DK, class DV,
+          class Seqs = PaddedBatch>
 struct BackwardViews {
   using dq_value = typename DQ::value_type;  ///< float for narrow types on the atomic path
   Q q;
@@ -60,6 +64,7 @@ struct BackwardViews {
   DQ dq;
   DK dk;
   DV dv;
+  Seqs seqs{};
 };
 
 /// What the backward kernels share: the views, the problem sizes, the mask and the row step.
@@ -88,6 +93,7 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
   int level_kv, level_q;  // scratch levels of KeyValueKernel and QueryKernel
   Rule rule;
   TileCount<typename ExecSpace::memory_space> tiles_staged;  // KFA_TEST_COUNTERS only
+  static constexpr bool packed = decltype(Views::seqs)::packed;
 
   BackwardCommon(const Views& views, const delta_view& delta_, const Params& p,
                  const Origin& at = {}, const Rule& rule_ = {})
@@ -134,10 +140,59 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
   template <class Kernel>
   void launch(const ExecSpace& space, const char* label, const Kernel& kernel,
               bool key_outer) const {
-    const int heads = key_outer ? heads_k : heads_q, tiles = key_outer ? k_tiles : q_tiles;
-    base::launch(space, "backward", label, kernel,
-                 static_cast<long long>(t.q.extent(0)) * heads * tiles, scratch_bytes(key_outer),
+    const int heads = key_outer ? heads_k : heads_q;
+    long long tiles = key_outer ? k_tiles : q_tiles;
+    tiles *= static_cast<long long>(t.q.extent(0));
+    if constexpr (packed) tiles = key_outer ? t.seqs.total_key_tiles : t.seqs.total_tiles;
+    base::launch(space, "backward", label, kernel, heads * tiles, scratch_bytes(key_outer),
                  key_outer ? level_kv : level_q, {head_dim, Bt, Bt});
+  }
+
+  /// Places this copy of a kernel on the packed sequence `at` (PackedSequences::Seq): its rows
+  /// of the views, its lengths and the diagonal they give the masks and ALiBi, and its index as
+  /// dropout's batch, so that the rest of the kernel runs it as a batch of one.
+  template <class Seq>
+  KOKKOS_INLINE_FUNCTION void enter(const Seq& at) {
+    seqlen_q = at.nq;
+    seqlen_k = at.nk;
+    q_tiles = (at.nq + Bt - 1) / Bt;
+    k_tiles = (at.nk + Bt - 1) / Bt;
+    mask.seqlen_k = at.nk;
+    mask.shift = t.seqs.shift(at.nq, at.nk);
+    if constexpr (bias_t::enabled) score.bias.shift = mask.shift;  // ALiBi, the one packed term
+    dropout.b_origin = at.s;
+    const auto qb = static_cast<std::ptrdiff_t>(at.q_begin),
+               kb = static_cast<std::ptrdiff_t>(at.k_begin);
+    rows_from(t.q, qb);
+    rows_from(t.dout, qb);
+    rows_from(t.lse, qb);
+    rows_from(t.dq, qb);
+    rows_from(delta, qb);
+    rows_from(t.k, kb);
+    rows_from(t.v, kb);
+    rows_from(t.dk, kb);
+    rows_from(t.dv, kb);
+  }
+  /// x re-pointed to start at row `first` of its dimension 2 (rows of a sequence).
+  template <class X>
+  KOKKOS_INLINE_FUNCTION static void rows_from(X& x, std::ptrdiff_t first) {
+    x = X(x.data() + first * static_cast<std::ptrdiff_t>(x.stride(2)), x.layout());
+  }
+
+  /// The kernel `k` (a copy of which is placed on its team's sequence when packed) on the team:
+  /// k.run(team, rank), rank the team's index in its batch of one (the league index when
+  /// padded). The league enumerates (global tile, head) when packed, key tiles for `keys`.
+  template <class Kernel>
+  KOKKOS_INLINE_FUNCTION static void dispatch(const Kernel& k, const member_t& team, bool keys) {
+    if constexpr (packed) {
+      const int r = team.league_rank(), heads = keys ? k.heads_k : k.heads_q;
+      const auto at = k.t.seqs.locate(r / heads, keys);
+      Kernel self = k;
+      self.enter(at);
+      self.run(team, (r % heads) * (keys ? self.k_tiles : self.q_tiles) + at.tile);
+    } else {
+      k.run(team, team.league_rank());
+    }
   }
 
   /// Team scratch of a backward kernel: the tiles both kernels stage (K_j (Bt x D), K_j^T and
@@ -156,10 +211,10 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
     int b, h, t0, n;
     Tiles sc;
   };
-  KOKKOS_INLINE_FUNCTION TeamWork team_work(const member_t& team, bool key_outer) const {
+  KOKKOS_INLINE_FUNCTION TeamWork team_work(const member_t& team, int rank, bool key_outer) const {
     const int heads = key_outer ? heads_k : heads_q, tiles = key_outer ? k_tiles : q_tiles;
     const int seqlen = key_outer ? seqlen_k : seqlen_q;
-    const int t0 = team.league_rank() % tiles * Bt, bh = team.league_rank() / tiles;
+    const int t0 = rank % tiles * Bt, bh = rank / tiles;
     return {bh / heads, bh % heads, t0, tile_rows(t0, seqlen), carve(team, key_outer)};
   }
 
@@ -371,9 +426,12 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
       fail("backward", "internal: atomic dQ into a 16-bit view (use a float accumulator)");
   }
 
-  KOKKOS_FUNCTION void operator()(const member_t& team) const {
+  KOKKOS_FUNCTION void operator()(const member_t& team) const { base::dispatch(*this, team, true); }
+
+  /// The team of index `rank` in its batch (base::dispatch).
+  KOKKOS_INLINE_FUNCTION void run(const member_t& team, int rank) const {
     const int D = this->head_dim, ldd = this->ldd, ldt = this->ldt;
-    const auto work = this->team_work(team, true);
+    const auto work = this->team_work(team, rank, true);
     const auto& sc = work.sc;
     const int b = work.b, hk = work.h, k0 = work.t0, nc = work.n;
 
@@ -460,8 +518,22 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
   }
 
   KOKKOS_FUNCTION void operator()(const member_t& team) const {
+    base::dispatch(*this, team, false);
+  }
+
+  /// The packed sequence `at` (base::enter), and its rows of the transposed K and V.
+  template <class Seq>
+  KOKKOS_INLINE_FUNCTION void enter(const Seq& at) {
+    base::enter(at);
+    const auto kb = static_cast<std::ptrdiff_t>(at.k_begin);  // keys are their last dimension
+    kt_all = transposed_view(kt_all.data() + kb, kt_all.layout());
+    vt_all = transposed_view(vt_all.data() + kb, vt_all.layout());
+  }
+
+  /// The team of index `rank` in its batch (base::dispatch).
+  KOKKOS_INLINE_FUNCTION void run(const member_t& team, int rank) const {
     const int D = this->head_dim, ldd = this->ldd, ldt = this->ldt;
-    const auto work = this->team_work(team, false);
+    const auto work = this->team_work(team, rank, false);
     const auto& sc = work.sc;
     const int b = work.b, h = work.h, hk = h / this->group, q0 = work.t0, nr = work.n;
 
@@ -535,15 +607,19 @@ struct SymmetricKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
   }
 
   void launch(const ExecSpace& space) const {
-    base::base::launch(space, "backward", "kfa::backward::symmetric", *this,
-                       static_cast<long long>(this->t.q.extent(0)) * this->heads_q * this->k_tiles,
+    long long tiles = static_cast<long long>(this->t.q.extent(0)) * this->k_tiles;
+    if constexpr (base::packed) tiles = this->t.seqs.total_key_tiles;
+    base::base::launch(space, "backward", "kfa::backward::symmetric", *this, this->heads_q * tiles,
                        scratch_bytes(this->head_dim), level_sym,
                        {this->head_dim, this->Bt, this->Bt});
   }
 
-  KOKKOS_FUNCTION void operator()(const member_t& team) const {
+  KOKKOS_FUNCTION void operator()(const member_t& team) const { base::dispatch(*this, team, true); }
+
+  /// The team of index `rank` in its batch (base::dispatch; heads_k = heads_q here).
+  KOKKOS_INLINE_FUNCTION void run(const member_t& team, int rank) const {
     const int D = this->head_dim, ldd = this->ldd, ldt = this->ldt, tiles = this->k_tiles;
-    const int j0 = team.league_rank() % tiles * this->Bt, bh = team.league_rank() / tiles;
+    const int j0 = rank % tiles * this->Bt, bh = rank / tiles;
     const int b = bh / this->heads_q, h = bh % this->heads_q;
     const int nj = this->tile_rows(j0, this->seqlen_k);
     const auto& scr = team.team_scratch(level_sym);
@@ -669,15 +745,17 @@ void validate_symmetric(const char* pass, const Q& q, const K& k) {
 
 /// The launches of a validated backward under `rule`: the preprocessing (delta), the tile
 /// kernels, and for a narrow type on the atomic path the float dQ accumulator. lse is the
-/// rule's row statistic (multi-scale: r, with dlse nullptr).
+/// rule's row statistic (multi-scale: r, with dlse nullptr). `seqs`: where the sequences lie
+/// (impl/packed.hpp); the preprocessing and the dQ rounding work row by row, on every sequence
+/// at once either way.
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DLse,
-          class DQ, class DK, class DV, class Rule>
+          class DQ, class DK, class DV, class Rule, class Seqs = PaddedBatch>
 void backward_validated(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
                         const Lse& lse, const DO& dout, const DLse* dlse, const DQ& dq,
                         const DK& dk, const DV& dv, const Params& params, const Origin& at,
-                        const Rule& rule) {
+                        const Rule& rule, const Seqs& seqs = {}) {
   using T = typename Q::non_const_value_type;
-  using Views = BackwardViews<Q, K, V, DO, Lse, DQ, DK, DV>;
+  using Views = BackwardViews<Q, K, V, DO, Lse, DQ, DK, DV, Seqs>;
   using Common = BackwardCommon<ExecSpace, T, Views, Rule>;
   // Multi-scale: the preprocessing reads r where dlse would be.
   const Lse* stat = nullptr;
@@ -701,11 +779,12 @@ void backward_validated(const ExecSpace& space, const Q& q, const K& k, const V&
         backward_delta(space, delta, dout, o, dlse, dq_acc, true);
       else
         backward_delta(space, delta, dout, o, stat, dq_acc, true, rsum);
-      using AccViews = BackwardViews<Q, K, V, DO, Lse, Acc4, DK, DV>;
-      launch_backward(space,
-                      BackwardCommon<ExecSpace, T, AccViews, Rule>(
-                          AccViews{q, k, v, dout, lse, dq_acc, dk, dv}, delta, params, at, rule),
-                      mode);
+      using AccViews = BackwardViews<Q, K, V, DO, Lse, Acc4, DK, DV, Seqs>;
+      launch_backward(
+          space,
+          BackwardCommon<ExecSpace, T, AccViews, Rule>(
+              AccViews{q, k, v, dout, lse, dq_acc, dk, dv, seqs}, delta, params, at, rule),
+          mode);
       Kokkos::parallel_for(
           "kfa::backward::dq_round",
           Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>>(
@@ -722,8 +801,29 @@ void backward_validated(const ExecSpace& space, const Q& q, const K& k, const V&
     backward_delta(space, delta, dout, o, dlse, dq, atomic_dq);
   else
     backward_delta(space, delta, dout, o, stat, dq, atomic_dq, rsum);
-  launch_backward(space, Common(Views{q, k, v, dout, lse, dq, dk, dv}, delta, params, at, rule),
-                  mode);
+  launch_backward(
+      space, Common(Views{q, k, v, dout, lse, dq, dk, dv, seqs}, delta, params, at, rule), mode);
+}
+
+/// The backward of packed sequences (kfa::varlen) in a few launches for all of them: the views
+/// are batch 0 of (1, heads, total, head_dim) and (1, heads_q, total_q) views of the packed
+/// arrays, cq and ck the checked host offsets; the key-tile kernel runs one team per
+/// (sequence, kv head, key tile), the query-tile kernel one per (sequence, head, query tile).
+/// The caller validates (dq_mode symmetric: self-attention in every sequence).
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DLse,
+          class DQ, class DK, class DV, class Extra = NoTerm>
+void backward_packed(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+                     const Lse& lse, const DO& dout, const DLse* dlse, const DQ& dq, const DK& dk,
+                     const DV& dv, const std::vector<std::int32_t>& cq,
+                     const std::vector<std::int32_t>& ck, const Params& params,
+                     const Extra& extra = {}) {
+  using T = typename Q::non_const_value_type;
+  ScopedRegion region("kfa::backward");
+  const auto rule =
+      term_rule<backends::accum_t<T>, ExecSpace>("backward", extra, dims_of(q, k), true);
+  const int tile = backends::TileTraits<ExecSpace, T>::block_bwd(static_cast<int>(q.extent(3)));
+  backward_validated(space, q, k, v, o, lse, dout, dlse, dq, dk, dv, params, Origin{}, rule,
+                     packed_sequences<typename ExecSpace::memory_space>(cq, ck, tile, params));
 }
 
 /// kfa::backward with an optional dlse (nullptr: none) and an additive term of the score

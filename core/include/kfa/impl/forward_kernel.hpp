@@ -30,6 +30,7 @@
 #include <kfa/impl/dropout.hpp>
 #include <kfa/impl/launch.hpp>
 #include <kfa/impl/mask.hpp>
+#include <kfa/impl/packed.hpp>
 #include <kfa/impl/profiling.hpp>
 #include <kfa/impl/rule.hpp>
 #include <kfa/impl/score.hpp>
@@ -42,10 +43,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 namespace kfa::impl {
 
-template <class ExecSpace, class Q, class K, class V, class O, class Lse, class Rule = SoftmaxRule>
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class Rule = SoftmaxRule,
+          class Seqs = PaddedBatch>
 struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   using value_type = typename Q::non_const_value_type;
   using base = TeamKernel<ExecSpace, value_type>;
@@ -87,8 +90,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   // it has, when every row of q, k and v starts on 16 bytes (its copies are 16-byte ones) and
   // without dropout (not yet drawn in registers) or an additive term (a biased pass takes the
   // tile path).
-  static constexpr bool warp_type = Rule::softmax && !bias_t::enabled && traits::warp_tiles &&
-                                    sizeof(value_type) == 2 &&
+  static constexpr bool warp_type = Rule::softmax && !bias_t::enabled && !Seqs::packed &&
+                                    traits::warp_tiles && sizeof(value_type) == 2 &&
                                     std::is_same_v<typename K::non_const_value_type, value_type> &&
                                     std::is_same_v<typename V::non_const_value_type, value_type>;
   bool warp = false;
@@ -97,6 +100,9 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   Rule rule;
   bool mask_rows = false;  // multi-scale: a mask tensor whose rows have unit stride
   TileCount<typename ExecSpace::memory_space> tiles_staged;  // KFA_TEST_COUNTERS only
+  // Packed sequences (impl/packed.hpp): the views are batch 0 of (1, heads, total, head_dim)
+  // tensors and each team places itself on its sequence (enter).
+  Seqs seqs;
 
   ForwardKernel(const ExecSpace& space, const Q& q_, const K& k_, const V& v_, const O& o_,
                 const Lse& lse_, const Params& p, const Origin& at = {}, const Rule& rule_ = {})
@@ -135,6 +141,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     splits = p.num_splits > 0 ? p.num_splits
                               : choose_splits(teams, key_tiles, traits::concurrent_teams(space));
     if (splits > key_tiles) splits = key_tiles > 1 ? key_tiles : 1;
+    if constexpr (Seqs::packed) splits = 1;  // one team per (sequence, head, query tile)
     if (splits > 1)
       part = decltype(part)(splits, static_cast<int>(q.extent(0)), heads_q, seqlen_q, head_dim);
   }
@@ -182,7 +189,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   KOKKOS_INLINE_FUNCTION int ldq() const { return Br + traits::pad; }
 
   void launch(const ExecSpace& space) const {
-    const long long league = static_cast<long long>(q.extent(0)) * heads_q * q_tiles * splits;
+    long long league = static_cast<long long>(q.extent(0)) * heads_q * q_tiles * splits;
+    if constexpr (Seqs::packed) league = static_cast<long long>(heads_q) * seqs.total_tiles;
     const typename base::Shape shape{head_dim, Br, Bc};
     bool launched = false;
     if constexpr (warp_type)
@@ -214,10 +222,10 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     Place tile;
     int split, k_begin, k_end;
   };
-  KOKKOS_INLINE_FUNCTION Work work_of(const member_t& team) const {
-    const int split = team.league_rank() % splits;
-    const int qt = (team.league_rank() / splits) % q_tiles;
-    const int bh = team.league_rank() / splits / q_tiles;
+  KOKKOS_INLINE_FUNCTION Work work_of(int rank) const {
+    const int split = rank % splits;
+    const int qt = (rank / splits) % q_tiles;
+    const int bh = rank / splits / q_tiles;
     const int h = bh % heads_q, b = bh / heads_q;
     const int q0 = qt * Br, nr = seqlen_q - q0 < Br ? seqlen_q - q0 : Br;
     const int kbeg = mask.lo(q0);
@@ -232,8 +240,44 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     return {{b, h, h / group, q0, nr}, split, t_begin * Bc, (t_begin + t_n) * Bc};
   }
 
+  /// Places a copy of the kernel on the packed sequence `at` (PackedSequences::Seq): its rows
+  /// of the views, its lengths and the diagonal they give the masks and ALiBi, and its index as
+  /// dropout's batch, so that the rest of the kernel runs it as a batch of one.
+  template <class Seq>
+  KOKKOS_INLINE_FUNCTION void enter(const Seq& at) {
+    seqlen_q = at.nq;
+    seqlen_k = at.nk;
+    q_tiles = (at.nq + Br - 1) / Br;
+    mask.seqlen_k = at.nk;
+    mask.shift = seqs.shift(at.nq, at.nk);
+    if constexpr (bias_t::enabled) score.bias.shift = mask.shift;  // ALiBi, the one packed term
+    dropout.b_origin = at.s;
+    const auto qb = static_cast<std::ptrdiff_t>(at.q_begin),
+               kb = static_cast<std::ptrdiff_t>(at.k_begin);
+    q = Q(q.data() + qb * static_cast<std::ptrdiff_t>(q.stride(2)), q.layout());
+    k = K(k.data() + kb * static_cast<std::ptrdiff_t>(k.stride(2)), k.layout());
+    v = V(v.data() + kb * static_cast<std::ptrdiff_t>(v.stride(2)), v.layout());
+    o = O(o.data() + qb * static_cast<std::ptrdiff_t>(o.stride(2)), o.layout());
+    lse = Lse(lse.data() + qb * static_cast<std::ptrdiff_t>(lse.stride(2)), lse.layout());
+  }
+
   KOKKOS_FUNCTION void operator()(const member_t& team) const {
-    const Work w = work_of(team);
+    if constexpr (Seqs::packed) {
+      // League index = global query tile * heads_q + head; the tile's sequence from the tile
+      // offsets, and the rank it has in that sequence as a batch of one.
+      const int r = team.league_rank();
+      const auto at = seqs.locate(r / heads_q);
+      ForwardKernel fk = *this;
+      fk.enter(at);
+      fk.run(team, (r % heads_q) * fk.q_tiles + at.tile);
+    } else {
+      run(team, team.league_rank());
+    }
+  }
+
+  /// The team at league index `rank` of a padded batch.
+  KOKKOS_INLINE_FUNCTION void run(const member_t& team, int rank) const {
+    const Work w = work_of(rank);
     const Place& tile = w.tile;
     const int b = tile.b, h = tile.h, q0 = tile.q0, nr = tile.nr, split = w.split;
     const int k_begin = w.k_begin, k_end = w.k_end;
@@ -348,7 +392,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   struct WarpKernel {
     ForwardKernel fk;
     KOKKOS_FUNCTION void operator()(const member_t& team) const {
-      const Work w = fk.work_of(team);
+      const Work w = fk.work_of(team.league_rank());
       const Place& t = w.tile;
       const int b = t.b, h = t.h, hk = t.hk;
       using bits = const std::uint16_t*;
@@ -818,6 +862,26 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
   ForwardKernel<ExecSpace, Q, K, V, O, Lse, std::decay_t<decltype(rule)>>(space, q, k, v, o, lse,
                                                                           params, at, rule)
       .launch(space);
+}
+
+/// The forward of packed sequences (kfa::varlen) in one launch: q, k, v, o and lse are batch 0
+/// of (1, heads, total, head_dim) and (1, heads_q, total_q) views of the packed arrays, cq and
+/// ck the checked host offsets. The caller validates. No split-KV (a team per sequence, head
+/// and query tile), and the tile path on every backend.
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class Extra = NoTerm>
+void forward_packed(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+                    const Lse& lse, const std::vector<std::int32_t>& cq,
+                    const std::vector<std::int32_t>& ck, const Params& params,
+                    const Extra& extra = {}) {
+  using T = typename Q::non_const_value_type;
+  ScopedRegion region("kfa::forward");
+  const auto rule =
+      term_rule<backends::accum_t<T>, ExecSpace>("forward", extra, dims_of(q, k), false);
+  using Seqs = PackedSequences<typename ExecSpace::memory_space>;
+  ForwardKernel<ExecSpace, Q, K, V, O, Lse, std::decay_t<decltype(rule)>, Seqs> kernel(
+      space, q, k, v, o, lse, params, Origin{}, rule);
+  kernel.seqs = packed_sequences<typename ExecSpace::memory_space>(cq, ck, kernel.Br, params);
+  kernel.launch(space);
 }
 
 }  // namespace kfa::impl
