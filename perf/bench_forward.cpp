@@ -129,9 +129,13 @@ BENCHMARK(BM_decode)
     ->Unit(benchmark::kMillisecond);
 
 // Packed variable-length batches (kfa::varlen): 8 self-attention sequences of random lengths
-// (fixed seed) summing to 16384, against the padded batch of 8 sequences of the longest length
-// (padded = 1), the call a caller without varlen makes. FLOP/s counts each call's own visible
-// pairs, so the two rates compare the work per visible pair; the times compare the calls.
+// (fixed seed) summing to 16384, against the padded batch of 8 sequences of the longest length,
+// the call a caller without varlen makes: as it is (padded = 1; every padding key visible) and
+// with its padding keys hidden by key padding (padded = 2; the kernels skip the key tiles past
+// each length, the padding query rows remain). FLOP/s counts each call's own visible pairs
+// (the rate of the work it does); seq_FLOP/s counts the sequences' own pairs, the pairs every
+// call must compute, so that it compares the calls per pair a user needs (the times compare
+// them too).
 std::vector<int> varlen_lengths() {
   std::mt19937_64 gen(2026);
   std::uniform_real_distribution<double> w(0.1, 1.0);
@@ -153,11 +157,29 @@ void BM_varlen(benchmark::State& state) {
   p.causal = state.range(2) != 0;
   const std::vector<int> n = varlen_lengths();
   const int B = static_cast<int>(n.size()), longest = *std::max_element(n.begin(), n.end());
-  double flops = 0;
-  if (state.range(3) != 0) {
+  double flops = 0, needed = 0;  // the call's visible pairs, the sequences' own
+  for (const int len : n)
+    needed += kfa::forward_flops(1, H, len, len, D, p);
+  if (state.range(3) == 1) {
     kfa_bench::Tensors<float> t(B, H, longest, D, false);
     kfa_bench::time_iterations(state, [&] { kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p); });
     flops = kfa::forward_flops(B, H, longest, longest, D, p);
+  } else if (state.range(3) == 2) {
+    kfa_bench::Tensors<float> t(B, H, longest, D, false);
+    Kokkos::View<std::int32_t*, Exec::memory_space> lengths("lengths", n.size());
+    auto hl = Kokkos::create_mirror_view(lengths);
+    for (std::size_t s = 0; s < n.size(); ++s) {
+      hl(s) = n[s];
+      // Every row of the padded batch (padding rows too) sees the sequence's keys: causal
+      // rows i < n[s] see i + 1 of them, rows past it all n[s].
+      const double rows = longest, keys = n[s];
+      const double pairs = p.causal ? keys * (keys + 1) / 2 + (rows - keys) * keys : rows * keys;
+      flops += 4.0 * H * D * pairs;
+    }
+    Kokkos::deep_copy(lengths, hl);
+    kfa_bench::time_iterations(state, [&] {
+      kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p, kfa::masks::KeyPadding{lengths});
+    });
   } else {
     using Packed = Kokkos::View<float***, Kokkos::LayoutRight, Exec::memory_space>;
     Packed q("q", 16384, H, D), k("k", 16384, H, D), v("v", 16384, H, D), o("o", 16384, H, D);
@@ -177,11 +199,12 @@ void BM_varlen(benchmark::State& state) {
                                [&] { kfa::varlen::forward(Exec(), q, k, v, cu, cu, o, lse, p); });
   }
   state.counters["FLOP/s"] = kfa_bench::flop_rate(flops);
+  state.counters["seq_FLOP/s"] = kfa_bench::flop_rate(needed);
   state.counters["longest"] = longest;
 }
 BENCHMARK(BM_varlen)
     ->ArgNames({"H", "D", "causal", "padded"})
-    ->ArgsProduct({{2}, {64}, {0, 1}, {0, 1}})
+    ->ArgsProduct({{2}, {64}, {0, 1}, {0, 1, 2}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
