@@ -62,6 +62,27 @@ TEST(Portable, ForwardEveryMask) {
     }
 }
 
+// v with a head dim of its own through the portable tiles: forward (split too) and every
+// dQ mode of the backward.
+TEST(Portable, ValueHeadDimOfItsOwn) {
+  kfa::Params causal;
+  causal.causal = true;
+  for (const auto& [d, dv] : kValueHeadDims)
+    for (kfa::Params p : {kfa::Params{}, causal}) {
+      check_case<float>({2, 4, 2, 70, 150, d, dv}, p);
+      check_case<double>({1, 2, 1, 113, 203, d, dv}, p);
+      p.num_splits = 3;
+      check_case<float>({1, 2, 2, 17, 700, d, dv}, p);
+      p.num_splits = 0;
+      for (auto mode : {kfa::DqMode::atomic, kfa::DqMode::query_pass, kfa::DqMode::symmetric}) {
+        p.dq_mode = mode;
+        const int nk = mode == kfa::DqMode::symmetric ? 97 : 150;
+        check_backward_case<float>({1, 2, 2, 97, nk, d, dv}, p);
+        check_backward_case<double>({1, 2, 2, 97, nk, d, dv}, p, true);
+      }
+    }
+}
+
 TEST(Portable, ForwardSplitKV) {
   kfa::Params p;
   p.num_splits = 3;
