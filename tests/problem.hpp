@@ -239,8 +239,7 @@ inline std::vector<kfa::Params> masks() {
 inline std::uint64_t seed_of(const Shape& s, int salt) {
   return 0x9E3779B97F4A7C15ULL ^ (std::uint64_t(s.seqlen_q) << 40) ^
          (std::uint64_t(s.seqlen_k) << 20) ^ (std::uint64_t(s.head_dim) << 8) ^
-         (std::uint64_t(s.head_dim_v) << 50) ^
-         std::uint64_t(s.heads_q * 31 + s.heads_k * 7 + salt);
+         (std::uint64_t(s.head_dim_v) << 50) ^ std::uint64_t(s.heads_q * 31 + s.heads_k * 7 + salt);
 }
 
 inline std::string describe(const kfa::Params& p) {

@@ -61,9 +61,8 @@ kfa_status c_backward(Arrays<T>& a, const kfa_params& p, bool with_dlse) {
 /// and every output written (finite: the NaN it started as is gone).
 template <class T>
 void check_same(const Dims& s, bool bnhd, const kfa_params& cp, bool with_dlse) {
-  SCOPED_TRACE(::testing::Message() << "B=" << s.b << " Hq=" << s.hq << " Hk=" << s.hk
-                                    << " Nq=" << s.nq << " Nk=" << s.nk << " D=" << s.d
-                                    << " Dv=" << s.dv()
+  SCOPED_TRACE(::testing::Message() << "B=" << s.b << " Hq=" << s.hq << " Hk=" << s.hk << " Nq="
+                                    << s.nq << " Nk=" << s.nk << " D=" << s.d << " Dv=" << s.dv()
                                     << (bnhd ? " (B,N,H,D)" : "") << " causal=" << cp.causal
                                     << " dlse=" << with_dlse << " " << sizeof(T) * 8 << "-bit");
   Arrays<T> c(s, bnhd, 42), cxx(s, bnhd, 42);
@@ -95,8 +94,8 @@ void check_all() {
   window.deterministic = 1;
   for (bool bnhd : {false, true}) {
     check_same<T>({1, 2, 2, 33, 33, 16}, bnhd, causal, false);
-    check_same<T>({2, 4, 2, 17, 40, 32}, bnhd, causal, true);  // GQA, Nq != Nk
-    check_same<T>({1, 3, 1, 20, 9, 8}, bnhd, window, false);   // MQA
+    check_same<T>({2, 4, 2, 17, 40, 32}, bnhd, causal, true);      // GQA, Nq != Nk
+    check_same<T>({1, 3, 1, 20, 9, 8}, bnhd, window, false);       // MQA
     check_same<T>({2, 4, 2, 19, 30, 16, 40}, bnhd, causal, true);  // v's head dim of its own
   }
 }

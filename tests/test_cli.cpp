@@ -849,22 +849,26 @@ TEST(Cli, BadBackwardFiles) {
 // --check and reports it; mismatched shapes exit 2 naming both; --head-dim-v on a file or in
 // kfa mha is refused.
 TEST(Cli, ValueHeadDim) {
-  round_trip(DType::f32, "--causal", [] {
-    kfa::Params p;
-    p.causal = true;
-    return p;
-  }(), {1, 4, 2, 37, 50, 16, 40});
+  round_trip(DType::f32, "--causal",
+             [] {
+               kfa::Params p;
+               p.causal = true;
+               return p;
+             }(),
+             {1, 4, 2, 37, 50, 16, 40});
   round_trip(DType::f64, "", kfa::Params{}, {2, 2, 1, 30, 30, 48, 24});
   backward_round_trip(DType::f32, "", kfa::Params{}, {1, 4, 2, 45, 70, 24, 72});
-  backward_round_trip(DType::f64, "--deterministic", [] {
-    kfa::Params p;
-    p.deterministic = true;
-    return p;
-  }(), {1, 2, 2, 40, 40, 32, 16});
+  backward_round_trip(DType::f64, "--deterministic",
+                      [] {
+                        kfa::Params p;
+                        p.deterministic = true;
+                        return p;
+                      }(),
+                      {1, 2, 2, 40, 40, 32, 16});
   for (const char* cmd : {"forward", "backward"}) {
-    const CliRun r =
-        run_cli(std::string(cmd) + " --random 1,4,70,32 --heads-kv 2 --head-dim-v 48 --causal "
-                                   "--check --json");
+    const CliRun r = run_cli(std::string(cmd) +
+                             " --random 1,4,70,32 --heads-kv 2 --head-dim-v 48 --causal "
+                             "--check --json");
     ASSERT_EQ(r.status, 0) << cmd << ": " << r.err;
     const std::string last = r.out.substr(r.out.rfind('{'));
     for (const char* key : {"\"head_dim\":32", "\"head_dim_v\":48", "\"check\":\"pass\""})
@@ -888,9 +892,9 @@ TEST(Cli, ValueHeadDim) {
   }
   {
     Problem other({1, 2, 2, 10, 12, 24}, 2);  // /k with head dim 24 against /q's 16
-    expect_bad("forward --in " +
-                   write_inputs("dk.h5", q, from_tensor(other.k, DType::f32), v).string(),
-               "k is (1, 2, 12, 24) but q is (1, 2, 10, 16)");
+    expect_bad(
+        "forward --in " + write_inputs("dk.h5", q, from_tensor(other.k, DType::f32), v).string(),
+        "k is (1, 2, 12, 24) but q is (1, 2, 10, 16)");
   }
   expect_bad("forward --in " + write_inputs("dv.h5", q, k, v).string() + " --head-dim-v 40",
              "--head-dim-v applies to --random only");

@@ -80,8 +80,9 @@ std::string describe(const char* program, const RunOptions& o, const Dims& d, DT
   std::ostringstream os;
   os << program << " " << o.command << ": B=" << d.batch << " Hq=" << d.heads_q
      << " Hkv=" << d.heads_kv << " Nq=" << d.seqlen_q << " Nk=" << d.seqlen_k << " D=" << d.head_dim
-     << (d.dv() != d.head_dim ? " Dv=" + std::to_string(d.dv()) : "") << " " << name(dtype) << " " << describe_params(o.params, read_by(o.pass()))
-     << (extra.empty() ? "" : " ") << extra << " on " << Kokkos::DefaultExecutionSpace::name();
+     << (d.dv() != d.head_dim ? " Dv=" + std::to_string(d.dv()) : "") << " " << name(dtype) << " "
+     << describe_params(o.params, read_by(o.pass())) << (extra.empty() ? "" : " ") << extra
+     << " on " << Kokkos::DefaultExecutionSpace::name();
   return os.str();
 }
 

@@ -249,8 +249,7 @@ void check_backward_shapes(const Problem& p) {
     if (d->dims[3] != p.v.dims[3])
       throw InputError(std::string("dataset ") + ds + " is " + kfa_apps::shape_of(d->dims) +
                        " but /v is " + kfa_apps::shape_of(p.v.dims) + ": its head_dim " +
-                       std::to_string(d->dims[3]) + " must be /v's " +
-                       std::to_string(p.v.dims[3]));
+                       std::to_string(d->dims[3]) + " must be /v's " + std::to_string(p.v.dims[3]));
   }
   expect(p.lse, p.stat, 3);
   if (!p.dlse.dims.empty()) expect(p.dlse, "/dlse", 3);
@@ -641,8 +640,8 @@ VarlenSizes varlen_sizes(const Options& o, const Problem& p) {
   const auto cq = offsets_of(p.cu_q), ck = offsets_of(p.cu_k);
   const long long B = static_cast<long long>(cq.size()) - 1;
   const long long Hq = p.q.dims[1], Hk = p.k.dims[1], D = p.q.dims[2], Dv = p.v.dims[2];
-  z.d = {B,  Hq, Hk, static_cast<long long>(p.q.dims[0]), static_cast<long long>(p.k.dims[0]),
-         D,  Dv};
+  z.d = {B, Hq, Hk, static_cast<long long>(p.q.dims[0]), static_cast<long long>(p.k.dims[0]),
+         D, Dv};
   z.padded = {B, Hq, Hk, 0, 0, D, Dv};
   const auto flops = o.pass() == kfa::Passes::backward ? kfa::backward_flops : kfa::forward_flops;
   for (long long s = 0; s < B; ++s) {

@@ -197,7 +197,7 @@ std::vector<RowRange> all_rows(hsize_t n) {
 
 struct Problem : kfa_apps::Terms {  // the score terms, whole, and:
   long long B = 0, Hq = 0, Hk = 0, Nq = 0, Nk = 0, D = 0;
-  long long Dv = 0;  // v's (and o's, dout's, dv's) head dim
+  long long Dv = 0;                     // v's (and o's, dout's, dv's) head dim
   Dataset q, k, v, o, lse, dout, dlse;  // this rank's rows (--multiscale: lse holds /rsum)
   Dataset mask;                         // --multiscale: the whole M, or empty (M = 1)
   const char* stat = "/lse";            // the name of the forward's row statistic

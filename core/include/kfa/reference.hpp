@@ -251,9 +251,10 @@ void forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params&
 ///   dK_j = scale sum_i dS_ij Q_i,
 /// dK and dV summed over the query heads sharing a kv head. dlse may be an empty view (no LSE
 /// gradient); keep is the dropout keep-mask, needed only when p.dropout > 0. Outputs must be
-/// allocated with the shapes of q, k and v; v, dout and dv have their own head dim Dv. With terms, the scores have them added, and
-/// terms.dbias (when allocated) receives dL/dbias_ij = P_ij (Z_ij dO_i . V_j - D_i + dlse_i),
-/// dS before the softcap's slope, summed over the broadcast dimensions of terms.bias.
+/// allocated with the shapes of q, k and v; v, dout and dv have their own head dim Dv. With terms,
+/// the scores have them added, and terms.dbias (when allocated) receives dL/dbias_ij = P_ij (Z_ij
+/// dO_i . V_j - D_i + dlse_i), dS before the softcap's slope, summed over the broadcast dimensions
+/// of terms.bias.
 template <class T_>
 void backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params& p,
               const Tensor4& dout, const Tensor3& dlse, const Tensor4& dq, const Tensor4& dk,

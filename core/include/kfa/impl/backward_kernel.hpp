@@ -540,8 +540,7 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
     this->stage_rows(
         team, D, nc, [&](int d) { return &kt_all(b, hk, d, k0); }, sc.kt, ldt, same);
     this->stage_rows(
-        team, this->head_dim_v, nc, [&](int d) { return &vt_all(b, hk, d, k0); }, sc.vt, ldt,
-        same);
+        team, this->head_dim_v, nc, [&](int d) { return &vt_all(b, hk, d, k0); }, sc.vt, ldt, same);
   }
 };
 

@@ -119,8 +119,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     }
     dropout = make_dropout<acc_t>(p, at);
     if constexpr (warp_type)
-      warp = ops::warp_head_dim(head_dim) && head_dim_v == head_dim && !dropout.enabled && rows_on_16_bytes(q) &&
-             rows_on_16_bytes(k) && rows_on_16_bytes(v);
+      warp = ops::warp_head_dim(head_dim) && head_dim_v == head_dim && !dropout.enabled &&
+             rows_on_16_bytes(q) && rows_on_16_bytes(k) && rows_on_16_bytes(v);
     Br = traits::block_q(tile_dim(head_dim, head_dim_v));
     Bc = traits::block_k(tile_dim(head_dim, head_dim_v));
     if constexpr (warp_type)
@@ -134,8 +134,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     q_tiles = (seqlen_q + Br - 1) / Br;
     scratch_level = base::scratch_level(scratch_bytes());
     kv_in_place = kv_in_place_type && k.stride(2) <= 2147483647 && v.stride(2) <= 2147483647;
-    pairs = pairs_type && head_dim % 2 == 0 && head_dim_v % 2 == 0 && k.stride(2) % 2 == 0 && v.stride(2) % 2 == 0 &&
-            k.stride(2) / 2 <= 2147483647;
+    pairs = pairs_type && head_dim % 2 == 0 && head_dim_v % 2 == 0 && k.stride(2) % 2 == 0 &&
+            v.stride(2) % 2 == 0 && k.stride(2) / 2 <= 2147483647;
     const int key_tiles = (seqlen_k + Bc - 1) / Bc;
     const long long teams = static_cast<long long>(q.extent(0)) * heads_q * q_tiles;
     splits = p.num_splits > 0 ? p.num_splits

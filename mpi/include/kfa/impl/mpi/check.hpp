@@ -63,8 +63,8 @@ struct Call {
   const char* name;  // "mpi::forward", the prefix of its errors
   Passes pass;       // forward or backward: selects the Params fields compared
   long long batch, heads_q, heads_k, head_dim, head_dim_v;  // D of q and k, Dv of v
-  bool dlse;         // whether dlse was given (backward)
-  int value_bits;    // 32: float, 64: double
+  bool dlse;                                                // whether dlse was given (backward)
+  int value_bits;                                           // 32: float, 64: double
   const char* rule;  // the attention rule's short name (rules.hpp), at most 8 characters
   bool mask;         // whether a mask tensor was given (multi-scale)
   TermShape term{};  // the score term given (softmax), if any

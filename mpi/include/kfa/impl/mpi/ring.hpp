@@ -68,9 +68,7 @@ class Shards {
   tensor second(const Flat<T, Mem>& f, int s) const {
     return f.at(B_ * H_ * std::size_t(count(s)) * D_, B_, H_, count(s), Dv_);
   }
-  tensor both(const Flat<T, Mem>& f, int s) const {
-    return f.at(0, B_, H_, count(s), D_ + Dv_);
-  }
+  tensor both(const Flat<T, Mem>& f, int s) const { return f.at(0, B_, H_, count(s), D_ + Dv_); }
 
   tensor keys(int s) const { return first(kv_[s % 2], s); }
   tensor values(int s) const { return second(kv_[s % 2], s); }
