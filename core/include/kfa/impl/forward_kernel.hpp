@@ -88,9 +88,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   // The register-resident forward (TileTraits::warp_tiles: CUDA, 16-bit inputs): a team's
   // 64 query rows keep their work in registers (TileOps::warp_forward). Taken at the head dims
   // it has (with Dv = D: its registers hold O rows of D), when every row of q, k and v starts
-  // on 16 bytes (its copies are 16-byte ones) and
-  // without dropout (not yet drawn in registers) or an additive term (a biased pass takes the
-  // tile path).
+  // on 16 bytes (its copies are 16-byte ones) and without dropout (not yet drawn in registers)
+  // or an additive term (a biased pass takes the tile path).
   static constexpr bool warp_type = Rule::softmax && !bias_t::enabled && traits::warp_tiles &&
                                     sizeof(value_type) == 2 &&
                                     std::is_same_v<typename K::non_const_value_type, value_type> &&
