@@ -887,8 +887,7 @@ TEST(Cli, ValueHeadDim) {
     kfa_apps::write_atomic(
         p.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/o", &q}, {"/lse", &lse}, {"/do", &q}});
     expect_bad("backward --in " + p.string(),
-               "dataset /o is (1, 2, 10, 16) but /v is (1, 2, 12, 40): its head_dim 16 must be "
-               "/v's 40");
+               "dataset /o is (1,2,10,16) but /v is (1,2,12,40): its head_dim 16 must be /v's 40");
   }
   {
     Problem other({1, 2, 2, 10, 12, 24}, 2);  // /k with head dim 24 against /q's 16
