@@ -24,11 +24,12 @@ namespace kfa::mpi::impl {
 
 /// Mode::tree (see the file comment), with the interface of Ring.
 struct Tree {
-  /// Values in the largest message: every rank's gathered rows, [Q, LSE] forward and
-  /// [Q, dO, LSE, delta] backward, per (row, batch, head).
+  /// Values in the largest message: every rank's gathered rows, [Q] forward (D) or its
+  /// partials [LSE, O] (1 + Dv) and [Q, dO, LSE, delta] backward, per (row, batch, head).
   static double largest_message(const SeqPar& sp, int /*nranks*/, const Call& c) {
-    const double width =
-        c.pass == Passes::forward ? c.head_dim + 1.0 : double(c.head_dim + c.head_dim_v) + 2;
+    const double width = c.pass == Passes::forward
+                             ? double(c.head_dim > c.head_dim_v ? c.head_dim : c.head_dim_v) + 1
+                             : double(c.head_dim + c.head_dim_v) + 2;
     return double(sp.seqlen_q) * c.batch * c.heads_q * width;
   }
 
