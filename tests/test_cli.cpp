@@ -858,10 +858,10 @@ TEST(Cli, ValueHeadDim) {
              {1, 4, 2, 37, 50, 16, 40});
   round_trip(DType::f64, "", kfa::Params{}, {2, 2, 1, 30, 30, 48, 24});
   backward_round_trip(DType::f32, "", kfa::Params{}, {1, 4, 2, 45, 70, 24, 72});
-  backward_round_trip(DType::f64, "--deterministic",
+  backward_round_trip(DType::f64, "--causal",
                       [] {
                         kfa::Params p;
-                        p.deterministic = true;
+                        p.causal = true;
                         return p;
                       }(),
                       {1, 2, 2, 40, 40, 32, 16});
