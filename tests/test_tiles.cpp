@@ -256,6 +256,149 @@ TEST(Tiles, PortableColumnsDouble) {
   check_cols<kfa::backends::PortableTileOps<double>, double>(true);
 }
 
+// stage_transposed: element (r, c) of rows[r] (keys c in [c0, c1)) into dst[c * ldd + r], as
+// it is (Widen, float rows) or as the additive term of a boolean mask (Visibility, bytes: 0 or
+// -inf), stored or added; rows and key ranges across the 8- and 16-row blocks, the 64-key
+// chunks and their tails; nothing outside the block touched. Against the element rule here.
+template <class Ops, class Acc, class Src, class Convert>
+void check_stage_transposed() {
+  const int ldd = 45, ld_src = 211, keys = 150;
+  const Acc inf = std::numeric_limits<Acc>::infinity();
+  const struct {
+    int rows, c0, c1;
+  } cases[] = {{45, 0, 150}, {16, 3, 67}, {33, 64, 128}, {17, 5, 6},
+               {8, 0, 63},   {7, 10, 75}, {32, 1, 130},  {1, 0, 150}};
+  std::mt19937 gen(11);
+  std::vector<Src> src(std::size_t(ldd) * ld_src);
+  for (auto& e : src) {
+    if constexpr (std::is_integral_v<Src>) {
+      const unsigned u = gen() % 4;          // hidden (0) or visible, with values other than 1
+      e = static_cast<Src>(u == 3 ? 0 : u);  // a run of 0 and 3 of 4 visible on average
+    } else {
+      e = static_cast<Src>(std::uniform_real_distribution<double>(-2, 2)(gen));
+    }
+  }
+  if constexpr (std::is_integral_v<Src>)  // a row with every key hidden, one with every visible
+    for (int c = 0; c < keys; ++c) {
+      src[std::size_t(5) * ld_src + c] = Src(0);
+      src[std::size_t(20) * ld_src + c] = Src(1);
+    }
+  for (const bool accumulate : {false, true})
+    for (const auto& cs : cases) {
+      SCOPED_TRACE(::testing::Message() << "rows " << cs.rows << ", keys [" << cs.c0 << ", "
+                                        << cs.c1 << "), accumulate " << accumulate);
+      auto dst = random_values<Acc>(std::size_t(keys) * ldd, 5);
+      const auto dst0 = dst;
+      on_one_team([&](const Member& team) {
+        Ops::stage_transposed(
+            team, cs.rows, cs.c0, cs.c1,
+            [&](int r) { return src.data() + static_cast<std::ptrdiff_t>(r) * ld_src; }, dst.data(),
+            ldd, Convert{}, accumulate);
+      });
+      for (int c = 0; c < keys; ++c)
+        for (int r = 0; r < ldd; ++r) {
+          const std::size_t e = std::size_t(c) * ldd + r;
+          if (r >= cs.rows || c < cs.c0 || c >= cs.c1) {
+            ASSERT_EQ(dst[e], dst0[e]) << "outside the block is not touched: r=" << r << " c=" << c;
+            continue;
+          }
+          const Src x = src[std::size_t(r) * ld_src + c];
+          Acc term;
+          if constexpr (std::is_integral_v<Src>)
+            term = x ? Acc(0) : -inf;
+          else
+            term = static_cast<Acc>(x);
+          ASSERT_EQ(dst[e], accumulate ? dst0[e] + term : term) << "r=" << r << " c=" << c;
+        }
+    }
+}
+TEST(Tiles, HostStageTransposed) {
+  check_stage_transposed<HostOps, float, float, kfa::backends::Widen>();
+  check_stage_transposed<HostOps, float, std::uint8_t, kfa::backends::Visibility>();
+  check_stage_transposed<HostOpsD, double, std::uint8_t, kfa::backends::Visibility>();
+}
+TEST(Tiles, PortableStageTransposed) {
+  check_stage_transposed<kfa::backends::PortableTileOps<float>, float, std::uint8_t,
+                         kfa::backends::Visibility>();
+  check_stage_transposed<kfa::backends::PortableTileOps<double>, double, float,
+                         kfa::backends::Widen>();
+}
+
+// A boolean mask through visibility words (host float with AVX-512BW, VBMI and GFNI): each
+// word's bits against the mask's bytes, and col_softmax with the words against col_softmax on
+// the same tile with -inf written where the mask hides a key (the same arithmetic: equal).
+template <class Ops, class = void>
+struct has_words : std::false_type {};
+template <class Ops>
+struct has_words<Ops, std::enable_if_t<Ops::has_visibility_words>> : std::true_type {};
+
+TEST(Tiles, HostVisibilityWords) {
+  if constexpr (!has_words<HostOps>::value) {
+    GTEST_SKIP() << "no visibility words on this build (needs AVX-512BW, VBMI and GFNI)";
+  } else {
+    const int lds = 53, keys = 150, ld_src = 211, ldw = 160;
+    const float inf = std::numeric_limits<float>::infinity();
+    std::mt19937 gen(3);
+    std::vector<std::uint8_t> src(std::size_t(lds) * ld_src);
+    for (auto& e : src)
+      e = static_cast<std::uint8_t>(gen() % 3 == 0 ? 0 : 1 + gen() % 200);
+    for (int c = 0; c < keys; ++c)  // a query row that sees nothing
+      src[std::size_t(9) * ld_src + c] = 0;
+    const struct {
+      int rows, c0, c1;
+    } cases[] = {{48, 0, 64}, {53, 3, 150}, {16, 64, 128}, {17, 5, 6}, {7, 10, 75}, {33, 1, 130}};
+    for (const auto& cs : cases) {
+      SCOPED_TRACE(::testing::Message()
+                   << "rows " << cs.rows << ", keys [" << cs.c0 << ", " << cs.c1 << ")");
+      const auto row = [&](int r) { return src.data() + static_cast<std::ptrdiff_t>(r) * ld_src; };
+      std::vector<std::uint16_t> w(std::size_t(4) * ldw, 0xABCD);
+      const auto w0 = w;
+      HostOps::visibility_words(cs.rows, cs.c0, cs.c1, row, w.data(), ldw);
+      for (int g = 0; g < 4; ++g)
+        for (int c = 0; c < ldw; ++c) {
+          const std::uint16_t word = w[std::size_t(g) * ldw + c];
+          if (c < cs.c0 || c >= cs.c1 || g * 16 >= cs.rows) {
+            ASSERT_EQ(word, w0[std::size_t(g) * ldw + c]) << "not touched: g=" << g << " c=" << c;
+            continue;
+          }
+          for (int b = 0; b < 16; ++b) {
+            const int r = g * 16 + b;
+            const bool seen = r < cs.rows && row(r)[c] != 0;
+            ASSERT_EQ((word >> b) & 1U, seen ? 1U : 0U) << "row " << r << " key " << c;
+          }
+        }
+      // The online-softmax step with the words, and with -inf written into the tile.
+      auto s = random_values<float>(std::size_t(keys) * lds, 8);
+      for (auto& e : s)
+        e *= 5.0f;
+      auto s_inf = s;
+      for (int c = cs.c0; c < cs.c1; ++c)
+        for (int r = 0; r < cs.rows; ++r)
+          if (row(r)[c] == 0) s_inf[std::size_t(c) * lds + r] = -inf;
+      std::vector<float> m(lds), l(lds), alpha(lds);
+      for (int r = 0; r < lds; ++r) {
+        m[r] = r % 4 == 0 ? -inf : 0.5f * float(r % 7);
+        l[r] = m[r] == -inf ? 0.0f : 1.0f + 0.1f * float(r);
+      }
+      auto m2 = m, l2 = l, alpha2 = alpha;
+      on_one_team([&](const Member& team) {
+        HostOps::col_softmax(team, s.data(), lds, cs.c0, cs.c1, cs.rows, m.data(), l.data(),
+                             alpha.data(), w.data(), ldw);
+        HostOps::col_softmax(team, s_inf.data(), lds, cs.c0, cs.c1, cs.rows, m2.data(), l2.data(),
+                             alpha2.data());
+      });
+      for (int r = 0; r < cs.rows; ++r) {
+        ASSERT_EQ(m[r], m2[r]) << "r=" << r;
+        ASSERT_EQ(l[r], l2[r]) << "r=" << r;
+        ASSERT_EQ(alpha[r], alpha2[r]) << "r=" << r;
+        for (int c = cs.c0; c < cs.c1; ++c)
+          ASSERT_EQ(s[std::size_t(c) * lds + r], s_inf[std::size_t(c) * lds + r])
+              << "P of r=" << r << " c=" << c;
+      }
+    }
+  }
+}
+
 // The bfloat16 pair products and packings (bf16x2.hpp) of the key-major bf16 forward, host
 // (VDPBF16PS where the CPU has it) and portable, against double on the bfloat16 values: every
 // micro-kernel block and edge, A read by rows and transposed, with and without accumulate.

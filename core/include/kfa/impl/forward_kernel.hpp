@@ -165,14 +165,18 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     const std::size_t br = traits::block_q(td), bc = traits::block_k(td), d = head_dim,
                       ldd = d + traits::pad, ldv = std::size_t(head_dim_v) + traits::pad,
                       ldc = bc + traits::pad, ldq = br + traits::pad;
+    // A boolean mask's bits (mask_words), carved last.
+    const std::size_t words = mask_words ? base::scratch_bytes({mask_word_elements(br, bc)}) : 0;
     if (key_major && pairs_type)  // and the pair words of P and V_j, (Bc + 1) / 2 rows each
       return base::scratch_bytes({d * ldq, br * ldv, bc * ldd, bc * ldv, bc * ldq, br, br, br,
-                                  (bc + 1) / 2 * ldq, (bc + 1) / 2 * ldv});
+                                  (bc + 1) / 2 * ldq, (bc + 1) / 2 * ldv}) +
+             words;
     if (key_major && !Rule::softmax)
       return base::scratch_bytes(
           {d * ldq, br * ldv, bc * ldd, bc * ldv, bc * ldq, br, br, br, bc * ldq});
     if (key_major)
-      return base::scratch_bytes({d * ldq, br * ldv, bc * ldd, bc * ldv, bc * ldq, br, br, br});
+      return base::scratch_bytes({d * ldq, br * ldv, bc * ldd, bc * ldv, bc * ldq, br, br, br}) +
+             words;
     return base::scratch_bytes({br * ldd, br * ldv, d * ldc, bc * ldv, br * ldc, br, br});
   }
   std::size_t scratch_bytes() const {
@@ -463,6 +467,13 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       vp = base::carve(scr, std::size_t(Bc + 1) / 2 * ldo);
     }
     const bool pair_mode = pairs_type && pairs;  // the branches below compile only for pairs_type
+    // A boolean mask's tile as bit words for col_softmax (mask_words): Bc words (keys) for
+    // each 16 query rows.
+    std::uint16_t* words = nullptr;
+    const int ldw = Bc;
+    if constexpr (mask_words)
+      words = reinterpret_cast<std::uint16_t*>(
+          base::carve(scr, mask_word_elements(std::size_t(Br), std::size_t(Bc))));
 
     // Q_i^T, once: as pair words, or in acc_t pre-multiplied by the scale (the score
     // transform's x = scale q.k).
@@ -499,9 +510,14 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
           const int k1 = k0 + Bc, n1 = seqlen_k - k1 < Bc ? seqlen_k - k1 : Bc;
           ops::prefetch_rows(nr, 0, n1, [&](int r) { return line.row(q0 + r) + k1; });
         }
-        if constexpr (std::is_same_v<typename bias_t::convert, backends::Visibility>) {
-          seen = seen_by_mask(team, line, q0, nr, k0, cb, ce);
+        if constexpr (mask_words) {  // the tile's bits, read once, tell how it is seen
+          ops::visibility_words(
+              nr, cb, ce, [&](int r) { return line.row(q0 + r) + k0; }, words, ldw);
+          seen = seen_in_words(words, ldw, nr, cb, ce);
           if (seen == Seen::none) continue;  // P = 0: the tile is skipped as masks skip theirs
+        } else if constexpr (is_visibility<bias_t>::value) {
+          seen = seen_by_mask(team, line, q0, nr, k0, cb, ce);
+          if (seen == Seen::none) continue;
         }
       }
       tiles_staged.add(team, TileCounter::forward, nc);
@@ -553,7 +569,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
           });
           team.team_barrier();  // threads own keys there, query rows below
         }
-        if (seen != Seen::all) {
+        if (!mask_words && seen != Seen::all) {  // mask_words: col_softmax reads the words
           const auto line = score.bias.line(b, h);
           ops::stage_transposed(
               team, nr, cb, ce, [&](int r) { return line.row(q0 + r) + k0; }, st, ldq,
@@ -598,7 +614,13 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       } else {
         // The online-softmax step of every row at once: the combiner of kfa/combine.hpp down
         // the columns (TileOps::col_softmax), P in S^T's place, alpha = e^(m - m') per row.
-        ops::col_softmax(team, st, ldq, cb, ce, nr, m, l, alpha);
+        // A boolean mask's hidden scores as -inf through its words (mask_words).
+        if (mask_words && seen != Seen::all) {
+          if constexpr (mask_words)
+            ops::col_softmax(team, st, ldq, cb, ce, nr, m, l, alpha, words, ldw);
+        } else {
+          ops::col_softmax(team, st, ldq, cb, ce, nr, m, l, alpha);
+        }
       }
       if (Rule::softmax && dropout.enabled) {
         team.team_barrier();
@@ -639,6 +661,35 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   enum class Seen { none, some, all };
   /// The softmax forward's term as rows of its plane (impl/score.hpp, has_rows).
   static constexpr bool staged_term = Rule::softmax && has_rows<bias_t>::value;
+  /// A boolean mask the backend's col_softmax takes as bit words (TileOps::visibility_words)
+  /// instead of -inf written into S^T: one pass over the tile fewer.
+  template <class Ops, class = void>
+  struct words_in_ops : std::false_type {};
+  template <class Ops>
+  struct words_in_ops<Ops, std::enable_if_t<Ops::has_visibility_words>> : std::true_type {};
+  static constexpr bool mask_words =
+      staged_term && is_visibility<bias_t>::value && words_in_ops<ops>::value;
+  /// Words of a Br x Bc tile's visibility bits (16 query rows a word) in acc_t elements.
+  static constexpr std::size_t mask_word_elements(std::size_t br, std::size_t bc) {
+    if (!mask_words) return 0;
+    return (bc * ((br + 15) / 16) * sizeof(std::uint16_t) + sizeof(acc_t) - 1) / sizeof(acc_t);
+  }
+
+  /// How a tile's visibility words (TileOps::visibility_words) see keys [cb, ce) from its nr
+  /// query rows: or and and of the words, the bits of rows past nr set for the and.
+  static KOKKOS_INLINE_FUNCTION Seen seen_in_words(const std::uint16_t* w, int ldw, int nr, int cb,
+                                                   int ce) {
+    unsigned any = 0, all = 0xFFFF;
+    for (int g = 0; g * 16 < nr; ++g) {
+      const unsigned absent = nr - g * 16 >= 16 ? 0U : 0xFFFFU << (nr - g * 16);
+      const std::uint16_t* wg = w + static_cast<std::ptrdiff_t>(g) * ldw;
+      for (int c = cb; c < ce; ++c) {
+        any |= wg[c];
+        all &= wg[c] | absent;
+      }
+    }
+    return (all & 0xFFFFU) == 0xFFFFU ? Seen::all : any ? Seen::some : Seen::none;
+  }
 
   /// How the mask's plane (its Line) sees keys [k0 + cb, k0 + ce) from query rows [q0, q0 + nr):
   /// two flags or-ed over the tile's bytes, a query row at a time (unit stride).

@@ -660,6 +660,154 @@ struct TileOps<
   template <class Member>
   static KOKKOS_INLINE_FUNCTION void col_softmax(const Member& /*team*/, Acc* s, int lds, int j0,
                                                  int j1, int n, Acc* m, Acc* l, Acc* alpha) {
+    col_softmax_seen<false>(s, lds, j0, j1, n, m, l, alpha, nullptr, 0);
+  }
+
+#if defined(KFA_HOST_AVX512) && defined(__AVX512BW__) && defined(__AVX512VBMI__) && \
+    defined(__GFNI__)
+  /// Whether visibility_words and col_softmax's form with them exist (float; AVX-512BW, VBMI
+  /// and GFNI).
+  static constexpr bool has_visibility_words = std::is_same_v<Acc, float>;
+
+  /// A boolean mask's tile as words for col_softmax: bit r % 16 of w[(r / 16) * ldw + c] is
+  /// whether row r (a query; row(r) points at its key 0, unit stride) sees key c, for
+  /// r < rows and c in [c0, c1); the bits of rows past `rows` are 0. Per 16 rows and 64 keys:
+  /// each row's 64 bytes become 64 bits in one compare (vptestmb); the 16 x 64 bit matrix is
+  /// then transposed by bytes (vpermb), by 8 x 8 bit blocks (GFNI's affine transform with the
+  /// data as the matrix) and interleaved into 16-bit words (vpermt2b): about 60 instructions
+  /// for 1024 scores, where writing -inf into S^T (stage_transposed) costs a pass over the tile.
+  template <class Row>
+  static void visibility_words(int rows, int c0, int c1, const Row& row, std::uint16_t* w,
+                               int ldw) {
+    alignas(64) static constexpr unsigned char by_keys[64] = {
+        // [8k + r] = 8 (7 - r) + k
+        56, 48, 40, 32, 24, 16, 8,  0,  57, 49, 41, 33, 25, 17, 9,  1,  58, 50, 42, 34, 26, 18,
+        10, 2,  59, 51, 43, 35, 27, 19, 11, 3,  60, 52, 44, 36, 28, 20, 12, 4,  61, 53, 45, 37,
+        29, 21, 13, 5,  62, 54, 46, 38, 30, 22, 14, 6,  63, 55, 47, 39, 31, 23, 15, 7};
+    alignas(64) static constexpr unsigned char pairs[2][64] = {
+        // [2c] = c, [2c + 1] = 64 + c
+        {0,  64, 1,  65, 2,  66, 3,  67, 4,  68, 5,  69, 6,  70, 7,  71, 8,  72, 9,  73, 10, 74,
+         11, 75, 12, 76, 13, 77, 14, 78, 15, 79, 16, 80, 17, 81, 18, 82, 19, 83, 20, 84, 21, 85,
+         22, 86, 23, 87, 24, 88, 25, 89, 26, 90, 27, 91, 28, 92, 29, 93, 30, 94, 31, 95},
+        { 32,
+          96,
+          33,
+          97,
+          34,
+          98,
+          35,
+          99,
+          36,
+          100,
+          37,
+          101,
+          38,
+          102,
+          39,
+          103,
+          40,
+          104,
+          41,
+          105,
+          42,
+          106,
+          43,
+          107,
+          44,
+          108,
+          45,
+          109,
+          46,
+          110,
+          47,
+          111,
+          48,
+          112,
+          49,
+          113,
+          50,
+          114,
+          51,
+          115,
+          52,
+          116,
+          53,
+          117,
+          54,
+          118,
+          55,
+          119,
+          56,
+          120,
+          57,
+          121,
+          58,
+          122,
+          59,
+          123,
+          60,
+          124,
+          61,
+          125,
+          62,
+          126,
+          63,
+          127 }};
+    const __m512i to_keys = _mm512_load_si512(by_keys);
+    const __m512i lo_words = _mm512_load_si512(pairs[0]), hi_words = _mm512_load_si512(pairs[1]);
+    // Byte j of each qword 1 << j: the affine transform then gives bit k of byte j of a qword
+    // = bit j of its byte 7 - k, the 8 x 8 transpose (rows reversed by to_keys).
+    const __m512i unit = _mm512_set1_epi64(static_cast<long long>(0x8040201008040201ULL));
+    for (int g = 0; g * 16 < rows; ++g) {
+      const int nr = rows - g * 16 < 16 ? rows - g * 16 : 16;
+      std::uint16_t* wg = w + static_cast<std::ptrdiff_t>(g) * ldw;
+      for (int c = c0; c < c1; c += 64) {
+        const int n = c1 - c < 64 ? c1 - c : 64;
+        const __mmask64 in = n == 64 ? ~__mmask64(0) : (__mmask64(1) << n) - 1;
+        alignas(64) std::uint64_t bits[16] = {};
+        for (int i = 0; i < nr; ++i) {
+          const __m512i b = _mm512_maskz_loadu_epi8(in, row(g * 16 + i) + c);
+          bits[i] = _mm512_test_epi8_mask(b, b);  // bit j: key c + j is visible to the row
+        }
+        // Byte c of each: the 8 rows' bits of key c (rows 0-7, then 8-15). maskz: GCC 12
+        // warns of vpermb's undefined pass-through operand, as of vpsrlq's.
+        const __m512i lo = _mm512_gf2p8affine_epi64_epi8(
+            unit, _mm512_maskz_permutexvar_epi8(~__mmask64(0), to_keys, _mm512_load_si512(bits)),
+            0);
+        const __m512i hi = _mm512_gf2p8affine_epi64_epi8(
+            unit,
+            _mm512_maskz_permutexvar_epi8(~__mmask64(0), to_keys, _mm512_load_si512(bits + 8)), 0);
+        const __m512i first = _mm512_permutex2var_epi8(lo, lo_words, hi);   // keys 0-31
+        const __m512i second = _mm512_permutex2var_epi8(lo, hi_words, hi);  // keys 32-63
+        if (n == 64) {
+          _mm512_storeu_si512(wg + c, first);
+          _mm512_storeu_si512(wg + c + 32, second);
+        } else {
+          const __mmask32 a = n >= 32 ? ~__mmask32(0) : (__mmask32(1) << n) - 1;
+          const __mmask32 b = n <= 32 ? 0 : (__mmask32(1) << (n - 32)) - 1;
+          _mm512_mask_storeu_epi16(wg + c, a, first);
+          _mm512_mask_storeu_epi16(wg + c + 32, b, second);
+        }
+      }
+    }
+  }
+
+  /// col_softmax with a boolean mask's words (visibility_words, key rows of s at the same
+  /// indices): a hidden score counts as -inf whatever s holds, without a pass that writes -inf
+  /// into s: the maximum skips it and its P is 0.
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void col_softmax(const Member& /*team*/, Acc* s, int lds, int j0,
+                                                 int j1, int n, Acc* m, Acc* l, Acc* alpha,
+                                                 const std::uint16_t* seen, int ldw) {
+    col_softmax_seen<true>(s, lds, j0, j1, n, m, l, alpha, seen, ldw);
+  }
+#endif
+
+ private:
+  /// col_softmax, with the visibility words `seen` (Seen) or without them.
+  template <bool Seen>
+  static void col_softmax_seen(Acc* s, int lds, int j0, int j1, int n, Acc* m, Acc* l, Acc* alpha,
+                               const std::uint16_t* seen, int ldw) {
     int c0 = 0;
 #ifdef KFA_HOST_AVX512
     if constexpr (std::is_same_v<Acc, float>) {
@@ -667,14 +815,23 @@ struct TileOps<
       for (; c0 + 16 <= n; c0 += 16) {
         const __m512 m_old = _mm512_loadu_ps(m + c0);
         __m512 top = m_old;
-        for (int j = j0; j < j1; ++j)
-          top = host::max16(_mm512_loadu_ps(s + static_cast<std::ptrdiff_t>(j) * lds + c0), top);
+        const auto visible = [&](int j) {
+          if constexpr (Seen)
+            return static_cast<__mmask16>(seen[static_cast<std::ptrdiff_t>(c0 / 16) * ldw + j]);
+          else
+            return static_cast<__mmask16>(0xFFFF);
+        };
+        for (int j = j0; j < j1; ++j) {
+          const __m512 x = _mm512_loadu_ps(s + static_cast<std::ptrdiff_t>(j) * lds + c0);
+          top = _mm512_mask_mov_ps(top, visible(j), host::max16(x, top));
+        }
         const __m512 shift = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(top, minus_inf, _CMP_EQ_OQ),
                                                   top, _mm512_setzero_ps());
         __m512 sum = _mm512_setzero_ps();
         for (int j = j0; j < j1; ++j) {
           float* x = s + static_cast<std::ptrdiff_t>(j) * lds + c0;
-          const __m512 p = host::exp16(_mm512_sub_ps(_mm512_loadu_ps(x), shift));
+          const __m512 p = _mm512_maskz_mov_ps(
+              visible(j), host::exp16(_mm512_sub_ps(_mm512_loadu_ps(x), shift)));
           _mm512_storeu_ps(x, p);
           sum = _mm512_add_ps(sum, p);
         }
@@ -686,6 +843,12 @@ struct TileOps<
     }
 #endif
     if (c0 >= n) return;
+    if constexpr (Seen)  // the last columns: hidden scores written as -inf, then the rule as
+                         // without
+      for (int j = j0; j < j1; ++j)
+        for (int c = c0; c < n; ++c)
+          if (!((seen[static_cast<std::ptrdiff_t>(c / 16) * ldw + j] >> (c % 16)) & 1U))
+            s[static_cast<std::ptrdiff_t>(j) * lds + c] = -infinity<Acc>();
     // alpha holds the maxima until it holds the factors; the shift is 0 where m' is -inf.
     for (int c = c0; c < n; ++c)
       alpha[c] = m[c];
