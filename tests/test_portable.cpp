@@ -149,6 +149,7 @@ TEST(TileShape, ByteCountsAreTheKernelsScratch) {
   // Every head dim of the matrix with v's head dim equal, then pairs with Dv != D: the tiles
   // are sized for the larger of the two.
   std::vector<std::pair<int, int>> dims;
+  dims.reserve(kHeadDims.size() + 4);
   for (int d : kHeadDims)
     dims.emplace_back(d, d);
   for (auto dd : {std::pair{64, 32}, {32, 128}, {59, 111}, {24, 72}})
