@@ -19,6 +19,9 @@ using Host = Kokkos::DefaultHostExecutionSpace;
 
 struct Dims {
   int b = 1, hq = 1, hk = 1, nq = 1, nk = 1, d = 16;
+  int d_v = 0;  ///< v's, o's, dout's and dv's head dim; 0: d
+  /// v's head dim.
+  int dv() const { return d_v > 0 ? d_v : d; }
 };
 
 /// One problem's arrays, in (batch, heads, seqlen, head_dim) order, or in
@@ -38,25 +41,28 @@ struct Arrays {
         x = static_cast<T>(u(gen));
     };
     const std::size_t nq = std::size_t(s.b) * s.hq * s.nq, nk = std::size_t(s.b) * s.hk * s.nk;
-    fill(q, nq * s.d);
-    fill(k, nk * s.d);
-    fill(v, nk * s.d);
-    fill(dout, nq * s.d);
+    const std::size_t d = s.d, d_v = s.dv();
+    fill(q, nq * d);
+    fill(k, nk * d);
+    fill(v, nk * d_v);
+    fill(dout, nq * d_v);
     fill(dlse, nq);
     // Outputs start as NaN so that a value left unwritten shows.
     const T nan = std::numeric_limits<T>::quiet_NaN();
-    o.assign(nq * s.d, nan);
+    o.assign(nq * d_v, nan);
     lse.assign(nq, nan);
-    dq.assign(nq * s.d, nan);
-    dk.assign(nk * s.d, nan);
-    dv.assign(nk * s.d, nan);
+    dq.assign(nq * d, nan);
+    dk.assign(nk * d, nan);
+    dv.assign(nk * d_v, nan);
   }
 
-  /// The C description of a rank-4 array with h heads and n rows per head.
-  kfa_tensor tensor(std::vector<T>& a, int h, int n) const {
-    kfa_tensor t = kfa_tensor_contiguous(a.data(), s.b, h, n, s.d);
+  /// The C description of a rank-4 array with h heads, n rows per head and rows of d values
+  /// (0: s.d; v's arrays take s.dv()).
+  kfa_tensor tensor(std::vector<T>& a, int h, int n, int d = 0) const {
+    if (d == 0) d = s.d;
+    kfa_tensor t = kfa_tensor_contiguous(a.data(), s.b, h, n, d);
     if (bnhd) {
-      const std::int64_t st[4] = {std::int64_t(n) * h * s.d, s.d, std::int64_t(h) * s.d, 1};
+      const std::int64_t st[4] = {std::int64_t(n) * h * d, d, std::int64_t(h) * d, 1};
       std::memcpy(t.stride, st, sizeof st);
     }
     return t;
@@ -73,9 +79,9 @@ struct Arrays {
   /// The C++ API's View of the same memory.
   using View4 = Kokkos::View<T****, Kokkos::LayoutStride, Kokkos::HostSpace>;
   using View3 = Kokkos::View<T***, Kokkos::LayoutStride, Kokkos::HostSpace>;
-  View4 view(std::vector<T>& a, int h, int n) const {
-    const kfa_tensor t = tensor(a, h, n);
-    const std::size_t d = s.d;
+  View4 view(std::vector<T>& a, int h, int n, int width = 0) const {
+    const kfa_tensor t = tensor(a, h, n, width);
+    const std::size_t d = t.extent[3];
     return View4(a.data(),
                  bnhd ? Kokkos::LayoutStride(s.b, t.stride[0], h, t.stride[1], n, t.stride[2], d, 1)
                       : Kokkos::LayoutStride(s.b, std::size_t(h) * n * d, h, n * d, n, d, d, 1));
@@ -90,23 +96,26 @@ struct Arrays {
 template <class T>
 void cxx_forward(Arrays<T>& a, const kfa::Params& p) {
   const Dims& s = a.s;
-  kfa::forward(Host(), a.view(a.q, s.hq, s.nq), a.view(a.k, s.hk, s.nk), a.view(a.v, s.hk, s.nk),
-               a.view(a.o, s.hq, s.nq), a.row_view(a.lse), p);
+  const int dv = s.dv();
+  kfa::forward(Host(), a.view(a.q, s.hq, s.nq), a.view(a.k, s.hk, s.nk),
+               a.view(a.v, s.hk, s.nk, dv), a.view(a.o, s.hq, s.nq, dv), a.row_view(a.lse), p);
   Host().fence();
 }
 
 template <class T>
 void cxx_backward(Arrays<T>& a, const kfa::Params& p, bool with_dlse) {
   const Dims& s = a.s;
+  const int d_v = s.dv();
   if (with_dlse)
-    kfa::backward(Host(), a.view(a.q, s.hq, s.nq), a.view(a.k, s.hk, s.nk), a.view(a.v, s.hk, s.nk),
-                  a.view(a.o, s.hq, s.nq), a.row_view(a.lse), a.view(a.dout, s.hq, s.nq),
-                  a.row_view(a.dlse), a.view(a.dq, s.hq, s.nq), a.view(a.dk, s.hk, s.nk),
-                  a.view(a.dv, s.hk, s.nk), p);
+    kfa::backward(Host(), a.view(a.q, s.hq, s.nq), a.view(a.k, s.hk, s.nk),
+                  a.view(a.v, s.hk, s.nk, d_v), a.view(a.o, s.hq, s.nq, d_v), a.row_view(a.lse),
+                  a.view(a.dout, s.hq, s.nq, d_v), a.row_view(a.dlse), a.view(a.dq, s.hq, s.nq),
+                  a.view(a.dk, s.hk, s.nk), a.view(a.dv, s.hk, s.nk, d_v), p);
   else
-    kfa::backward(Host(), a.view(a.q, s.hq, s.nq), a.view(a.k, s.hk, s.nk), a.view(a.v, s.hk, s.nk),
-                  a.view(a.o, s.hq, s.nq), a.row_view(a.lse), a.view(a.dout, s.hq, s.nq),
-                  a.view(a.dq, s.hq, s.nq), a.view(a.dk, s.hk, s.nk), a.view(a.dv, s.hk, s.nk), p);
+    kfa::backward(Host(), a.view(a.q, s.hq, s.nq), a.view(a.k, s.hk, s.nk),
+                  a.view(a.v, s.hk, s.nk, d_v), a.view(a.o, s.hq, s.nq, d_v), a.row_view(a.lse),
+                  a.view(a.dout, s.hq, s.nq, d_v), a.view(a.dq, s.hq, s.nq),
+                  a.view(a.dk, s.hk, s.nk), a.view(a.dv, s.hk, s.nk, d_v), p);
   Host().fence();
 }
 

@@ -36,11 +36,16 @@ using View3 = Kokkos::View<T***, Kokkos::LayoutRight, Device>;
 
 struct Shape {
   int batch = 1, heads_q = 1, heads_k = 1, seqlen_q = 1, seqlen_k = 1, head_dim = 16;
+  int head_dim_v = 0;  ///< v's, o's, dout's and dv's head dim Dv; 0: head_dim
+  /// Dv.
+  int dv() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
 };
 
 inline std::ostream& operator<<(std::ostream& os, const Shape& s) {
-  return os << "B=" << s.batch << " Hq=" << s.heads_q << " Hk=" << s.heads_k << " Nq=" << s.seqlen_q
-            << " Nk=" << s.seqlen_k << " D=" << s.head_dim;
+  os << "B=" << s.batch << " Hq=" << s.heads_q << " Hk=" << s.heads_k << " Nq=" << s.seqlen_q
+     << " Nk=" << s.seqlen_k << " D=" << s.head_dim;
+  if (s.dv() != s.head_dim) os << " Dv=" << s.dv();
+  return os;
 }
 
 /// Uniform(-amp, amp) entries from a seeded generator.
@@ -69,7 +74,7 @@ struct Problem {
     std::mt19937_64 gen(seed);
     q = random_tensor("q", s.batch, s.heads_q, s.seqlen_q, s.head_dim, gen, amp_qk);
     k = random_tensor("k", s.batch, s.heads_k, s.seqlen_k, s.head_dim, gen, amp_qk);
-    v = random_tensor("v", s.batch, s.heads_k, s.seqlen_k, s.head_dim, gen);
+    v = random_tensor("v", s.batch, s.heads_k, s.seqlen_k, s.dv(), gen);
   }
   /// The inputs rounded to T (see round_to).
   template <class T>
@@ -116,7 +121,7 @@ Outputs<T> run_forward(const Problem& pb, const kfa::Params& params) {
   auto k = to_device<T>(pb.k);
   auto v = to_device<T>(pb.v);
   const auto& s = pb.shape;
-  View4<T> o("o", s.batch, s.heads_q, s.seqlen_q, s.head_dim);
+  View4<T> o("o", s.batch, s.heads_q, s.seqlen_q, s.dv());
   View3<lse_t<T>> lse("lse", s.batch, s.heads_q, s.seqlen_q);
   Kokkos::deep_copy(o, quiet_nan<T>());
   Kokkos::deep_copy(lse, quiet_nan<lse_t<T>>());
@@ -140,12 +145,12 @@ Gradients<T> run_backward(const Problem& pb, const kfa::Params& params, const Te
   auto v = to_device<T>(pb.v);
   auto dodev = to_device<T>(dout);
   const auto& s = pb.shape;
-  View4<T> o("o", s.batch, s.heads_q, s.seqlen_q, s.head_dim);
+  View4<T> o("o", s.batch, s.heads_q, s.seqlen_q, s.dv());
   View3<lse_t<T>> lse("lse", s.batch, s.heads_q, s.seqlen_q);
   kfa::forward(Exec(), q, k, v, o, lse, params);
   View4<T> dq("dq", s.batch, s.heads_q, s.seqlen_q, s.head_dim),
       dk("dk", s.batch, s.heads_k, s.seqlen_k, s.head_dim),
-      dv("dv", s.batch, s.heads_k, s.seqlen_k, s.head_dim);
+      dv("dv", s.batch, s.heads_k, s.seqlen_k, s.dv());
   for (const auto& g : {dq, dk, dv})
     Kokkos::deep_copy(g, quiet_nan<T>());
   if (dlse.span() > 0) {
@@ -198,6 +203,10 @@ inline const std::vector<std::pair<int, int>> kSeqlens = [] {
   return s;
 }();
 inline const std::vector<int> kHeadDims = {16, 32, 40, 59, 64, 80, 96, 111, 128, 256};
+/// (D, Dv) pairs where v's head dim differs from q's and k's: half, double, an odd Dv, and a
+/// small D under a wide Dv.
+inline const std::vector<std::pair<int, int>> kValueHeadDims = {
+    {64, 32}, {32, 64}, {64, 40}, {24, 72}};
 
 /// The masks of docs/testing.md: none, causal in both alignments, windows (left, right, both, 0),
 /// causal with a window, and softcap alone and combined.
@@ -230,7 +239,7 @@ inline std::vector<kfa::Params> masks() {
 inline std::uint64_t seed_of(const Shape& s, int salt) {
   return 0x9E3779B97F4A7C15ULL ^ (std::uint64_t(s.seqlen_q) << 40) ^
          (std::uint64_t(s.seqlen_k) << 20) ^ (std::uint64_t(s.head_dim) << 8) ^
-         std::uint64_t(s.heads_q * 31 + s.heads_k * 7 + salt);
+         (std::uint64_t(s.head_dim_v) << 50) ^ std::uint64_t(s.heads_q * 31 + s.heads_k * 7 + salt);
 }
 
 inline std::string describe(const kfa::Params& p) {
@@ -289,7 +298,7 @@ void check_backward_case(const Shape& s, const kfa::Params& p, bool with_dlse = 
   Problem pb(s, seed, amp_qk);
   pb.rounded<T>();
   std::mt19937_64 gen(seed + 1);
-  const Tensor4 dout = random_tensor("dout", s.batch, s.heads_q, s.seqlen_q, s.head_dim, gen);
+  const Tensor4 dout = random_tensor("dout", s.batch, s.heads_q, s.seqlen_q, s.dv(), gen);
   round_to<T>(dout);
   const Tensor3 dlse = with_dlse ? random_dlse(s, gen) : Tensor3();
   const auto g = run_backward<T>(pb, p, dout, dlse);

@@ -267,6 +267,31 @@ TEST(BackwardSymmetric, HeadDimsAndDropout) {
   check_backward_case<float>({1, 2, 2, 70, 70, 64}, symmetric(drop));
 }
 
+// v, dout and dv with a head dim of their own (Dv != D): every mask in each dQ mode (the
+// symmetric one on self-attention), GQA in the two-kernel modes, the LSE gradient, dropout.
+TEST(Backward, ValueHeadDimOfItsOwn) {
+  const auto ms = masks();
+  for (const auto& [d, dv] : kValueHeadDims) {
+    for (int mi = 0; mi < int(ms.size()); ++mi) {
+      kfa::Params a = ms[mi], qp = ms[mi];
+      a.dq_mode = kfa::DqMode::atomic;
+      qp.dq_mode = kfa::DqMode::query_pass;
+      check_backward_case<float>({2, 4, 2, 70, 101, d, dv}, a, false, mi);
+      check_backward_case<double>({1, 4, 2, 101, 70, d, dv}, qp, true, mi);
+      check_backward_case<double>({1, 2, 2, 90, 90, d, dv}, symmetric(ms[mi]), mi % 2 == 0, mi);
+    }
+    kfa::Params drop;
+    drop.causal = true;
+    drop.dropout = 0.2;
+    drop.seed = 11;
+    for (auto mode : {kfa::DqMode::atomic, kfa::DqMode::query_pass, kfa::DqMode::symmetric}) {
+      drop.dq_mode = mode;
+      check_backward_case<double>({1, 2, 2, 80, 80, d, dv}, drop, true);
+      check_backward_case<float>({1, 2, 2, 80, 80, d, dv}, drop);
+    }
+  }
+}
+
 /// Units in the last place between two floats (0 when bitwise equal).
 long long ulp_distance(float a, float b) {
   auto key = [](float x) {  // monotone integer image of the float line

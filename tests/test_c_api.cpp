@@ -35,7 +35,7 @@ template <class T>
 kfa_status c_forward(Arrays<T>& a, const kfa_params& p, int memory = KFA_MEMORY_HOST) {
   const Dims& s = a.s;
   const kfa_tensor q = a.tensor(a.q, s.hq, s.nq), k = a.tensor(a.k, s.hk, s.nk),
-                   v = a.tensor(a.v, s.hk, s.nk), o = a.tensor(a.o, s.hq, s.nq),
+                   v = a.tensor(a.v, s.hk, s.nk, s.dv()), o = a.tensor(a.o, s.hq, s.nq, s.dv()),
                    lse = a.rows(a.lse);
   if constexpr (std::is_same_v<T, float>)
     return kfa_forward_f32(&q, &k, &v, &o, &lse, &p, memory);
@@ -46,11 +46,12 @@ kfa_status c_forward(Arrays<T>& a, const kfa_params& p, int memory = KFA_MEMORY_
 template <class T>
 kfa_status c_backward(Arrays<T>& a, const kfa_params& p, bool with_dlse) {
   const Dims& s = a.s;
+  const int d_v = s.dv();
   const kfa_tensor q = a.tensor(a.q, s.hq, s.nq), k = a.tensor(a.k, s.hk, s.nk),
-                   v = a.tensor(a.v, s.hk, s.nk), o = a.tensor(a.o, s.hq, s.nq),
-                   lse = a.rows(a.lse), dout = a.tensor(a.dout, s.hq, s.nq), dlse = a.rows(a.dlse),
-                   dq = a.tensor(a.dq, s.hq, s.nq), dk = a.tensor(a.dk, s.hk, s.nk),
-                   dv = a.tensor(a.dv, s.hk, s.nk);
+                   v = a.tensor(a.v, s.hk, s.nk, d_v), o = a.tensor(a.o, s.hq, s.nq, d_v),
+                   lse = a.rows(a.lse), dout = a.tensor(a.dout, s.hq, s.nq, d_v),
+                   dlse = a.rows(a.dlse), dq = a.tensor(a.dq, s.hq, s.nq),
+                   dk = a.tensor(a.dk, s.hk, s.nk), dv = a.tensor(a.dv, s.hk, s.nk, d_v);
   const kfa_tensor* dl = with_dlse ? &dlse : nullptr;
   if constexpr (std::is_same_v<T, float>)
     return kfa_backward_f32(&q, &k, &v, &o, &lse, &dout, dl, &dq, &dk, &dv, &p, KFA_MEMORY_HOST);
@@ -62,8 +63,8 @@ kfa_status c_backward(Arrays<T>& a, const kfa_params& p, bool with_dlse) {
 /// and every output written (finite: the NaN it started as is gone).
 template <class T>
 void check_same(const Dims& s, bool bnhd, const kfa_params& cp, bool with_dlse) {
-  SCOPED_TRACE(::testing::Message() << "B=" << s.b << " Hq=" << s.hq << " Hk=" << s.hk
-                                    << " Nq=" << s.nq << " Nk=" << s.nk << " D=" << s.d
+  SCOPED_TRACE(::testing::Message() << "B=" << s.b << " Hq=" << s.hq << " Hk=" << s.hk << " Nq="
+                                    << s.nq << " Nk=" << s.nk << " D=" << s.d << " Dv=" << s.dv()
                                     << (bnhd ? " (B,N,H,D)" : "") << " causal=" << cp.causal
                                     << " dlse=" << with_dlse << " " << sizeof(T) * 8 << "-bit");
   Arrays<T> c(s, bnhd, 42), cxx(s, bnhd, 42);
@@ -95,8 +96,9 @@ void check_all() {
   window.deterministic = 1;
   for (bool bnhd : {false, true}) {
     check_same<T>({1, 2, 2, 33, 33, 16}, bnhd, causal, false);
-    check_same<T>({2, 4, 2, 17, 40, 32}, bnhd, causal, true);  // GQA, Nq != Nk
-    check_same<T>({1, 3, 1, 20, 9, 8}, bnhd, window, false);   // MQA
+    check_same<T>({2, 4, 2, 17, 40, 32}, bnhd, causal, true);      // GQA, Nq != Nk
+    check_same<T>({1, 3, 1, 20, 9, 8}, bnhd, window, false);       // MQA
+    check_same<T>({2, 4, 2, 19, 30, 16, 40}, bnhd, causal, true);  // v's head dim of its own
   }
 }
 

@@ -98,9 +98,9 @@ bool holds_its_type(const Dataset& d) {
   return true;
 }
 
-void round_trip(DType dtype, const std::string& flags, const kfa::Params& params) {
-  SCOPED_TRACE(flags + " " + kfa_apps::name(dtype));
-  const Shape shape{2, 4, 2, 37, 91, 40};
+void round_trip(DType dtype, const std::string& flags, const kfa::Params& params,
+                const Shape& shape = {2, 4, 2, 37, 91, 40}) {
+  SCOPED_TRACE(::testing::Message() << flags << " " << kfa_apps::name(dtype) << " " << shape);
   Problem pb(shape, 2024);
   const Dataset q = from_tensor(pb.q, dtype), k = from_tensor(pb.k, dtype),
                 v = from_tensor(pb.v, dtype);
@@ -112,7 +112,7 @@ void round_trip(DType dtype, const std::string& flags, const kfa::Params& params
   const Dataset o = f.read("/o", 4), lse = f.read("/lse", 3);
   EXPECT_EQ(o.dtype, dtype);
   EXPECT_EQ(lse.dtype, lse_type(dtype));
-  EXPECT_EQ(o.dims, q.dims);
+  EXPECT_EQ(o.dims, (std::vector<hsize_t>{q.dims[0], q.dims[1], q.dims[2], v.dims[3]}));
   EXPECT_TRUE(holds_its_type(o));
   Tensor3 lse_t("lse", lse.dims[0], lse.dims[1], lse.dims[2]);
   std::copy(lse.data.begin(), lse.data.end(), lse_t.data());
@@ -204,9 +204,9 @@ TEST(Cli, CheckWithNonFiniteErrorFails) {
 // kfa backward from a file with /o, /lse from kfa forward, random /do and /dlse: the written
 // gradients pass the tolerance rule against the reference; --deterministic gives the same
 // within rounding; --random --check passes.
-void backward_round_trip(DType dtype, const std::string& flags, const kfa::Params& params) {
-  SCOPED_TRACE(flags + " " + kfa_apps::name(dtype));
-  const Shape shape{1, 4, 2, 45, 70, 32};
+void backward_round_trip(DType dtype, const std::string& flags, const kfa::Params& params,
+                         const Shape& shape = {1, 4, 2, 45, 70, 32}) {
+  SCOPED_TRACE(::testing::Message() << flags << " " << kfa_apps::name(dtype) << " " << shape);
   Problem pb(shape, 2025);
   const Dataset q = from_tensor(pb.q, dtype), k = from_tensor(pb.k, dtype),
                 v = from_tensor(pb.v, dtype);
@@ -217,7 +217,8 @@ void backward_round_trip(DType dtype, const std::string& flags, const kfa::Param
   kfa_apps::H5File fo(fwd.string());
   const Dataset o = fo.read("/o", 4), lse = fo.read("/lse", 3);
   std::mt19937_64 gen(9);
-  const Dataset dout = from_tensor(random_tensor("do", 1, 4, 45, 32, gen), dtype);
+  const Dataset dout = from_tensor(
+      random_tensor("do", shape.batch, shape.heads_q, shape.seqlen_q, shape.dv(), gen), dtype);
   Dataset dlse = lse;
   EXPECT_EQ(dlse.dtype, lse_type(dtype));
   for (auto& x : dlse.data)
@@ -240,7 +241,8 @@ void backward_round_trip(DType dtype, const std::string& flags, const kfa::Param
   EXPECT_EQ(dq.dims, q.dims);
   EXPECT_TRUE(holds_its_type(dq) && holds_its_type(dk) && holds_its_type(dv));
   EXPECT_EQ(dk.dims, k.dims);
-  Tensor3 dlse_t("dlse", 1, 4, 45);
+  EXPECT_EQ(dv.dims, v.dims);
+  Tensor3 dlse_t("dlse", shape.batch, shape.heads_q, shape.seqlen_q);
   std::copy(dlse.data.begin(), dlse.data.end(), dlse_t.data());
   const Tensor4 qt = to_tensor(q), kt = to_tensor(k), vt = to_tensor(v), dot = to_tensor(dout);
   const Keep4 keep = cli_mask(shape, params);
@@ -901,6 +903,65 @@ TEST(Cli, BadBackwardFiles) {
   }
 }
 
+// v with a head dim of its own: files whose /v (and so /o, /do, /dv) differ from /q's and /k's
+// head dim, forward and backward against the reference; --random with --head-dim-v passes
+// --check and reports it; mismatched shapes exit 2 naming both; --head-dim-v on a file or in
+// kfa mha is refused.
+TEST(Cli, ValueHeadDim) {
+  round_trip(DType::f32, "--causal",
+             [] {
+               kfa::Params p;
+               p.causal = true;
+               return p;
+             }(),
+             {1, 4, 2, 37, 50, 16, 40});
+  round_trip(DType::f64, "", kfa::Params{}, {2, 2, 1, 30, 30, 48, 24});
+  backward_round_trip(DType::f32, "", kfa::Params{}, {1, 4, 2, 45, 70, 24, 72});
+  backward_round_trip(DType::f64, "--causal",
+                      [] {
+                        kfa::Params p;
+                        p.causal = true;
+                        return p;
+                      }(),
+                      {1, 2, 2, 40, 40, 32, 16});
+  for (const char* cmd : {"forward", "backward"}) {
+    const CliRun r = run_cli(std::string(cmd) +
+                             " --random 1,4,70,32 --heads-kv 2 --head-dim-v 48 --causal "
+                             "--check --json");
+    ASSERT_EQ(r.status, 0) << cmd << ": " << r.err;
+    const std::string last = r.out.substr(r.out.rfind('{'));
+    for (const char* key : {"\"head_dim\":32", "\"head_dim_v\":48", "\"check\":\"pass\""})
+      EXPECT_NE(last.find(key), std::string::npos) << key << " missing in " << last;
+    EXPECT_NE(r.out.find(" D=32 Dv=48 "), std::string::npos) << r.out;
+  }
+  // Shapes that disagree.
+  Problem pb({1, 2, 2, 10, 12, 16, 40}, 1);
+  const Dataset q = from_tensor(pb.q, DType::f32), k = from_tensor(pb.k, DType::f32),
+                v = from_tensor(pb.v, DType::f32);
+  Dataset lse;
+  lse.dims = {1, 2, 10};
+  lse.data.assign(20, 0.5);
+  {
+    const fs::path p = work_dir() / "dvo.h5";  // /o and /do with /q's head dim, not /v's
+    kfa_apps::write_atomic(
+        p.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v}, {"/o", &q}, {"/lse", &lse}, {"/do", &q}});
+    expect_bad("backward --in " + p.string(),
+               "dataset /o is (1,2,10,16) but /v is (1,2,12,40): its head_dim 16 must be /v's 40");
+  }
+  {
+    Problem other({1, 2, 2, 10, 12, 24}, 2);  // /k with head dim 24 against /q's 16
+    expect_bad(
+        "forward --in " + write_inputs("dk.h5", q, from_tensor(other.k, DType::f32), v).string(),
+        "k is (1, 2, 12, 24) but q is (1, 2, 10, 16)");
+  }
+  expect_bad("forward --in " + write_inputs("dv.h5", q, k, v).string() + " --head-dim-v 40",
+             "--head-dim-v applies to --random only");
+  expect_bad("forward --random 1,2,64,32 --head-dim-v 300", "head_dim = 300 (v.extent(3), Dv)");
+  expect_bad("forward --random 1,2,64,32 --head-dim-v 0", "--head-dim-v must be >= 1, got 0");
+  expect_bad("forward --random 1,2,64,32 --head-dim-v 16 --multiscale",
+             "v is (1, 2, 64, 16) but q is (1, 2, 64, 32)");
+}
+
 TEST(Cli, BadFlags) {
   Problem pb({1, 1, 1, 4, 4, 16}, 1);
   const std::string in =
@@ -1518,6 +1579,8 @@ TEST(Cli, Mha) {
              "--eps is the layer norm's: it needs --residual-layernorm");
   expect_bad("mha forward --random 1,4,16 --heads 4 --seqlen-k 3",
              "'--seqlen-k' does not apply to kfa mha");
+  expect_bad("mha forward --random 1,4,16 --heads 4 --head-dim-v 8",
+             "'--head-dim-v' does not apply to kfa mha");
   expect_bad("mha forward --random 1,4,16 --heads 4 --deterministic",
              "--deterministic applies to backward only");
   expect_bad("mha forward --random 1,4,16 --heads 4 --dropout 0.1", "--dropout needs --seed");

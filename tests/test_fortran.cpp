@@ -15,17 +15,17 @@
 #include "c_arrays.hpp"
 
 extern "C" {
-void fortran_forward_f32(int d, int nq, int hq, int nk, int hk, int b, const float* q,
+void fortran_forward_f32(int d, int e, int nq, int hq, int nk, int hk, int b, const float* q,
                          const float* k, const float* v, float* o, float* lse, int causal,
                          int* status);
-void fortran_forward_f64(int d, int nq, int hq, int nk, int hk, int b, const double* q,
+void fortran_forward_f64(int d, int e, int nq, int hq, int nk, int hk, int b, const double* q,
                          const double* k, const double* v, double* o, double* lse, int causal,
                          int* status);
-void fortran_backward_f32(int d, int nq, int hq, int nk, int hk, int b, const float* q,
+void fortran_backward_f32(int d, int e, int nq, int hq, int nk, int hk, int b, const float* q,
                           const float* k, const float* v, const float* o, const float* lse,
                           const float* dout, const float* dlse, float* dq, float* dk, float* dv,
                           int causal, int with_dlse, int* status);
-void fortran_backward_f64(int d, int nq, int hq, int nk, int hk, int b, const double* q,
+void fortran_backward_f64(int d, int e, int nq, int hq, int nk, int hk, int b, const double* q,
                           const double* k, const double* v, const double* o, const double* lse,
                           const double* dout, const double* dlse, double* dq, double* dk,
                           double* dv, int causal, int with_dlse, int* status);
@@ -51,11 +51,11 @@ int fortran_forward(Arrays<T>& a, int causal) {
   const Dims& s = a.s;
   int status = -1;
   if constexpr (std::is_same_v<T, float>)
-    fortran_forward_f32(s.d, s.nq, s.hq, s.nk, s.hk, s.b, a.q.data(), a.k.data(), a.v.data(),
-                        a.o.data(), a.lse.data(), causal, &status);
+    fortran_forward_f32(s.d, s.dv(), s.nq, s.hq, s.nk, s.hk, s.b, a.q.data(), a.k.data(),
+                        a.v.data(), a.o.data(), a.lse.data(), causal, &status);
   else
-    fortran_forward_f64(s.d, s.nq, s.hq, s.nk, s.hk, s.b, a.q.data(), a.k.data(), a.v.data(),
-                        a.o.data(), a.lse.data(), causal, &status);
+    fortran_forward_f64(s.d, s.dv(), s.nq, s.hq, s.nk, s.hk, s.b, a.q.data(), a.k.data(),
+                        a.v.data(), a.o.data(), a.lse.data(), causal, &status);
   return status;
 }
 
@@ -64,13 +64,13 @@ int fortran_backward(Arrays<T>& a, int causal, int with_dlse) {
   const Dims& s = a.s;
   int status = -1;
   if constexpr (std::is_same_v<T, float>)
-    fortran_backward_f32(s.d, s.nq, s.hq, s.nk, s.hk, s.b, a.q.data(), a.k.data(), a.v.data(),
-                         a.o.data(), a.lse.data(), a.dout.data(), a.dlse.data(), a.dq.data(),
-                         a.dk.data(), a.dv.data(), causal, with_dlse, &status);
+    fortran_backward_f32(s.d, s.dv(), s.nq, s.hq, s.nk, s.hk, s.b, a.q.data(), a.k.data(),
+                         a.v.data(), a.o.data(), a.lse.data(), a.dout.data(), a.dlse.data(),
+                         a.dq.data(), a.dk.data(), a.dv.data(), causal, with_dlse, &status);
   else
-    fortran_backward_f64(s.d, s.nq, s.hq, s.nk, s.hk, s.b, a.q.data(), a.k.data(), a.v.data(),
-                         a.o.data(), a.lse.data(), a.dout.data(), a.dlse.data(), a.dq.data(),
-                         a.dk.data(), a.dv.data(), causal, with_dlse, &status);
+    fortran_backward_f64(s.d, s.dv(), s.nq, s.hq, s.nk, s.hk, s.b, a.q.data(), a.k.data(),
+                         a.v.data(), a.o.data(), a.lse.data(), a.dout.data(), a.dlse.data(),
+                         a.dq.data(), a.dk.data(), a.dv.data(), causal, with_dlse, &status);
   return status;
 }
 
@@ -84,8 +84,8 @@ template <class T>
 void check_same(const Dims& s, int causal, int with_dlse) {
   SCOPED_TRACE(::testing::Message()
                << "B=" << s.b << " Hq=" << s.hq << " Hk=" << s.hk << " Nq=" << s.nq
-               << " Nk=" << s.nk << " D=" << s.d << " causal=" << causal << " dlse=" << with_dlse
-               << " " << sizeof(T) * 8 << "-bit");
+               << " Nk=" << s.nk << " D=" << s.d << " Dv=" << s.dv() << " causal=" << causal
+               << " dlse=" << with_dlse << " " << sizeof(T) * 8 << "-bit");
   Arrays<T> f(s, false, 11), cxx(s, false, 11);
   ASSERT_EQ(fortran_forward(f, causal), KFA_OK) << fortran_message();
   kfa::Params p;
@@ -104,7 +104,9 @@ TEST(Fortran, SameBitsAsCxx) {
   check_same<float>({1, 2, 2, 33, 33, 16}, 1, 0);
   check_same<float>({2, 4, 2, 17, 40, 32}, 1, 1);  // GQA, Nq != Nk
   check_same<double>({1, 2, 2, 33, 33, 16}, 1, 0);
-  check_same<double>({2, 3, 1, 20, 9, 8}, 0, 1);  // MQA
+  check_same<double>({2, 3, 1, 20, 9, 8}, 0, 1);       // MQA
+  check_same<float>({2, 4, 2, 19, 30, 16, 40}, 1, 1);  // v's head dim of its own
+  check_same<double>({1, 2, 1, 25, 25, 24, 8}, 0, 0);
 }
 
 // kfa_forward / kfa_backward with bias= and dbias=: bitwise the C interface's

@@ -60,6 +60,16 @@ TEST(Forward, GroupedAndMultiQuery) {
   }
 }
 
+// v with a head dim of its own (Dv != D): every mask, GQA, both precisions.
+TEST(Forward, ValueHeadDimOfItsOwn) {
+  const auto ms = masks();
+  for (const auto& [d, dv] : kValueHeadDims)
+    for (int mi = 0; mi < int(ms.size()); ++mi) {
+      check_case<float>({2, 4, 2, 70, 131, d, dv}, ms[mi], mi);
+      check_case<double>({1, 2, 1, 131, 70, d, dv}, ms[mi], mi);
+    }
+}
+
 // Rows that see no key: O = 0 and LSE = -inf exactly, never NaN.
 TEST(Forward, FullyMaskedRows) {
   kfa::Params causal;  // bottom-right with seqlen_q > seqlen_k: the first 60 rows see nothing

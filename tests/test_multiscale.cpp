@@ -273,6 +273,17 @@ TEST(MultiScale, Validation) {
   } catch (const kfa::Error& e) {
     EXPECT_NE(std::string(e.what()).find("rsum"), std::string::npos) << e.what();
   }
+  {  // v with a head dim of its own: refused here (kfa::forward takes it), both shapes named
+    View4<float> v24("v", 1, 1, 10, 24), o24("o", 1, 2, 8, 24);
+    try {
+      kfa::msa::forward(Exec(), q, k, v24, o24, rsum);
+      FAIL() << "no error for Dv != D";
+    } catch (const kfa::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("v is (1, 1, 10, 24) but q is (1, 2, 8, 16)"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   kfa::msa::Params p;
   p.scale = std::nan("");
   EXPECT_THROW(kfa::msa::forward(Exec(), q, k, v, o, rsum, p), kfa::Error);

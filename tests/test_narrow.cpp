@@ -103,6 +103,19 @@ TYPED_TEST(NarrowTest, SplitsAndDropout) {
   check_backward_case<T>({1, 2, 2, 113, 203, 64}, drop);
 }
 
+// v with a head dim of its own, forward and both backward strategies.
+TYPED_TEST(NarrowTest, ValueHeadDimOfItsOwn) {
+  using T = TypeParam;
+  kfa::Params causal;
+  causal.causal = true;
+  for (const auto& [d, dv] : kValueHeadDims) {
+    const Shape s{1, 2, 1, 113, 203, d, dv};
+    check_case<T>(s, causal);
+    check_backward_case<T>(s, causal);
+    check_backward_case<T>(s, deterministic(causal), true);
+  }
+}
+
 // The one-kernel backward writes 16-bit dQ once, from its float accumulator.
 TYPED_TEST(NarrowTest, BackwardSymmetric) {
   using T = TypeParam;
@@ -172,9 +185,10 @@ TYPED_TEST(NarrowTest, FullyMaskedRows) {
 // above the bound. Runs wherever the suite runs; without the pair products it compares the
 // widened path with float, which must then agree as closely.
 TEST(NarrowPairs, Bf16MatchesFloatOnTheSameValues) {
-  for (int d : {64, 128, 40})
+  // (D, Dv): equal, and v's head dim of its own (an odd one leaves the pair products).
+  for (auto [d, dv] : {std::pair{64, 64}, {128, 128}, {40, 40}, {64, 32}, {32, 96}, {64, 41}})
     for (bool causal : {false, true}) {
-      const Shape s{1, 2, 1, 150, 203, d};
+      const Shape s{1, 2, 1, 150, 203, d, dv};
       SCOPED_TRACE(::testing::Message() << s << (causal ? " causal" : ""));
       Problem pb(s, 99, 3.0);
       pb.rounded<bf16>();

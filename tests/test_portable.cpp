@@ -62,6 +62,27 @@ TEST(Portable, ForwardEveryMask) {
     }
 }
 
+// v with a head dim of its own through the portable tiles: forward (split too) and every
+// dQ mode of the backward.
+TEST(Portable, ValueHeadDimOfItsOwn) {
+  kfa::Params causal;
+  causal.causal = true;
+  for (const auto& [d, dv] : kValueHeadDims)
+    for (kfa::Params p : {kfa::Params{}, causal}) {
+      check_case<float>({2, 4, 2, 70, 150, d, dv}, p);
+      check_case<double>({1, 2, 1, 113, 203, d, dv}, p);
+      p.num_splits = 3;
+      check_case<float>({1, 2, 2, 17, 700, d, dv}, p);
+      p.num_splits = 0;
+      for (auto mode : {kfa::DqMode::atomic, kfa::DqMode::query_pass, kfa::DqMode::symmetric}) {
+        p.dq_mode = mode;
+        const int nk = mode == kfa::DqMode::symmetric ? 97 : 150;
+        check_backward_case<float>({1, 2, 2, 97, nk, d, dv}, p);
+        check_backward_case<double>({1, 2, 2, 97, nk, d, dv}, p, true);
+      }
+    }
+}
+
 TEST(Portable, ForwardSplitKV) {
   kfa::Params p;
   p.num_splits = 3;
@@ -125,18 +146,28 @@ TEST(TileShape, ByteCountsAreTheKernelsScratch) {
   using Views = kfa::impl::BackwardViews<View4, View4, View4, View4, Lse3, Out4, Out4, Out4>;
   using Bwd = kfa::impl::BackwardCommon<Exec, float, Views>;
   using traits = kfa::backends::TileTraits<Exec, float>;
-  for (int d : kHeadDims) {
+  // Every head dim of the matrix with v's head dim equal, then pairs with Dv != D: the tiles
+  // are sized for the larger of the two.
+  std::vector<std::pair<int, int>> dims;
+  dims.reserve(kHeadDims.size() + 4);
+  for (int d : kHeadDims)
+    dims.emplace_back(d, d);
+  for (auto dd : {std::pair{64, 32}, {32, 128}, {59, 111}, {24, 72}})
+    dims.push_back(dd);
+  for (auto [d, dv] : dims) {
+    const int td = d > dv ? d : dv;
     if constexpr (!Fwd::key_major) {
-      EXPECT_EQ(Fwd::scratch_bytes(d),
-                kfa::backends::forward_scratch_bytes(traits::block_q(d), traits::block_k(d), d,
-                                                     int(sizeof(float)), traits::pad))
-          << "head_dim " << d;
+      EXPECT_EQ(Fwd::scratch_bytes(d, dv),
+                kfa::backends::forward_scratch_bytes(traits::block_q(td), traits::block_k(td), d,
+                                                     int(sizeof(float)), traits::pad, dv))
+          << "head_dim " << d << ", Dv " << dv;
     }
     for (bool with_dkdv : {true, false}) {
-      EXPECT_EQ(Bwd::scratch_bytes(d, with_dkdv),
-                kfa::backends::backward_scratch_bytes(traits::block_bwd(d), d, int(sizeof(float)),
-                                                      traits::pad, with_dkdv))
-          << "head_dim " << d << (with_dkdv ? " key-tile kernel" : " query-tile kernel");
+      EXPECT_EQ(Bwd::scratch_bytes(d, with_dkdv, dv),
+                kfa::backends::backward_scratch_bytes(traits::block_bwd(td), d, int(sizeof(float)),
+                                                      traits::pad, with_dkdv, dv))
+          << "head_dim " << d << ", Dv " << dv
+          << (with_dkdv ? " key-tile kernel" : " query-tile kernel");
     }
   }
 }

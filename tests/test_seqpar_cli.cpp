@@ -61,6 +61,10 @@ TEST(SeqParCli, RandomCheckPassesInEveryModeAndLayout) {
        "backward --random 1,4,150,64 --heads-kv 1 --mode tree --layout zigzag --causal "
        "--deterministic"},
       {4, "backward --random 1,1,3,16 --mode ring --layout zigzag --dtype double"},
+      // v's head dim of its own: the exchanged K|V shards and the tree's O and dO rows.
+      {3, "forward --random 1,2,90,32 --head-dim-v 48 --mode ring --layout zigzag --causal"},
+      {2, "backward --random 1,4,70,16 --heads-kv 2 --head-dim-v 40 --mode tree --causal"},
+      {2, "backward --random 1,2,60,32 --head-dim-v 8 --mode ring --deterministic"},
   };
   for (const Run& run : runs) {
     SCOPED_TRACE(run.args + " on " + std::to_string(run.ranks) + " ranks");

@@ -63,6 +63,17 @@ TEST(SplitKV, MasksGroupsAndSingleQuery) {
       }
 }
 
+// v with a head dim of its own: the partials and the merge carry Dv columns.
+TEST(SplitKV, ValueHeadDimOfItsOwn) {
+  const auto ms = masks();
+  for (const auto& [d, dv] : kValueHeadDims)
+    for (int mi : {0, 1, 5, 8})
+      for (int splits : {1, 3, 8}) {
+        check_case<float>({2, 4, 2, 5, 700, d, dv}, with_splits(ms[mi], splits), mi);
+        check_case<double>({1, 2, 1, 70, 500, d, dv}, with_splits(ms[mi], splits), mi);
+      }
+}
+
 // Rows that see no key get O = 0 and LSE = -inf through the merge too.
 TEST(SplitKV, FullyMaskedRows) {
   kfa::Params p;  // bottom-right causal with seqlen_q > seqlen_k: the first 60 rows see nothing

@@ -58,8 +58,11 @@ TEST(Validation, ShapesThatDisagree) {
   a.v = V4("v", 2, 2, 11, 32);
   expect_error(a, {"v has seqlen = 11", "k has seqlen = 12"});
   a = Args();
-  a.v = V4("v", 2, 2, 12, 16);
-  expect_error(a, {"v has head_dim = 16"});
+  a.v = V4("v", 2, 2, 12, 16);  // Dv may differ from D, but o must have it
+  expect_error(a, {"o is (2, 4, 10, 32) but v is (2, 2, 12, 16)", "Dv = 16"});
+  a = Args();
+  a.k = V4("k", 2, 2, 12, 24);
+  expect_error(a, {"k is (2, 2, 12, 24) but q is (2, 4, 10, 32)", "D = 32"});
   a = Args();
   a.k = V4("k", 2, 3, 12, 32);
   a.v = V4("v", 2, 3, 12, 32);
@@ -81,6 +84,42 @@ TEST(Validation, HeadDimOutOfRange) {
     a.o = V4("o", 2, 4, 10, d);
     expect_error(a, {"head_dim = " + std::to_string(d)});
   }
+}
+
+// v (and so o) may have a head dim Dv of its own, in [1, 256] like D.
+TEST(Validation, ValueHeadDim) {
+  Args a;
+  a.v = V4("v", 2, 2, 12, 48);
+  a.o = V4("o", 2, 4, 10, 48);
+  EXPECT_NO_THROW(kfa::forward(Exec(), a.q, a.k, a.v, a.o, a.lse, a.p));
+  for (int dv : {0, 257}) {
+    a.v = V4("v", 2, 2, 12, dv);
+    a.o = V4("o", 2, 4, 10, dv);
+    expect_error(a, {"head_dim = " + std::to_string(dv), "v.extent(3), Dv"});
+  }
+}
+
+// The backward's Dv tensors: dout against o, dv against v, dq and dk against q and k.
+TEST(Validation, BackwardValueHeadDim) {
+  const int B = 1, H = 2, N = 9, D = 16, Dv = 24;
+  V4 q("q", B, H, N, D), k("k", B, H, N, D), v("v", B, H, N, Dv), o("o", B, H, N, Dv);
+  V3 lse("lse", B, H, N);
+  kfa::forward(Exec(), q, k, v, o, lse, kfa::Params{});
+  V4 dout("dout", B, H, N, Dv), dq("dq", B, H, N, D), dk("dk", B, H, N, D), dv("dv", B, H, N, Dv);
+  EXPECT_NO_THROW(kfa::backward(Exec(), q, k, v, o, lse, dout, dq, dk, dv, kfa::Params{}));
+  const auto expect = [&](const V4& go, const V4& gq, const V4& gk, const V4& gv,
+                          const std::string& what) {
+    try {
+      kfa::backward(Exec(), q, k, v, o, lse, go, gq, gk, gv, kfa::Params{});
+      ADD_FAILURE() << "no kfa::Error; expected " << what;
+    } catch (const kfa::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect(V4("dout", B, H, N, D), dq, dk, dv, "dout is (1, 2, 9, 16) but o is (1, 2, 9, 24)");
+  expect(dout, V4("dq", B, H, N, Dv), dk, dv, "dq is (1, 2, 9, 24) but q is (1, 2, 9, 16)");
+  expect(dout, dq, V4("dk", B, H, N, Dv), dv, "dk is (1, 2, 9, 24) but k is (1, 2, 9, 16)");
+  expect(dout, dq, dk, V4("dv", B, H, N, D), "dv is (1, 2, 9, 16) but v is (1, 2, 9, 24)");
 }
 
 TEST(Validation, NonUnitStride) {

@@ -66,21 +66,26 @@ Packed3 random_packed(const char* label, int total, int heads, int d, std::mt199
 }
 
 struct VarlenProblem {
-  int heads_q, heads_k, head_dim;
+  int heads_q, heads_k, head_dim, head_dim_v;  // v's, o's, dout's and dv's Dv; q's and k's D
   std::vector<int> lens_q, lens_k, cu_q, cu_k;
   Packed3 q, k, v, dout;
   Tensor2 dlse;  // empty unless asked for
 
   VarlenProblem(std::vector<int> lq, std::vector<int> lk, int hq, int hk, int d, std::uint64_t seed,
-                bool with_dlse = false)
-      : heads_q(hq), heads_k(hk), head_dim(d), lens_q(std::move(lq)), lens_k(std::move(lk)) {
+                bool with_dlse = false, int dv = 0)
+      : heads_q(hq),
+        heads_k(hk),
+        head_dim(d),
+        head_dim_v(dv > 0 ? dv : d),
+        lens_q(std::move(lq)),
+        lens_k(std::move(lk)) {
     cu_q = offsets(lens_q);
     cu_k = offsets(lens_k);
     std::mt19937_64 gen(seed);
     q = random_packed("q", cu_q.back(), hq, d, gen);
     k = random_packed("k", cu_k.back(), hk, d, gen);
-    v = random_packed("v", cu_k.back(), hk, d, gen);
-    dout = random_packed("dout", cu_q.back(), hq, d, gen);
+    v = random_packed("v", cu_k.back(), hk, head_dim_v, gen);
+    dout = random_packed("dout", cu_q.back(), hq, head_dim_v, gen);
     if (with_dlse) {
       dlse = Tensor2("dlse", hq, cu_q.back());
       std::uniform_real_distribution<double> dist(-1, 1);
@@ -98,6 +103,7 @@ struct VarlenProblem {
     s.seqlen_q = std::max(1, *std::max_element(lens_q.begin(), lens_q.end()));
     s.seqlen_k = std::max(1, *std::max_element(lens_k.begin(), lens_k.end()));
     s.head_dim = head_dim;
+    s.head_dim_v = head_dim_v;
     return s;
   }
 };
@@ -145,7 +151,7 @@ VarlenOut<T> run(const VarlenProblem& pb, const kfa::Params& p, bool grads,
   const auto q = to_space<Packed<T>>(pb.q), k = to_space<Packed<T>>(pb.k),
              v = to_space<Packed<T>>(pb.v);
   const Cu cq = to_device_cu(pb.cu_q), ck = to_device_cu(pb.cu_k);
-  Packed<T> o("o", q.extent(0), q.extent(1), q.extent(2));
+  Packed<T> o("o", q.extent(0), q.extent(1), v.extent(2));
   Rows<lse_t<T>> lse("lse", pb.heads_q, q.extent(0));
   Kokkos::deep_copy(o, quiet_nan<T>());
   Kokkos::deep_copy(lse, quiet_nan<lse_t<T>>());
@@ -203,9 +209,9 @@ void check(const VarlenProblem& pb, const kfa::Params& p, bool grads, const std:
 
 /// Lengths 0 and 1, seqlen_q != seqlen_k, a sequence with queries and no keys and one with keys
 /// and no queries, and one long sequence among short ones.
-VarlenProblem mixed(int hq, int hk, std::uint64_t seed, bool with_dlse = false) {
+VarlenProblem mixed(int hq, int hk, std::uint64_t seed, bool with_dlse = false, int dv = 0) {
   return VarlenProblem({3, 0, 1, 150, 5, 1, 9, 2}, {5, 4, 1, 131, 0, 1, 17, 0}, hq, hk, 24, seed,
-                       with_dlse);
+                       with_dlse, dv);
 }
 
 std::vector<std::pair<std::string, kfa::Params>> options() {
@@ -316,6 +322,27 @@ TYPED_TEST(Varlen, AlibiBackwardEachDqMode) {
   p.dq_mode = kfa::DqMode::symmetric;
   p.causal = true;
   check<TypeParam>(self, p, true, "alibi symmetric causal", some_slopes(2));
+}
+
+// v, o, dout and dv with a head dim of their own (the packed rows take each tensor's last
+// extent): D = 24 with Dv = 72 and 13, forward and each dQ mode, GQA, dropout.
+TYPED_TEST(Varlen, ValueHeadDimOfItsOwn) {
+  for (int dv : {72, 13}) {
+    const VarlenProblem gqa = mixed(4, 2, 15, true, dv);
+    for (auto mode : {kfa::DqMode::atomic, kfa::DqMode::query_pass}) {
+      kfa::Params p;
+      p.dq_mode = mode;
+      p.causal = true;
+      check<TypeParam>(gqa, p, true, "Dv " + std::to_string(dv) + " " + kfa::name_of(mode));
+      p.dropout = 0.2;
+      p.seed = 3;
+      check<TypeParam>(gqa, p, true, "Dv " + std::to_string(dv) + " dropout");
+    }
+    const VarlenProblem self({4, 0, 1, 70, 9}, {4, 0, 1, 70, 9}, 2, 2, 24, 16, false, dv);
+    kfa::Params p;
+    p.dq_mode = kfa::DqMode::symmetric;
+    check<TypeParam>(self, p, true, "Dv " + std::to_string(dv) + " symmetric");
+  }
 }
 
 // Where every sequence has the same lengths the packed batch is the padded one without

@@ -247,6 +247,8 @@ bool parse_run_flag(const std::string& flag, const FlagValue& value, RunOptions&
     o.heads_kv = parse_int(flag, value(), 1);
   } else if (flag == "--seqlen-k") {
     o.seqlen_k = parse_int(flag, value(), 1);
+  } else if (flag == "--head-dim-v") {
+    o.head_dim_v = parse_int(flag, value(), 1);
   } else if (flag == "--dtype") {
     o.dtype = parse_dtype(flag, value());
   } else if (flag == "--data-seed") {
@@ -431,6 +433,9 @@ void check_sources(const RunOptions& o) {
   for (long long n : o.random)
     if (n > INT_MAX) throw InputError("--random values must fit in int");
   if (o.seqlen_k && *o.seqlen_k > INT_MAX) throw InputError("--seqlen-k must fit in int");
+  if (file_mode && o.head_dim_v)
+    throw InputError("--head-dim-v applies to --random only (a file's /v has its own head dim)");
+  if (o.head_dim_v && *o.head_dim_v > INT_MAX) throw InputError("--head-dim-v must fit in int");
 }
 
 double physical_memory() {

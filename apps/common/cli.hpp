@@ -82,6 +82,7 @@ struct RunOptions {
   std::string in, out;
   std::vector<long long> random;  // B,H,N,D
   std::optional<long long> heads_kv, seqlen_k;
+  std::optional<long long> head_dim_v;  ///< --head-dim-v: v's head dim of --random (default D)
   DType dtype = DType::f32;
   std::uint64_t data_seed = 0;
   long long repeat = 1;

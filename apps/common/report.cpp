@@ -80,8 +80,9 @@ std::string describe(const char* program, const RunOptions& o, const Dims& d, DT
   std::ostringstream os;
   os << program << " " << o.command << ": B=" << d.batch << " Hq=" << d.heads_q
      << " Hkv=" << d.heads_kv << " Nq=" << d.seqlen_q << " Nk=" << d.seqlen_k << " D=" << d.head_dim
-     << " " << name(dtype) << " " << describe_params(o.params, read_by(o.pass()))
-     << (extra.empty() ? "" : " ") << extra << " on " << Kokkos::DefaultExecutionSpace::name();
+     << (d.dv() != d.head_dim ? " Dv=" + std::to_string(d.dv()) : "") << " " << name(dtype) << " "
+     << describe_params(o.params, read_by(o.pass())) << (extra.empty() ? "" : " ") << extra
+     << " on " << Kokkos::DefaultExecutionSpace::name();
   return os.str();
 }
 
@@ -95,6 +96,7 @@ JsonLine pass_json(const RunOptions& o, const Dims& d, DType dtype) {
       .add("seqlen_q", d.seqlen_q)
       .add("seqlen_k", d.seqlen_k)
       .add("head_dim", d.head_dim)
+      .add("head_dim_v", d.dv())
       .params(o.params, read_by(kfa::Passes::both))
       .add("repeat", o.repeat)
       .add("execution_space", Kokkos::DefaultExecutionSpace::name());
@@ -104,7 +106,7 @@ JsonLine pass_json(const RunOptions& o, const Dims& d, DType dtype) {
 double pass_flops(const RunOptions& o, const Dims& d) {
   const auto flops = o.pass() == kfa::Passes::backward ? kfa::backward_flops : kfa::forward_flops;
   return flops(int(d.batch), int(d.heads_q), int(d.seqlen_q), int(d.seqlen_k), int(d.head_dim),
-               o.params);
+               o.params, int(d.dv()));
 }
 
 bool Verdict::ok() const {

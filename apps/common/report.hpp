@@ -74,16 +74,20 @@ class JsonLine {
 /// The sizes of an attention problem.
 struct Dims {
   long long batch = 0, heads_q = 0, heads_kv = 0, seqlen_q = 0, seqlen_k = 0, head_dim = 0;
+  long long head_dim_v = 0;  ///< v's head dim Dv; 0: head_dim
+  /// v's head dim.
+  long long dv() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
 };
 
-/// The run description: "PROGRAM COMMAND: B=.. Hq=.. Hkv=.. Nq=.. Nk=.. D=.. DTYPE", the fields
+/// The run description: "PROGRAM COMMAND: B=.. Hq=.. Hkv=.. Nq=.. Nk=.. D=.. [Dv=..] DTYPE"
+/// (Dv where v's head dim differs from D), the fields
 /// the command's pass reads as name=value, `extra` (the program's own, may be empty) and the
 /// execution space.
 std::string describe(const char* program, const RunOptions& o, const Dims& d, DType dtype,
                      const std::string& extra);
 
 /// The fields a pass's JSON line starts with: command, dtype, the sizes (batch, heads_q,
-/// heads_kv, seqlen_q, seqlen_k, head_dim), every field of the list, repeat and
+/// heads_kv, seqlen_q, seqlen_k, head_dim, head_dim_v), every field of the list, repeat and
 /// execution_space.
 JsonLine pass_json(const RunOptions& o, const Dims& d, DType dtype);
 

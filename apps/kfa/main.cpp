@@ -3,7 +3,7 @@
 //   kfa forward  --in IN.h5 --out OUT.h5 [pass flags]        reads /q /k /v, writes /o /lse
 //   kfa backward --in IN.h5 --out OUT.h5 [pass flags]
 //                reads /q /k /v /o /lse /do (and /dlse when present), writes /dq /dk /dv
-//   kfa forward|backward --random B,H,N,D [--heads-kv H] [--seqlen-k N]
+//   kfa forward|backward --random B,H,N,D [--heads-kv H] [--seqlen-k N] [--head-dim-v DV]
 //               [--dtype float|double|bf16|half] [--data-seed S] [--repeat R] [--json]
 //               [--check] [pass flags]
 //   pass flags: one a field of kfa::Params (kfa::for_each_field: --causal, --align, --window-left,
@@ -84,7 +84,8 @@ using Exec = Kokkos::DefaultExecutionSpace;
 
 const char* kUsage =
     "usage: kfa forward|backward (--in IN.h5 --out OUT.h5 | --random B,H,N,D [--heads-kv H]\n"
-    "                   [--seqlen-k N] [--dtype float|double|bf16|half] [--data-seed S])\n"
+    "                   [--seqlen-k N] [--head-dim-v DV] [--dtype float|double|bf16|half]\n"
+    "                   [--data-seed S])\n"
     "                   [--repeat R] [--json] [--check] [--allow-nonfinite] [pass flags]\n"
     "       kfa forward|backward --multiscale ... (same flags): multi-scale attention\n"
     "       kfa dropout-mask --shape B,H,NQ,NK --dropout P --seed N [--offset N] --out MASK.h5\n"
@@ -92,7 +93,8 @@ const char* kUsage =
     "       kfa layernorm forward|backward ...: layer norm (see kfa layernorm --help)\n"
     "       kfa mha forward|backward ...: the attention block (see kfa mha --help)\n"
     "       kfa --version\n"
-    "  forward:  reads /q /k /v, writes /o /lse\n"
+    "  forward:  reads /q /k /v, writes /o /lse; /v (and /o, /do, /dv) may have a head dim\n"
+    "            of its own (Dv), /q and /k share D\n"
     "  backward: reads /q /k /v /o /lse /do (and /dlse if present), writes /dq /dk /dv;\n"
     "            give it the --dropout, --seed and --offset of the forward\n"
     "  score terms: /alibi_slopes (heads_q) or --alibi (slopes 2^(-8 (h+1) / heads_q)) add\n"
@@ -115,7 +117,8 @@ const char* kUsage =
     "           build), lse float32. Files give their own type (float32, float64, bfloat16,\n"
     "           float16)\n"
     "  --random B,H,N,D: a random problem of batch B, H query heads, sequence length N and\n"
-    "           head dimension D (--heads-kv: key/value heads, --seqlen-k: key length)\n"
+    "           head dimension D (--heads-kv: key/value heads, --seqlen-k: key length,\n"
+    "           --head-dim-v: v's head dimension, D by default)\n"
     "  --check: compare with the float64 reference under the tolerance rule (exit 1 if broken)\n"
     "  --json: one JSON object of the run on the last line of stdout\n"
     "  --allow-nonfinite: run on inputs holding NaN or Inf (refused otherwise)\n"
@@ -232,8 +235,9 @@ void check_file_shapes(const Problem& p) {
   }
 }
 
-// The backward's extra inputs: /o and /do shaped like /q and of its type, /lse and /dlse
-// (batch, heads, seqlen) of /q. The library checks /q against /k and /v.
+// The backward's extra inputs: /o and /do of /q's (batch, heads, seqlen) and /v's head dim
+// (both shapes named when not), of /q's type; /lse and /dlse (batch, heads, seqlen) of /q.
+// The library checks /q against /k and /v.
 void check_backward_shapes(const Problem& p) {
   const char* names[] = {"batch", "heads", "seqlen", "head_dim"};
   auto expect = [&](const Dataset& d, const char* ds, int rank) {
@@ -242,8 +246,13 @@ void check_backward_shapes(const Problem& p) {
         throw InputError(std::string("dataset ") + ds + " has " + names[i] + " " +
                          std::to_string(d.dims[i]) + " but /q has " + std::to_string(p.q.dims[i]));
   };
-  expect(p.o, "/o", 4);
-  expect(p.dout, "/do", 4);
+  for (const auto& [d, ds] : {std::pair{&p.o, "/o"}, {&p.dout, "/do"}}) {
+    expect(*d, ds, 3);
+    if (d->dims[3] != p.v.dims[3])
+      throw InputError(std::string("dataset ") + ds + " is " + kfa_apps::shape_of(d->dims) +
+                       " but /v is " + kfa_apps::shape_of(p.v.dims) + ": its head_dim " +
+                       std::to_string(d->dims[3]) + " must be /v's " + std::to_string(p.v.dims[3]));
+  }
   expect(p.lse, p.stat, 3);
   if (!p.dlse.dims.empty()) expect(p.dlse, "/dlse", 3);
   for (const auto& [d, ds] : {std::pair{&p.o, "/o"}, {&p.dout, "/do"}})
@@ -311,11 +320,12 @@ kfa::reference::Tensor3 to_reference3(const Dataset& d) {
   return t;
 }
 
-template <class Q, class K>
-Dims dims_of(const Q& q, const K& k) {
+template <class Q, class K, class V>
+Dims dims_of(const Q& q, const K& k, const V& v) {
   return {static_cast<long long>(q.extent(0)), static_cast<long long>(q.extent(1)),
           static_cast<long long>(k.extent(1)), static_cast<long long>(q.extent(2)),
-          static_cast<long long>(k.extent(2)), static_cast<long long>(q.extent(3))};
+          static_cast<long long>(k.extent(2)), static_cast<long long>(q.extent(3)),
+          static_cast<long long>(v.extent(3))};
 }
 
 // The dropout keep-mask of o.params for a problem of sizes d on the host, for the reference;
@@ -380,7 +390,7 @@ Inputs<T> upload_inputs(const Options& o, Problem& p) {
                upload<T>(p.k, "kfa::k", o.check),
                upload<T>(p.v, "kfa::v", o.check),
                {}};
-  in.d = dims_of(in.q, in.k);
+  in.d = dims_of(in.q, in.k, in.v);
   return in;
 }
 
@@ -394,7 +404,7 @@ int run_forward(const Options& o, Problem& p) {
   const auto &q = in.q, &k = in.k, &v = in.v;
   const Dims& d = in.d;
   DeviceTensor<T> out(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::o")),
-                      q.extent(0), q.extent(1), q.extent(2), q.extent(3));
+                      q.extent(0), q.extent(1), q.extent(2), v.extent(3));
   DeviceLse<T> lse(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::lse")),
                    q.extent(0), q.extent(1), q.extent(2));
 
@@ -431,7 +441,7 @@ int run_backward(const Options& o, Problem& p) {
   DeviceTensor<T> out, dq, dk, dv;
   DeviceLse<T> lse, dlse;
   if (p.o.dims.empty()) {  // --random: the forward it needs, once and untimed
-    out = DeviceTensor<T>(std::string("kfa::o"), d.batch, d.heads_q, d.seqlen_q, d.head_dim);
+    out = DeviceTensor<T>(std::string("kfa::o"), d.batch, d.heads_q, d.seqlen_q, d.dv());
     lse = decltype(lse)(std::string("kfa::lse"), d.batch, d.heads_q, d.seqlen_q);
     kfa_apps::with_term<Lse<T>>(p, {}, [&](const auto&... term) {
       kfa::forward(Exec(), q, k, v, out, lse, o.params, term...);
@@ -443,7 +453,7 @@ int run_backward(const Options& o, Problem& p) {
   if (!p.dlse.dims.empty()) dlse = to_device3<Lse<T>>(p.dlse, "kfa::dlse");
   dq = DeviceTensor<T>(std::string("kfa::dq"), d.batch, d.heads_q, d.seqlen_q, d.head_dim);
   dk = DeviceTensor<T>(std::string("kfa::dk"), d.batch, d.heads_kv, d.seqlen_k, d.head_dim);
-  dv = DeviceTensor<T>(std::string("kfa::dv"), d.batch, d.heads_kv, d.seqlen_k, d.head_dim);
+  dv = DeviceTensor<T>(std::string("kfa::dv"), d.batch, d.heads_kv, d.seqlen_k, d.dv());
   DeviceBias<T> dbias;  // the bias's gradient, shaped like it
   if (!p.bias.dims.empty())
     dbias = DeviceBias<T>(std::string("kfa::dbias"), p.bias.dims[0], p.bias.dims[1], p.bias.dims[2],
@@ -510,7 +520,7 @@ int run_forward_msa(const Options& o, Problem& p) {
   const DeviceMask<T> mask =
       has_mask ? to_device3<T>(p.mask, "kfa::mask") : DeviceMask<T>("kfa::mask", 0, 0, 0);
   DeviceTensor<T> out(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::o")),
-                      q.extent(0), q.extent(1), q.extent(2), q.extent(3));
+                      q.extent(0), q.extent(1), q.extent(2), v.extent(3));
   DeviceLse<T> rsum(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::rsum")),
                     q.extent(0), q.extent(1), q.extent(2));
   const auto mp = kfa_apps::msa_params(o);
@@ -549,7 +559,7 @@ int run_backward_msa(const Options& o, Problem& p) {
   DeviceTensor<T> out;
   DeviceLse<T> rsum;
   if (p.o.dims.empty()) {  // --random: the forward it needs, once and untimed
-    out = DeviceTensor<T>(std::string("kfa::o"), d.batch, d.heads_q, d.seqlen_q, d.head_dim);
+    out = DeviceTensor<T>(std::string("kfa::o"), d.batch, d.heads_q, d.seqlen_q, d.dv());
     rsum = decltype(rsum)(std::string("kfa::rsum"), d.batch, d.heads_q, d.seqlen_q);
     if (has_mask)
       kfa::msa::forward(Exec(), q, k, v, mask, out, rsum, mp);
@@ -561,7 +571,7 @@ int run_backward_msa(const Options& o, Problem& p) {
   }
   DeviceTensor<T> dq(std::string("kfa::dq"), d.batch, d.heads_q, d.seqlen_q, d.head_dim),
       dk(std::string("kfa::dk"), d.batch, d.heads_kv, d.seqlen_k, d.head_dim),
-      dv(std::string("kfa::dv"), d.batch, d.heads_kv, d.seqlen_k, d.head_dim);
+      dv(std::string("kfa::dv"), d.batch, d.heads_kv, d.seqlen_k, d.dv());
   const kfa_apps::Timing tm = kfa_apps::time_pass(o.repeat, [&] {
     if (has_mask)
       kfa::msa::backward(Exec(), q, k, v, mask, out, rsum, dout, dq, dk, dv, mp);
@@ -640,15 +650,16 @@ VarlenSizes varlen_sizes(const Options& o, const Problem& p) {
   VarlenSizes z;
   const auto cq = offsets_of(p.cu_q), ck = offsets_of(p.cu_k);
   const long long B = static_cast<long long>(cq.size()) - 1;
-  const long long Hq = p.q.dims[1], Hk = p.k.dims[1], D = p.q.dims[2];
-  z.d = {B, Hq, Hk, static_cast<long long>(p.q.dims[0]), static_cast<long long>(p.k.dims[0]), D};
-  z.padded = {B, Hq, Hk, 0, 0, D};
+  const long long Hq = p.q.dims[1], Hk = p.k.dims[1], D = p.q.dims[2], Dv = p.v.dims[2];
+  z.d = {B, Hq, Hk, static_cast<long long>(p.q.dims[0]), static_cast<long long>(p.k.dims[0]),
+         D, Dv};
+  z.padded = {B, Hq, Hk, 0, 0, D, Dv};
   const auto flops = o.pass() == kfa::Passes::backward ? kfa::backward_flops : kfa::forward_flops;
   for (long long s = 0; s < B; ++s) {
     const int nq = cq[s + 1] - cq[s], nk = ck[s + 1] - ck[s];
     z.padded.seqlen_q = std::max<long long>(z.padded.seqlen_q, nq);
     z.padded.seqlen_k = std::max<long long>(z.padded.seqlen_k, nk);
-    z.flops += flops(1, int(Hq), nq, nk, int(D), o.params);
+    z.flops += flops(1, int(Hq), nq, nk, int(D), o.params, int(Dv));
   }
   return z;
 }
@@ -661,7 +672,7 @@ int run_forward_varlen(const Options& o, Problem& p) {
   const DeviceCu cq = cu_to_device(p.cu_q, "kfa::cu_seqlens_q"),
                  ck = cu_to_device(p.cu_k, "kfa::cu_seqlens_k");
   DevicePacked<T> out(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::o")),
-                      q.extent(0), q.extent(1), q.extent(2));
+                      q.extent(0), q.extent(1), v.extent(2));
   DeviceRows<T> lse(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::lse")),
                     q.extent(1), q.extent(0));
   kfa_apps::Timing tm;
@@ -768,11 +779,15 @@ void read_varlen(Options& o, const kfa_apps::H5File& in, Problem& p) {
     p.dout = in.header("/do", 3);
     p.lse = in.header("/lse", 2);
     if (in.has("/dlse")) p.dlse = in.header("/dlse", 2);
+    // (total_q, heads_q) of /q and /v's head dim.
+    const std::vector<hsize_t> like_o{p.q.dims[0], p.q.dims[1], p.v.dims[2]};
     for (const auto& [d, ds] : {std::pair{&p.o, "/o"}, {&p.dout, "/do"}})
-      if (d->dims != p.q.dims || d->dtype != p.q.dtype)
+      if (d->dims != like_o || d->dtype != p.q.dtype)
         throw InputError(std::string("dataset ") + ds + " has shape " +
                          kfa_apps::shape_of(d->dims) + " (" + name(d->dtype) + ") but /q has " +
-                         kfa_apps::shape_of(p.q.dims) + " (" + name(p.q.dtype) + ")");
+                         kfa_apps::shape_of(p.q.dims) + " and /v " + kfa_apps::shape_of(p.v.dims) +
+                         " (" + name(p.q.dtype) + "): it must be (total_q, heads_q) of /q with " +
+                         "/v's head dim");
     const std::vector<hsize_t> rows{p.q.dims[1], p.q.dims[0]};
     for (const auto& [d, ds] : {std::pair{&p.lse, "/lse"}, {&p.dlse, "/dlse"}})
       if (!d->dims.empty() && d->dims != rows)
@@ -861,14 +876,16 @@ int main_pass(Options o) {
   if (!o.random.empty()) {
     const hsize_t B = o.random[0], H = o.random[1], N = o.random[2], D = o.random[3];
     const hsize_t Hk = o.heads_kv.value_or(H), Nk = o.seqlen_k.value_or(N);
+    const hsize_t Dv = o.head_dim_v.value_or(D);
     std::mt19937_64 gen(o.data_seed);
     const bool bwd = o.command == "backward";
-    check_memory(o.dtype, double(B) * H * N * D, double(B) * Hk * Nk * D, double(D), bwd,
+    const double wide = double(std::max(D, Dv));  // every tensor counted at the wider dim
+    check_memory(o.dtype, double(B) * H * N * wide, double(B) * Hk * Nk * wide, double(D), bwd,
                  "the problem");
     p.q = random_tensor({B, H, N, D}, o.dtype, gen);
     p.k = random_tensor({B, Hk, Nk, D}, o.dtype, gen);
-    p.v = random_tensor({B, Hk, Nk, D}, o.dtype, gen);
-    if (bwd) p.dout = random_tensor({B, H, N, D}, o.dtype, gen);
+    p.v = random_tensor({B, Hk, Nk, Dv}, o.dtype, gen);
+    if (bwd) p.dout = random_tensor({B, H, N, Dv}, o.dtype, gen);
     if (o.multiscale) {
       kfa_apps::require_memory(16.0 * double(H) * double(N) * double(Nk), "the --multiscale mask");
       p.mask = kfa_apps::decay_mask(H, N, Nk, o.dtype);

@@ -5,6 +5,7 @@
 //   mpiexec -n P kfa-seqpar backward --in IN.h5 --out OUT.h5 [options]   reads /q /k /v /o
 //                /lse /do (and /dlse when present), writes /dq /dk /dv
 //   mpiexec -n P kfa-seqpar forward|backward --random B,H,N,D [--heads-kv H] [--seqlen-k N]
+//                [--head-dim-v DV]
 //                [--dtype float|double] [--data-seed S] [--repeat R] [--json] [--check]
 //   mpiexec -n P kfa-seqpar forward|backward --multiscale ...: multi-scale attention
 //                (kfa::mpi::msa), as kfa --multiscale: forward reads /q /k /v and /mask (heads_q,
@@ -78,12 +79,13 @@ namespace kmpi = kfa::mpi;
 const char* kUsage =
     "usage: mpiexec -n P kfa-seqpar forward|backward\n"
     "         (--in IN.h5 --out OUT.h5 | --random B,H,N,D [--heads-kv H] [--seqlen-k N]\n"
-    "          [--dtype float|double] [--data-seed S] [--check])\n"
+    "          [--head-dim-v DV] [--dtype float|double] [--data-seed S] [--check])\n"
     "         [--mode ring|tree] [--layout contiguous|zigzag] [--repeat R] [--json]\n"
     "         [--allow-nonfinite] [--multiscale] [--alibi]\n"
     "         [pass flags]\n"
     "       kfa-seqpar --version: kfa's version and options, the Kokkos it was compiled with\n"
-    "  B,H,N,D: batch, query heads, sequence length, head dimension\n"
+    "  B,H,N,D: batch, query heads, sequence length, head dimension (of q and k; --head-dim-v:\n"
+    "           v's, D by default; a file's /v, /o and /do may have a head dim of their own)\n"
     "  --check: each rank's rows against a single-rank computation of the whole problem\n"
     "           (float64 and the run's precision), under the tolerance rule; exit 1 if broken\n"
     "  --json: one JSON object of the run on the last line of rank 0's stdout\n"
@@ -195,14 +197,21 @@ std::vector<RowRange> all_rows(hsize_t n) {
 
 struct Problem : kfa_apps::Terms {  // the score terms, whole, and:
   long long B = 0, Hq = 0, Hk = 0, Nq = 0, Nk = 0, D = 0;
+  long long Dv = 0;                     // v's (and o's, dout's, dv's) head dim
   Dataset q, k, v, o, lse, dout, dlse;  // this rank's rows (--multiscale: lse holds /rsum)
   Dataset mask;                         // --multiscale: the whole M, or empty (M = 1)
   const char* stat = "/lse";            // the name of the forward's row statistic
   // Global shapes of the query-side tensors, of the key-side ones and of the LSE.
   std::vector<hsize_t> q_dims() const { return {hsize_t(B), hsize_t(Hq), hsize_t(Nq), hsize_t(D)}; }
   std::vector<hsize_t> k_dims() const { return {hsize_t(B), hsize_t(Hk), hsize_t(Nk), hsize_t(D)}; }
+  std::vector<hsize_t> v_dims() const {
+    return {hsize_t(B), hsize_t(Hk), hsize_t(Nk), hsize_t(Dv)};
+  }
+  std::vector<hsize_t> o_dims() const {
+    return {hsize_t(B), hsize_t(Hq), hsize_t(Nq), hsize_t(Dv)};
+  }
   std::vector<hsize_t> lse_dims() const { return {hsize_t(B), hsize_t(Hq), hsize_t(Nq)}; }
-  kfa_apps::Dims dims() const { return {B, Hq, Hk, Nq, Nk, D}; }
+  kfa_apps::Dims dims() const { return {B, Hq, Hk, Nq, Nk, D, Dv}; }
 };
 
 // Refuses, on every rank, a problem whose rows do not fit in memory: each rank's tensors
@@ -217,8 +226,8 @@ void check_memory(const Options& o, const Problem& p, DType t, const std::string
     return r;
   };
   const bool bwd = o.command == "backward";
-  const double q = double(p.B) * double(p.Hq) * double(p.D),
-               k = double(p.B) * double(p.Hk) * double(p.D);
+  const double wide = double(std::max(p.D, p.Dv));  // every tensor counted at the wider dim
+  const double q = double(p.B) * double(p.Hq) * wide, k = double(p.B) * double(p.Hk) * wide;
   const double per = double(kfa_apps::element_bytes(t)) + 8, tensors = bwd ? 4 : 2;
   double mine = tensors * per * (rows(p.Nq) * q + rows(p.Nk) * k);
   if (o.check) mine += 2 * tensors * per * (double(p.Nq) * q + double(p.Nk) * k);
@@ -275,15 +284,15 @@ Problem load(const Options& o) {
     p.Hq = o.random[1];
     p.Nq = o.random[2];
     p.D = o.random[3];
+    p.Dv = o.head_dim_v.value_or(p.D);
     p.Hk = o.heads_kv.value_or(p.Hq);
     p.Nk = o.seqlen_k.value_or(p.Nq);
     check_memory(o, p, o.dtype, "the problem");
     const auto qr = my_rows(o, p.Nq), kr = my_rows(o, p.Nk);
-    const std::vector<hsize_t> qd = p.q_dims(), kd = p.k_dims();
-    p.q = random_rows(o, 0, qd, qr);
-    p.k = random_rows(o, 1, kd, kr);
-    p.v = random_rows(o, 2, kd, kr);
-    if (o.command == "backward") p.dout = random_rows(o, 3, qd, qr);
+    p.q = random_rows(o, 0, p.q_dims(), qr);
+    p.k = random_rows(o, 1, p.k_dims(), kr);
+    p.v = random_rows(o, 2, p.v_dims(), kr);
+    if (o.command == "backward") p.dout = random_rows(o, 3, p.o_dims(), qr);
     if (o.multiscale) p.mask = kfa_apps::decay_mask(p.Hq, p.Nq, p.Nk, o.dtype);
     if (o.alibi) p.slopes = kfa_apps::standard_slopes(hsize_t(p.Hq));
     return p;
@@ -302,9 +311,12 @@ Problem load(const Options& o) {
   p.Hq = qh.dims[1];
   p.Nq = qh.dims[2];
   p.D = qh.dims[3];
+  p.Dv = vh.dims[3];
   p.Hk = kh.dims[1];
   p.Nk = kh.dims[2];
   const std::vector<hsize_t> qd = qh.dims, kd = kh.dims, rows3(qd.begin(), qd.begin() + 3);
+  // /v: /k's (batch, heads, seqlen) with a head dim of its own; /o and /do: /q's rows with /v's.
+  const std::vector<hsize_t> vd{kd[0], kd[1], kd[2], vh.dims[3]}, od{qd[0], qd[1], qd[2], vd[3]};
   auto expect = [&](const char* name, const Dataset& h, const std::vector<hsize_t>& want,
                     const char* like) {
     if (h.dims != want)
@@ -317,14 +329,15 @@ Problem load(const Options& o) {
   };
   for (hsize_t b : {qh.dims[0], kh.dims[0]})
     if (b == 0) throw InputError("datasets /q and /k must not be empty");
-  expect("/v", vh, kd, "/k");
+  expect("/v", vh, vd, "/k (with /v's own head_dim)");
+  if (vh.dims[3] == 0) throw InputError("dataset /v has head_dim 0");
   if (kh.dims[0] != qh.dims[0] || kh.dims[3] != qh.dims[3])
     throw InputError("dataset /k has shape " + kfa_apps::shape_of(kd) + " but /q has " +
                      kfa_apps::shape_of(qd) + " (batch and head_dim must match)");
   const bool has_dlse = bwd && in.has("/dlse");
   if (bwd) {
-    expect("/o", in.header("/o", 4), qd, "/q");
-    expect("/do", in.header("/do", 4), qd, "/q");
+    expect("/o", in.header("/o", 4), od, "/q with /v's head_dim");
+    expect("/do", in.header("/do", 4), od, "/q with /v's head_dim");
     expect(p.stat, in.header(p.stat, 3), rows3, "/q");
     if (has_dlse) expect("/dlse", in.header("/dlse", 3), rows3, "/q");
   }
@@ -468,12 +481,11 @@ struct Whole {
   Dataset q, k, v, dout;
 };
 Whole whole_problem(const Options& o, const Problem& p) {
-  const std::vector<hsize_t> qd = p.q_dims(), kd = p.k_dims();
-  Whole w{random_rows(o, 0, qd, all_rows(p.Nq)),
-          random_rows(o, 1, kd, all_rows(p.Nk)),
-          random_rows(o, 2, kd, all_rows(p.Nk)),
+  Whole w{random_rows(o, 0, p.q_dims(), all_rows(p.Nq)),
+          random_rows(o, 1, p.k_dims(), all_rows(p.Nk)),
+          random_rows(o, 2, p.v_dims(), all_rows(p.Nk)),
           {}};
-  if (o.command == "backward") w.dout = random_rows(o, 3, qd, all_rows(p.Nq));
+  if (o.command == "backward") w.dout = random_rows(o, 3, p.o_dims(), all_rows(p.Nq));
   return w;
 }
 
@@ -556,7 +568,7 @@ struct SingleRank {
         q(kfa_apps::dataset_to_view<Dev4<U>>(w.q, "q")),
         k(kfa_apps::dataset_to_view<Dev4<U>>(w.k, "k")),
         v(kfa_apps::dataset_to_view<Dev4<U>>(w.v, "v")),
-        o("o1", p.B, p.Hq, p.Nq, p.D),
+        o("o1", p.B, p.Hq, p.Nq, p.Dv),
         lse("l1", p.B, p.Hq, p.Nq),
         mask(mask_view<U>(p)) {
     if (!opts.multiscale)
@@ -610,7 +622,7 @@ Verdict check_backward(const Options& o, const Problem& p, const Dev4<T>& dq, co
     const SingleRank<U> s(o, p, w);
     const auto d = kfa_apps::dataset_to_view<Dev4<U>>(w.dout, "do");
     Dev4<U> dq1("dq1", p.B, p.Hq, p.Nq, p.D), dk1("dk1", p.B, p.Hk, p.Nk, p.D),
-        dv1("dv1", p.B, p.Hk, p.Nk, p.D);
+        dv1("dv1", p.B, p.Hk, p.Nk, p.Dv);
     s.backward(p, d, dq1, dk1, dv1);
     return std::array{rows_of(to_host_double(dq1), qr), rows_of(to_host_double(dk1), kr),
                       rows_of(to_host_double(dv1), kr)};
@@ -710,7 +722,7 @@ int run_forward(const Options& o, const Problem& p) {
   Inputs<T> in(o, p);
   const auto &q = in.q, &k = in.k, &v = in.v;
   const Dev3<T> mask = mask_view<T>(p);
-  Dev4<T> out("o", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
+  Dev4<T> out("o", q.extent(0), q.extent(1), q.extent(2), v.extent(3));
   Dev3<T> lse("lse", q.extent(0), q.extent(1), q.extent(2));
   Timing tm;
   kfa_apps::with_term<T>(p, {}, [&](const auto&... term) {
@@ -723,7 +735,7 @@ int run_forward(const Options& o, const Problem& p) {
                   ld = kfa_apps::view_to_dataset(lse, p.q.dtype);
     const auto qr = my_rows(o, p.Nq);
     kfa_apps::write_rows_atomic(
-        o.out, {{"/o", p.q_dims(), &od, qr}, {p.stat, p.lse_dims(), &ld, qr}}, MPI_COMM_WORLD);
+        o.out, {{"/o", p.o_dims(), &od, qr}, {p.stat, p.lse_dims(), &ld, qr}}, MPI_COMM_WORLD);
   }
   return report(o, p, tm, verdict);
 }
@@ -737,7 +749,7 @@ int run_backward(const Options& o, const Problem& p) {
   Dev4<T> out;
   Dev3<T> lse, dlse;
   if (p.o.dims.empty()) {  // --random: the forward it needs, once and untimed
-    out = Dev4<T>("o", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
+    out = Dev4<T>("o", q.extent(0), q.extent(1), q.extent(2), v.extent(3));
     lse = Dev3<T>("lse", q.extent(0), q.extent(1), q.extent(2));
     kfa_apps::with_term<T>(p, {}, [&](const auto&... term) {
       mpi_forward(o, mask, q, k, v, out, lse, in.sp, term...);
@@ -749,7 +761,7 @@ int run_backward(const Options& o, const Problem& p) {
   if (!p.dlse.dims.empty()) dlse = kfa_apps::dataset_to_view<Dev3<T>>(p.dlse, "dlse");
   Dev4<T> dq("dq", q.extent(0), q.extent(1), q.extent(2), q.extent(3)),
       dk("dk", k.extent(0), k.extent(1), k.extent(2), k.extent(3)),
-      dv("dv", k.extent(0), k.extent(1), k.extent(2), k.extent(3));
+      dv("dv", v.extent(0), v.extent(1), v.extent(2), v.extent(3));
   // Whether /dlse was given: the file's, not this rank's row count, so every rank alike.
   const bool with_dlse = !p.dlse.dims.empty();
   Dev4<T> dbias;  // the bias's gradient, whole on every rank
@@ -770,7 +782,7 @@ int run_backward(const Options& o, const Problem& p) {
     const auto qr = my_rows(o, p.Nq), kr = my_rows(o, p.Nk);
     std::vector<kfa_apps::RowSlab> slabs = {{"/dq", p.q_dims(), &dqd, qr},
                                             {"/dk", p.k_dims(), &dkd, kr},
-                                            {"/dv", p.k_dims(), &dvd, kr}};
+                                            {"/dv", p.v_dims(), &dvd, kr}};
     // dbias: the same on every rank; rank 0 writes it (its rows: dimension 2, seqlen_q).
     Dataset dbd, none;
     if (dbias.size() > 0) {
@@ -847,6 +859,7 @@ std::vector<std::pair<std::string, std::string>> agreed_options(const Options& o
   add("--random", dims);
   add("--heads-kv", maybe(o.heads_kv));
   add("--seqlen-k", maybe(o.seqlen_k));
+  add("--head-dim-v", maybe(o.head_dim_v));
   add("--dtype", kfa_apps::name(o.dtype));
   add("--data-seed", std::to_string(o.data_seed));
   add("--repeat", std::to_string(o.repeat));

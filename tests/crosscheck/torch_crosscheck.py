@@ -91,14 +91,16 @@ def flags(case):
 
 
 def check_case(kfa, work, case):
-    B, Hq, Hk, Nq, Nk, D = case["shape"]
+    # (B, Hq, Hk, Nq, Nk, D) and optionally v's head dim Dv (v, o, dout, dv), D by default.
+    B, Hq, Hk, Nq, Nk, D = case["shape"][:6]
+    Dv = case["shape"][6] if len(case["shape"]) > 6 else D
     dtype = case.get("dtype", np.float64)
     rng = np.random.default_rng(case.get("data_seed", 0))
     # U[0, 1) as the seed draws them; in the file's type, so that kfa and torch see one input.
     q = rng.random((B, Hq, Nq, D)).astype(dtype)
     k = rng.random((B, Hk, Nk, D)).astype(dtype)
-    v = rng.random((B, Hk, Nk, D)).astype(dtype)
-    dout = (rng.random((B, Hq, Nq, D)) - 0.5).astype(dtype)
+    v = rng.random((B, Hk, Nk, Dv)).astype(dtype)
+    dout = (rng.random((B, Hq, Nq, Dv)) - 0.5).astype(dtype)
     dlse = (rng.random((B, Hq, Nq)) - 0.5).astype(dtype) if case.get("dlse") else None
     terms = {}  # datasets of the score terms, in both passes' input files
     if "bias" in case:  # (B or 1, Hq or 1, Nq, Nk), values of the scores' size
@@ -235,6 +237,13 @@ CASES = [
          mask=(False, False), dtype=np.float32),
     dict(name="float32: key lengths 0 and 77", shape=(2, 2, 2, 90, 90, 32),
          key_lengths=(0, 77), causal=True, dtype=np.float32),
+    # v with a head dim of its own (shape's 7th entry: Dv).
+    dict(name="Dv 72 != D 24, GQA, causal, dLSE", shape=(2, 4, 2, 70, 90, 24, 72), causal=True,
+         dlse=True),
+    dict(name="Dv 40 != D 64, window, dropout", shape=(1, 2, 2, 80, 80, 64, 40),
+         window=(20, 5), dropout=0.2, seed=13),
+    dict(name="float32: Dv 16 != D 32, softcap", shape=(1, 2, 1, 90, 110, 32, 16), softcap=2.0,
+         dtype=np.float32),
 ]
 
 

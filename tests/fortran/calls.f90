@@ -7,11 +7,11 @@ module kfa_test_calls
   implicit none
 contains
 
-  subroutine forward_f32(d, nq, hq, nk, hk, b, q, k, v, o, lse, causal, status) &
+  subroutine forward_f32(d, e, nq, hq, nk, hk, b, q, k, v, o, lse, causal, status) &
       bind(c, name='fortran_forward_f32')
-    integer(c_int), value :: d, nq, hq, nk, hk, b, causal
-    real(c_float), intent(in) :: q(d, nq, hq, b), k(d, nk, hk, b), v(d, nk, hk, b)
-    real(c_float), intent(inout) :: o(d, nq, hq, b), lse(nq, hq, b)
+    integer(c_int), value :: d, e, nq, hq, nk, hk, b, causal  ! e: v's head dim
+    real(c_float), intent(in) :: q(d, nq, hq, b), k(d, nk, hk, b), v(e, nk, hk, b)
+    real(c_float), intent(inout) :: o(e, nq, hq, b), lse(nq, hq, b)
     integer(c_int), intent(out) :: status
     type(kfa_params) :: p
     integer :: s
@@ -21,11 +21,11 @@ contains
     status = s
   end subroutine forward_f32
 
-  subroutine forward_f64(d, nq, hq, nk, hk, b, q, k, v, o, lse, causal, status) &
+  subroutine forward_f64(d, e, nq, hq, nk, hk, b, q, k, v, o, lse, causal, status) &
       bind(c, name='fortran_forward_f64')
-    integer(c_int), value :: d, nq, hq, nk, hk, b, causal
-    real(c_double), intent(in) :: q(d, nq, hq, b), k(d, nk, hk, b), v(d, nk, hk, b)
-    real(c_double), intent(inout) :: o(d, nq, hq, b), lse(nq, hq, b)
+    integer(c_int), value :: d, e, nq, hq, nk, hk, b, causal  ! e: v's head dim
+    real(c_double), intent(in) :: q(d, nq, hq, b), k(d, nk, hk, b), v(e, nk, hk, b)
+    real(c_double), intent(inout) :: o(e, nq, hq, b), lse(nq, hq, b)
     integer(c_int), intent(out) :: status
     type(kfa_params) :: p
     integer :: s
@@ -35,13 +35,13 @@ contains
     status = s
   end subroutine forward_f64
 
-  subroutine backward_f32(d, nq, hq, nk, hk, b, q, k, v, o, lse, dout, dlse, dq, dk, dv, &
-                             causal, with_dlse, status) bind(c, name='fortran_backward_f32')
-    integer(c_int), value :: d, nq, hq, nk, hk, b, causal, with_dlse
-    real(c_float), intent(in) :: q(d, nq, hq, b), k(d, nk, hk, b), v(d, nk, hk, b), &
-                               o(d, nq, hq, b), lse(nq, hq, b), dout(d, nq, hq, b), &
+  subroutine backward_f32(d, e, nq, hq, nk, hk, b, q, k, v, o, lse, dout, dlse, dq, dk, &
+                             dv, causal, with_dlse, status) bind(c, name='fortran_backward_f32')
+    integer(c_int), value :: d, e, nq, hq, nk, hk, b, causal, with_dlse  ! e: v's head dim
+    real(c_float), intent(in) :: q(d, nq, hq, b), k(d, nk, hk, b), v(e, nk, hk, b), &
+                               o(e, nq, hq, b), lse(nq, hq, b), dout(e, nq, hq, b), &
                                dlse(nq, hq, b)
-    real(c_float), intent(inout) :: dq(d, nq, hq, b), dk(d, nk, hk, b), dv(d, nk, hk, b)
+    real(c_float), intent(inout) :: dq(d, nq, hq, b), dk(d, nk, hk, b), dv(e, nk, hk, b)
     integer(c_int), intent(out) :: status
     type(kfa_params) :: p
     integer :: s
@@ -55,13 +55,13 @@ contains
     status = s
   end subroutine backward_f32
 
-  subroutine backward_f64(d, nq, hq, nk, hk, b, q, k, v, o, lse, dout, dlse, dq, dk, dv, &
-                             causal, with_dlse, status) bind(c, name='fortran_backward_f64')
-    integer(c_int), value :: d, nq, hq, nk, hk, b, causal, with_dlse
-    real(c_double), intent(in) :: q(d, nq, hq, b), k(d, nk, hk, b), v(d, nk, hk, b), &
-                               o(d, nq, hq, b), lse(nq, hq, b), dout(d, nq, hq, b), &
+  subroutine backward_f64(d, e, nq, hq, nk, hk, b, q, k, v, o, lse, dout, dlse, dq, dk, &
+                             dv, causal, with_dlse, status) bind(c, name='fortran_backward_f64')
+    integer(c_int), value :: d, e, nq, hq, nk, hk, b, causal, with_dlse  ! e: v's head dim
+    real(c_double), intent(in) :: q(d, nq, hq, b), k(d, nk, hk, b), v(e, nk, hk, b), &
+                               o(e, nq, hq, b), lse(nq, hq, b), dout(e, nq, hq, b), &
                                dlse(nq, hq, b)
-    real(c_double), intent(inout) :: dq(d, nq, hq, b), dk(d, nk, hk, b), dv(d, nk, hk, b)
+    real(c_double), intent(inout) :: dq(d, nq, hq, b), dk(d, nk, hk, b), dv(e, nk, hk, b)
     integer(c_int), intent(out) :: status
     type(kfa_params) :: p
     integer :: s

@@ -97,8 +97,8 @@ void check_forward(const Case& c, kmpi::Mode mode, kmpi::Layout layout) {
   Problem pb(s, seed);
   // The global reference, in double and in float (the rule's naive same-precision error).
   const Keep4 keep = keep_mask(s, c.params);
-  Tensor4 o64("o64", s.batch, s.heads_q, s.seqlen_q, s.head_dim),
-      o32("o32", s.batch, s.heads_q, s.seqlen_q, s.head_dim);
+  Tensor4 o64("o64", s.batch, s.heads_q, s.seqlen_q, s.dv()),
+      o32("o32", s.batch, s.heads_q, s.seqlen_q, s.dv());
   Tensor3 l64("l64", s.batch, s.heads_q, s.seqlen_q), l32("l32", s.batch, s.heads_q, s.seqlen_q);
   ref::forward<double>(pb.q, pb.k, pb.v, c.params, o64, l64, keep);
   ref::forward<float>(pb.q, pb.k, pb.v, c.params, o32, l32, keep);
@@ -107,7 +107,7 @@ void check_forward(const Case& c, kmpi::Mode mode, kmpi::Layout layout) {
   auto k = to_device<float>(my_rows(pb.k, layout, "k"));
   auto v = to_device<float>(my_rows(pb.v, layout, "v"));
   Kokkos::View<float****, Kokkos::LayoutRight, Exec::memory_space> o("o", q.extent(0), q.extent(1),
-                                                                     q.extent(2), q.extent(3));
+                                                                     q.extent(2), v.extent(3));
   Kokkos::View<float***, Kokkos::LayoutRight, Exec::memory_space> lse("lse", q.extent(0),
                                                                       q.extent(1), q.extent(2));
   Kokkos::deep_copy(o, std::numeric_limits<float>::quiet_NaN());
@@ -155,12 +155,12 @@ RankGradients run_backward(const Problem& pb, const kfa::Params& p, const Tensor
   auto k = to_device<float>(my_rows(pb.k, sp.layout, "k"));
   auto v = to_device<float>(my_rows(pb.v, sp.layout, "v"));
   auto dod = to_device<float>(my_rows(dout, sp.layout, "do"));
-  Dev4 o("o", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
+  Dev4 o("o", q.extent(0), q.extent(1), q.extent(2), v.extent(3));
   Dev3 lse("lse", q.extent(0), q.extent(1), q.extent(2));
   kmpi::forward(Exec(), q, k, v, o, lse, p, sp);
   Dev4 dq("dq", q.extent(0), q.extent(1), q.extent(2), q.extent(3)),
       dk("dk", k.extent(0), k.extent(1), k.extent(2), k.extent(3)),
-      dv("dv", k.extent(0), k.extent(1), k.extent(2), k.extent(3));
+      dv("dv", v.extent(0), v.extent(1), v.extent(2), v.extent(3));
   for (const auto& g : {dq, dk, dv})
     Kokkos::deep_copy(g, std::numeric_limits<float>::quiet_NaN());
   if (dlse.span() > 0) {
@@ -189,7 +189,7 @@ void check_backward(const Case& c, kmpi::Mode mode, kmpi::Layout layout, bool wi
                << " ranks=" << comm_size() << " rank=" << comm_rank());
   Problem pb(s, seed);
   std::mt19937_64 gen(seed + 1);
-  const Tensor4 dout = random_tensor("dout", s.batch, s.heads_q, s.seqlen_q, s.head_dim, gen);
+  const Tensor4 dout = random_tensor("dout", s.batch, s.heads_q, s.seqlen_q, s.dv(), gen);
   const Tensor3 dlse = with_dlse ? random_dlse(s, gen) : Tensor3();
   const kmpi::SeqPar sp{MPI_COMM_WORLD, s.seqlen_q, s.seqlen_k, layout, mode};
   const RankGradients g = run_backward(pb, c.params, dout, dlse, sp);
@@ -218,6 +218,10 @@ std::vector<Case> cases() {
   out.push_back({{1, 2, 2, 70, 70, 32}, drop});
   out.push_back({{1, 1, 1, 3, 3, 16}, m[1]});  // fewer rows than some rank counts need
   out.push_back({{1, 1, 1, 1, 5, 16}, m[0]});  // one query: most ranks own no query
+  // v with a head dim of its own: the exchanged K/V shards and dK/dV accumulators (ring), the
+  // gathered dO rows and the partials' O (tree) carry Dv columns.
+  out.push_back({{1, 2, 1, 53, 61, 32, 16}, m[1]});
+  out.push_back({{2, 2, 2, 40, 40, 16, 40}, m[5]});
   return out;
 }
 

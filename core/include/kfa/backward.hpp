@@ -20,13 +20,14 @@ namespace kfa {
 /// \param space execution space the kernels run on (asynchronously; fence before reading).
 /// \param q     (batch, heads_q, seqlen_q, head_dim), as given to kfa::forward.
 /// \param k     (batch, heads_k, seqlen_k, head_dim), as given to kfa::forward.
-/// \param v     like k, as given to kfa::forward.
+/// \param v     (batch, heads_k, seqlen_k, head_dim_v), as given to kfa::forward.
 /// \param o     the forward's output for these q, k, v and params.
 /// \param lse   the forward's LSE (batch, heads_q, seqlen_q).
-/// \param dout  gradient with respect to o, shaped like q.
+/// \param dout  gradient with respect to o, shaped like o.
 /// \param dq    output: gradient with respect to q, shaped like q.
 /// \param dk    output: gradient with respect to k, summed over the query heads of each group.
-/// \param dv    output: gradient with respect to v, summed over the query heads of each group.
+/// \param dv    output: gradient with respect to v (shaped like v), summed over the query heads
+///              of each group.
 /// \param params the forward's params (scale, masks, softcap), plus `deterministic`.
 /// All tensors: any layout with unit head_dim stride; one value type (float, double or a
 /// narrow float type, as for kfa::forward; narrow types accumulate in float, dq too).

@@ -1,7 +1,8 @@
 #pragma once
 /// \file flops.hpp
 /// FLOP counts in flash-attn's convention, so kfa's figures line up with published ones:
-/// the forward does two matrix products, 4 * head_dim FLOPs per visible (query, key) pair;
+/// the forward does two matrix products, 2 * (head_dim + head_dim_v) FLOPs per visible (query,
+/// key) pair (4 * head_dim when v's head dim is q's);
 /// the backward counts 2.5 times the forward. And the I/O model: the bytes each pass moves
 /// between global memory and the chip, tile by tile, as kfa's kernels move them.
 
@@ -23,17 +24,20 @@ inline double visible_pairs(const Params& params, int seqlen_q, int seqlen_k) {
   return pairs;
 }
 
-/// FLOPs of one forward pass: 4 * batch * heads_q * visible_pairs * head_dim.
+/// FLOPs of one forward pass: 2 * batch * heads_q * visible_pairs * (head_dim + head_dim_v),
+/// S = Q K^T over head_dim and P V over v's head dim head_dim_v (0: head_dim, the common case,
+/// where this is 4 * ... * head_dim).
 inline double forward_flops(int batch, int heads_q, int seqlen_q, int seqlen_k, int head_dim,
-                            const Params& params = {}) {
-  return 4.0 * batch * heads_q * visible_pairs(params, seqlen_q, seqlen_k) * head_dim;
+                            const Params& params = {}, int head_dim_v = 0) {
+  const int dv = head_dim_v > 0 ? head_dim_v : head_dim;
+  return 2.0 * batch * heads_q * visible_pairs(params, seqlen_q, seqlen_k) * (head_dim + dv);
 }
 
 /// FLOPs of one backward pass: 2.5 times the forward's (flash-attn's convention: five matrix
-/// products against the forward's two).
+/// products against the forward's two), head_dim_v as for forward_flops.
 inline double backward_flops(int batch, int heads_q, int seqlen_q, int seqlen_k, int head_dim,
-                             const Params& params = {}) {
-  return 2.5 * forward_flops(batch, heads_q, seqlen_q, seqlen_k, head_dim, params);
+                             const Params& params = {}, int head_dim_v = 0) {
+  return 2.5 * forward_flops(batch, heads_q, seqlen_q, seqlen_k, head_dim, params, head_dim_v);
 }
 
 /// Bytes a pass reads from and writes to global memory.

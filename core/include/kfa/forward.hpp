@@ -16,9 +16,12 @@ namespace kfa {
 ///
 /// \param space execution space the kernel runs on (asynchronously; fence before reading o, lse).
 /// \param q     (batch, heads_q, seqlen_q, head_dim)
-/// \param k, v  (batch, heads_k, seqlen_k, head_dim); heads_q must be a multiple of heads_k
+/// \param k     (batch, heads_k, seqlen_k, head_dim); heads_q must be a multiple of heads_k
 ///              (grouped-query attention: query head h uses key/value head h / (heads_q/heads_k)).
-/// \param o     output like q. Any layout whose head_dim stride is 1.
+/// \param v     (batch, heads_k, seqlen_k, head_dim_v): v's head dim Dv may differ from the
+///              head_dim D of q and k (both in [1, 256]).
+/// \param o     output (batch, heads_q, seqlen_q, head_dim_v). Any layout whose head_dim stride
+///              is 1.
 /// \param lse   output (batch, heads_q, seqlen_q): natural log of the softmax denominator of the
 ///              scaled, masked scores; -inf (with o = 0) for a query that sees no key.
 /// \param params scale, masks, softcap (see kfa::Params).
@@ -28,7 +31,7 @@ namespace kfa {
 /// o has the same type; lse is float or wider.
 /// Accumulation is in double for double inputs and in float otherwise; a narrow type's inputs
 /// are converted to float on load and o is rounded once, on store.
-/// \throws kfa::Error on the host, before any launch, for shapes that disagree, head_dim outside
+/// \throws kfa::Error on the host, before any launch, for shapes that disagree, D or Dv outside
 ///         [1, 256], a non-unit head_dim stride or invalid params.
 template <class ExecSpace, class Q, class K, class V, class O, class Lse>
 void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,

@@ -72,6 +72,16 @@ void msa_validate_mask(const char* pass, const Q& q, const K& k, const M& mask) 
          k.extent(2), ") from q and k");
 }
 
+/// Multi-scale attention keeps v's head dim equal to q's and k's (its reference and the
+/// kfa::mpi blocks assume it): v with a head dim of its own is refused, both shapes named.
+template <class Q, class V>
+void msa_validate_value_head_dim(const char* pass, const Q& q, const V& v) {
+  if (v.extent(3) != q.extent(3))
+    fail(pass, "v is ", shape_of(v), " but q is ", shape_of(q),
+         ": multi-scale attention needs v's head_dim equal to q's (a head dim of its own, Dv = ",
+         v.extent(3), " != D = ", q.extent(3), ", is supported by kfa::forward only)");
+}
+
 /// The row rule of a call: the mask view (or none) and the scale.
 template <class ExecSpace, class Q, class M>
 auto msa_rule(const M& mask, bool has_mask, const msa::Params& p) {
@@ -92,6 +102,7 @@ void msa_forward(const ExecSpace& space, const Q& q, const K& k, const V& v, con
   ScopedRegion region("kfa::msa::forward");
   msa_validate<typename Q::non_const_value_type>("msa::forward", params);
   validate_forward("msa::forward", q, k, v, o, rsum, "rsum");
+  msa_validate_value_head_dim("msa::forward", q, v);
   if (has_mask) msa_validate_mask("msa::forward", q, k, mask);
   const auto rule = msa_rule<ExecSpace, Q>(mask, has_mask, params);
   ForwardKernel<ExecSpace, Q, K, V, O, R, decltype(rule)>(space, q, k, v, o, rsum, masks_of(params),
@@ -110,6 +121,7 @@ void msa_backward(const ExecSpace& space, const Q& q, const K& k, const V& v, co
   msa_validate<typename Q::non_const_value_type>("msa::backward", params);
   validate_backward("msa::backward", q, k, v, o, rsum, dout, static_cast<const R*>(nullptr), dq, dk,
                     dv, "rsum");
+  msa_validate_value_head_dim("msa::backward", q, v);
   if (has_mask) msa_validate_mask("msa::backward", q, k, mask);
   backward_validated(space, q, k, v, o, rsum, dout, static_cast<const R*>(nullptr), dq, dk, dv,
                      masks_of(params), Origin{}, msa_rule<ExecSpace, Q>(mask, has_mask, params));

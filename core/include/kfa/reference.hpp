@@ -202,7 +202,8 @@ T scores_row(const Tensor4& q, const Tensor4& k, const Params& p, int b, int h, 
 }
 
 /// Naive forward computed in precision T from double inputs; results stored as double.
-/// o and lse must be allocated with the shapes of q and (batch, heads_q, seqlen_q); keep is
+/// o and lse must be allocated as (batch, heads_q, seqlen_q, v's head dim Dv, which may differ
+/// from q's and k's D) and (batch, heads_q, seqlen_q); keep is
 /// the dropout keep-mask, needed only when p.dropout > 0; terms the additive terms, if any.
 template <class T_>
 void forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params& p,
@@ -211,10 +212,10 @@ void forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params&
   using T = compute_t<T_>;
   constexpr bool narrow = backends::is_narrow_float<T_>::value;
   const int B = q.extent(0), Hq = q.extent(1), Nq = q.extent(2), D = q.extent(3);
-  const int Hk = k.extent(1), Nk = k.extent(2);
+  const int Hk = k.extent(1), Nk = k.extent(2), Dv = v.extent(3);
   const DropoutWeight<T> z(p, keep, B, Hq, Nq, Nk);
   const ScoreMap<T_> score(p, D);
-  std::vector<T> s(Nk), slope(Nk), acc(D);
+  std::vector<T> s(Nk), slope(Nk), acc(Dv);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < Hq; ++h) {
       const int hk = h / (Hq / Hk);
@@ -231,10 +232,10 @@ void forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params&
           if (!seen(i, j)) continue;
           // A narrow type's P is normalised and rounded before P V, as an unfused one is.
           const T pz = (narrow ? round_to<T_>(s[j] / sum) : s[j]) * z(b, h, i, j);
-          for (int d = 0; d < D; ++d)
+          for (int d = 0; d < Dv; ++d)
             acc[d] += pz * static_cast<T>(v(b, hk, j, d));
         }
-        for (int d = 0; d < D; ++d)
+        for (int d = 0; d < Dv; ++d)
           o(b, h, i, d) = sum > 0 ? double(round_to<T_>(narrow ? acc[d] : acc[d] / sum)) : 0.0;
         lse(b, h, i) =
             sum > 0 ? double(mx + std::log(sum)) : -std::numeric_limits<double>::infinity();
@@ -250,22 +251,24 @@ void forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params&
 ///   dK_j = scale sum_i dS_ij Q_i,
 /// dK and dV summed over the query heads sharing a kv head. dlse may be an empty view (no LSE
 /// gradient); keep is the dropout keep-mask, needed only when p.dropout > 0. Outputs must be
-/// allocated with the shapes of q, k and v. With terms, the scores have them added, and
-/// terms.dbias (when allocated) receives dL/dbias_ij = P_ij (Z_ij dO_i . V_j - D_i + dlse_i),
-/// dS before the softcap's slope, summed over the broadcast dimensions of terms.bias.
+/// allocated with the shapes of q, k and v; v, dout and dv have their own head dim Dv. With terms,
+/// the scores have them added, and terms.dbias (when allocated) receives dL/dbias_ij = P_ij (Z_ij
+/// dO_i . V_j - D_i + dlse_i), dS before the softcap's slope, summed over the broadcast dimensions
+/// of terms.bias.
 template <class T_>
 void backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params& p,
               const Tensor4& dout, const Tensor3& dlse, const Tensor4& dq, const Tensor4& dk,
               const Tensor4& dv, const Keep4& keep = {}, const Terms& terms = {}) {
   using T = compute_t<T_>;
   const int B = q.extent(0), Hq = q.extent(1), Nq = q.extent(2), D = q.extent(3);
-  const int Hk = k.extent(1), Nk = k.extent(2);
+  const int Hk = k.extent(1), Nk = k.extent(2), Dv = v.extent(3);
   const DropoutWeight<T> z(p, keep, B, Hq, Nq, Nk);
   const ScoreMap<T_> score(p, D);
   const bool has_dlse = dlse.span() > 0;
   const bool want_dbias = terms.dbias.span() > 0;
   if (want_dbias) Kokkos::deep_copy(terms.dbias, 0.0);
-  std::vector<T> s(Nk), slope(Nk), pr(Nk), o(D), gq(D), gk(std::size_t(Hk) * Nk * D), gv(gk.size());
+  std::vector<T> s(Nk), slope(Nk), pr(Nk), o(Dv), gq(D), gk(std::size_t(Hk) * Nk * D),
+      gv(std::size_t(Hk) * Nk * Dv);
   for (int b = 0; b < B; ++b) {
     std::fill(gk.begin(), gk.end(), T(0));
     std::fill(gv.begin(), gv.end(), T(0));
@@ -284,18 +287,18 @@ void backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params
           if (!seen(i, j)) continue;
           pr[j] = round_to<T_>(pr[j] / sum);
           const T pz = pr[j] * z(b, h, i, j);
-          for (int d = 0; d < D; ++d)
+          for (int d = 0; d < Dv; ++d)
             o[d] += pz * static_cast<T>(v(b, hk, j, d));
         }
         T di = 0;
-        for (int d = 0; d < D; ++d)
+        for (int d = 0; d < Dv; ++d)
           di += static_cast<T>(dout(b, h, i, d)) * round_to<T_>(o[d]);
         const T gl = has_dlse ? static_cast<T>(dlse(b, h, i)) : T(0);
         std::fill(gq.begin(), gq.end(), T(0));
         for (int j = 0; j < Nk; ++j) {
           if (!seen(i, j)) continue;
           T dp = 0;
-          for (int d = 0; d < D; ++d)
+          for (int d = 0; d < Dv; ++d)
             dp += static_cast<T>(dout(b, h, i, d)) * static_cast<T>(v(b, hk, j, d));
           dp = round_to<T_>(dp);
           const T zj = z(b, h, i, j);
@@ -305,24 +308,26 @@ void backward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params
                         j) += double(round_to<T_>(g));
           const T ds = round_to<T_>(g * slope[j]);
           T* gkj = &gk[(std::size_t(hk) * Nk + j) * D];
-          T* gvj = &gv[(std::size_t(hk) * Nk + j) * D];
+          T* gvj = &gv[(std::size_t(hk) * Nk + j) * Dv];
           const T pz = pr[j] * zj;
           for (int d = 0; d < D; ++d) {
             gq[d] += score.scale * ds * static_cast<T>(k(b, hk, j, d));
             gkj[d] += score.scale * ds * static_cast<T>(q(b, h, i, d));
-            gvj[d] += pz * static_cast<T>(dout(b, h, i, d));
           }
+          for (int d = 0; d < Dv; ++d)
+            gvj[d] += pz * static_cast<T>(dout(b, h, i, d));
         }
         for (int d = 0; d < D; ++d)
           dq(b, h, i, d) = double(round_to<T_>(gq[d]));
       }
     }
     for (int hk = 0; hk < Hk; ++hk)
-      for (int j = 0; j < Nk; ++j)
-        for (int d = 0; d < D; ++d) {
+      for (int j = 0; j < Nk; ++j) {
+        for (int d = 0; d < D; ++d)
           dk(b, hk, j, d) = double(round_to<T_>(gk[(std::size_t(hk) * Nk + j) * D + d]));
-          dv(b, hk, j, d) = double(round_to<T_>(gv[(std::size_t(hk) * Nk + j) * D + d]));
-        }
+        for (int d = 0; d < Dv; ++d)
+          dv(b, hk, j, d) = double(round_to<T_>(gv[(std::size_t(hk) * Nk + j) * Dv + d]));
+      }
   }
 }
 
@@ -621,10 +626,10 @@ template <class T>
 ForwardCheck check_forward(const Tensor4& q, const Tensor4& k, const Tensor4& v, const Params& p,
                            const Tensor4& o, const Tensor3& lse, const Keep4& keep = {},
                            const Terms& terms = {}) {
-  Tensor4 o64("kfa::ref::o64", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
+  Tensor4 o64("kfa::ref::o64", q.extent(0), q.extent(1), q.extent(2), v.extent(3));
   Tensor3 lse64("kfa::ref::lse64", q.extent(0), q.extent(1), q.extent(2));
   forward<double>(q, k, v, p, o64, lse64, keep, terms);
-  Tensor4 oT("kfa::ref::oT", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
+  Tensor4 oT("kfa::ref::oT", q.extent(0), q.extent(1), q.extent(2), v.extent(3));
   Tensor3 lseT("kfa::ref::lseT", q.extent(0), q.extent(1), q.extent(2));
   if (!std::is_same_v<T, double>) forward<T>(q, k, v, p, oT, lseT, keep, terms);
   return {apply_rule<T>(o, oT, o64), apply_rule<T>(lse, lseT, lse64)};

@@ -187,13 +187,14 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const C
 ///
 /// \param space  the execution space instance the kernels run on.
 /// \param q      (total_q, heads_q, head_dim): the queries of every sequence, one after another.
-/// \param k, v   (total_k, heads_k, head_dim); heads_q a multiple of heads_k (GQA).
+/// \param k      (total_k, heads_k, head_dim); heads_q a multiple of heads_k (GQA).
+/// \param v      (total_k, heads_k, head_dim_v): v's head dim Dv may differ from q's and k's.
 /// \param cu_seqlens_q, cu_seqlens_k  batch + 1 offsets each, std::int32_t, any memory space
 ///               (read on the host before any launch): sequence s has the query rows
 ///               [cu_seqlens_q[s], cu_seqlens_q[s+1]) and the key rows [cu_seqlens_k[s],
 ///               cu_seqlens_k[s+1]). A length may be 0; a sequence without keys gets o = 0,
 ///               lse = -inf.
-/// \param o      output like q.
+/// \param o      output (total_q, heads_q, head_dim_v).
 /// \param lse    output (heads_q, total_q), flash-attn's varlen softmax_lse layout.
 /// \param params as for kfa::forward; masks align to each sequence's own lengths.
 /// Every tensor needs a unit head_dim stride (LayoutRight packed arrays have it).
@@ -277,8 +278,8 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
 ///
 /// \param space  the execution space instance the kernels run on.
 /// \param q, k, v, cu_seqlens_q, cu_seqlens_k, params  as given to kfa::varlen::forward.
-/// \param o, lse  the forward's outputs, (total_q, heads_q, head_dim) and (heads_q, total_q).
-/// \param dout    gradient with respect to o, like q.
+/// \param o, lse  the forward's outputs, (total_q, heads_q, head_dim_v) and (heads_q, total_q).
+/// \param dout    gradient with respect to o, like o.
 /// \param dq, dk, dv  outputs like q, k, v; dk and dv summed over each group's query heads.
 /// \throws kfa::Error before any launch, as kfa::varlen::forward and kfa::backward do, and for
 ///         dq_mode symmetric when some sequence is not self-attention.
@@ -297,8 +298,8 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
 ///
 /// \param space  the execution space instance the kernels run on.
 /// \param q, k, v, cu_seqlens_q, cu_seqlens_k, params  as given to kfa::varlen::forward.
-/// \param o, lse  the forward's outputs, (total_q, heads_q, head_dim) and (heads_q, total_q).
-/// \param dout    gradient with respect to o, like q.
+/// \param o, lse  the forward's outputs, (total_q, heads_q, head_dim_v) and (heads_q, total_q).
+/// \param dout    gradient with respect to o, like o.
 /// \param dlse    gradient with respect to lse, (heads_q, total_q), floating point.
 /// \param dq, dk, dv  outputs like q, k, v; dk and dv summed over each group's query heads.
 /// \throws kfa::Error as the overload above.

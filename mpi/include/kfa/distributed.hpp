@@ -156,13 +156,15 @@ void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O
   const Ranks ranks = ranks_of(sp.comm);
   const int rank = ranks.rank, P = ranks.size;
   Call call =
-      call_of<T>(error_prefix(name), Passes::forward, q, k, false, R::name, rows.has_mask());
+      call_of<T>(error_prefix(name), Passes::forward, q, k, v, false, R::name, rows.has_mask());
   call.term = term_shape(extra, false);
   // The rule the blocks run, bound to the term by the check (which validates the term).
   std::optional<Bound<R, T, ExecSpace, Extra>> rule;
   check_collectively(call, sp, rows.agreed(), [&] {
     check_locally<T>(call, rows, sp, rank, P, q, k);
     kfa::impl::validate_forward(call.name, q, k, v, o, lse, R::stat_name);
+    if (std::strcmp(R::name, SoftmaxRows<>::name) != 0)  // multi-scale keeps Dv = D
+      kfa::impl::msa_validate_value_head_dim(call.name, q, v);
     rule.emplace(rows.template with_term<backends::accum_t<T>, ExecSpace>(
         call.name, extra, whole_dims(q, sp), false));
   });
@@ -190,13 +192,15 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
   const Meter whole_call(total_sink(sp));
   const Ranks ranks = ranks_of(sp.comm);
   const int rank = ranks.rank, P = ranks.size;
-  Call call = call_of<T>(error_prefix(name), Passes::backward, q, k, dlse != nullptr, R::name,
+  Call call = call_of<T>(error_prefix(name), Passes::backward, q, k, v, dlse != nullptr, R::name,
                          rows.has_mask());
   call.term = term_shape(extra, true);
   std::optional<Bound<R, T, ExecSpace, Extra>> rule;
   check_collectively(call, sp, rows.agreed(), [&] {
     check_locally<T>(call, rows, sp, rank, P, q, k);
     kfa::impl::validate_backward(call.name, q, k, v, o, lse, dout, dlse, dq, dk, dv, R::stat_name);
+    if (std::strcmp(R::name, SoftmaxRows<>::name) != 0)  // multi-scale keeps Dv = D
+      kfa::impl::msa_validate_value_head_dim(call.name, q, v);
     rule.emplace(rows.template with_term<backends::accum_t<T>, ExecSpace>(call.name, extra,
                                                                           whole_dims(q, sp), true));
   });

@@ -84,8 +84,11 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
   // gradients sum over blocks (kfa::mpi). Without atomic dQ the sums stay bitwise repeatable.
   bool accumulate = false;
   int heads_q, heads_k, group, seqlen_q, seqlen_k, head_dim;
+  int head_dim_v;  // Dv: v's, dout's and dv's head dim, which may differ from q's and k's D
   int Bt, q_tiles, k_tiles;  // Br = Bc = Bt
-  int ldd, ldt;  // row strides of the scratch tiles D and Bt wide: padded by traits::pad
+  // Row strides of the scratch tiles D, Dv and Bt wide (Q_i, K_j, dQ_i, dK_j; dO_i, dV_j;
+  // P, dS and the transposes): padded by traits::pad.
+  int ldd, ldv, ldt;
   using bias_t = typename bias_of<Rule, acc_t>::type;  // the additive term (impl/bias.hpp)
   ScoreTransform<acc_t, bias_t> score;
   Mask mask;
@@ -104,8 +107,10 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
     seqlen_q = static_cast<int>(t.q.extent(2));
     seqlen_k = static_cast<int>(t.k.extent(2));
     head_dim = static_cast<int>(t.q.extent(3));
-    Bt = traits::block_bwd(head_dim);
+    head_dim_v = static_cast<int>(t.v.extent(3));
+    Bt = traits::block_bwd(tile_dim(head_dim, head_dim_v));
     ldd = head_dim + traits::pad;
+    ldv = head_dim_v + traits::pad;
     ldt = Bt + traits::pad;
     q_tiles = (seqlen_q + Bt - 1) / Bt;
     k_tiles = (seqlen_k + Bt - 1) / Bt;
@@ -122,6 +127,24 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
   template <class Out>
   KOKKOS_INLINE_FUNCTION void store(Out& out, acc_t x) const {
     out = Out(accumulate ? static_cast<acc_t>(out) + x : x);
+  }
+
+  /// Writes (or adds, when accumulating) the dK_j and dV_j accumulators of key tile k0 (nc
+  /// keys) of kv head (b, hk): rows ldd and ldv apart in scratch.
+  KOKKOS_INLINE_FUNCTION void store_dk_dv(const member_t& team, int b, int hk, int k0, int nc,
+                                          const acc_t* dks, const acc_t* dvs) const {
+    if (head_dim == head_dim_v) {  // one pass over the tile's rows
+      ops::for_each_element(team, nc, head_dim, [&](int c, int d) {
+        const int idx = c * ldd + d;
+        store(t.dk(b, hk, k0 + c, d), dks[idx]);
+        store(t.dv(b, hk, k0 + c, d), dvs[idx]);
+      });
+      return;
+    }
+    ops::for_each_element(team, nc, head_dim,
+                          [&](int c, int d) { store(t.dk(b, hk, k0 + c, d), dks[c * ldd + d]); });
+    ops::for_each_element(team, nc, head_dim_v,
+                          [&](int c, int d) { store(t.dv(b, hk, k0 + c, d), dvs[c * ldv + d]); });
   }
 
   /// Whether any row of the query tile at q0 (nr rows) sees any key of the tile at k0 (nc keys):
@@ -195,9 +218,10 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
     }
   }
 
-  /// Team scratch of a backward kernel: the tiles both kernels stage (K_j (Bt x D), K_j^T and
-  /// V_j^T (D x Bt), Q_i, dO_i and a dQ_i accumulator (Bt x D), P and dS (Bt x Bt), LSE and
-  /// delta (Bt)) plus, for the key-tile kernel, the dK_j and dV_j accumulators (Bt x D).
+  /// Team scratch of a backward kernel: the tiles both kernels stage (K_j (Bt x D), K_j^T
+  /// (D x Bt), V_j^T (Dv x Bt), Q_i and a dQ_i accumulator (Bt x D), dO_i (Bt x Dv), P and dS
+  /// (Bt x Bt), LSE and delta (Bt)) plus, for the key-tile kernel, the dK_j (Bt x D) and dV_j
+  /// (Bt x Dv) accumulators.
   /// Sized and carved in one place so the two cannot drift apart.
   struct Tiles {
     acc_t *ks, *kt, *vt, *qs, *dos, *dqs, *p, *ds, *lse_s, *delta_s;
@@ -223,19 +247,29 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
     return seqlen - t0 < Bt ? seqlen - t0 : Bt;
   }
 
-  /// Team scratch of the key-tile kernel (`with_dkdv`) or the query-tile kernel at head_dim: a
-  /// function of head_dim alone, so that it can be reported without a launch
-  /// (perf/cuda_report.sh).
-  static std::size_t scratch_bytes(int head_dim, bool with_dkdv) {
-    const std::size_t bt = traits::block_bwd(head_dim), d = head_dim, ldd = d + traits::pad,
-                      ldt = bt + traits::pad;
-    const std::size_t tile = bt * ldd, tile_t = d * ldt, sq = bt * ldt, row = bt;
-    return with_dkdv
-               ? base::scratch_bytes(
-                     {tile, tile, tile, tile, tile_t, tile_t, tile, tile, sq, sq, row, row})
-               : base::scratch_bytes({tile, tile, tile, tile, tile_t, tile_t, sq, sq, row, row});
+  /// The head dim the traits size the tiles for: the larger of D and Dv, so that every tile
+  /// fits as it does when both are that dim.
+  static constexpr int tile_dim(int head_dim, int head_dim_v) {
+    return head_dim > head_dim_v ? head_dim : head_dim_v;
   }
-  std::size_t scratch_bytes(bool with_dkdv) const { return scratch_bytes(head_dim, with_dkdv); }
+
+  /// Team scratch of the key-tile kernel (`with_dkdv`) or the query-tile kernel at head_dim
+  /// and head_dim_v (0: head_dim): a function of the head dims alone, so that it can be
+  /// reported without a launch (perf/cuda_report.sh). The order of carve(), tile by tile.
+  static std::size_t scratch_bytes(int head_dim, bool with_dkdv, int head_dim_v = 0) {
+    if (head_dim_v <= 0) head_dim_v = head_dim;
+    const std::size_t bt = traits::block_bwd(tile_dim(head_dim, head_dim_v)), d = head_dim,
+                      dv = head_dim_v, ldd = d + traits::pad, ldv = dv + traits::pad,
+                      ldt = bt + traits::pad;
+    const std::size_t tile = bt * ldd, tile_v = bt * ldv, sq = bt * ldt, row = bt;
+    return with_dkdv ? base::scratch_bytes({tile, tile, tile_v, tile, d * ldt, dv * ldt, tile,
+                                            tile_v, sq, sq, row, row})
+                     : base::scratch_bytes(
+                           {tile, tile, tile_v, tile, d * ldt, dv * ldt, sq, sq, row, row});
+  }
+  std::size_t scratch_bytes(bool with_dkdv) const {
+    return scratch_bytes(head_dim, with_dkdv, head_dim_v);
+  }
 
   KOKKOS_INLINE_FUNCTION Tiles carve(const member_t& team, bool with_dkdv) const {
     return carve(team.team_scratch(with_dkdv ? level_kv : level_q), with_dkdv);
@@ -244,16 +278,18 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
   /// caller (SymmetricKernel carves a second set of tiles after them).
   KOKKOS_INLINE_FUNCTION Tiles carve(const typename ExecSpace::scratch_memory_space& scr,
                                      bool with_dkdv) const {
-    const std::size_t tile = std::size_t(Bt) * ldd, tile_t = std::size_t(head_dim) * ldt,
+    const std::size_t tile = std::size_t(Bt) * ldd, tile_v = std::size_t(Bt) * ldv,
                       sq = std::size_t(Bt) * ldt;
     Tiles s;
-    for (acc_t** t : {&s.ks, &s.qs, &s.dos, &s.dqs})
-      *t = base::carve(scr, tile);
-    s.kt = base::carve(scr, tile_t);
-    s.vt = base::carve(scr, tile_t);
+    s.ks = base::carve(scr, tile);
+    s.qs = base::carve(scr, tile);
+    s.dos = base::carve(scr, tile_v);
+    s.dqs = base::carve(scr, tile);
+    s.kt = base::carve(scr, std::size_t(head_dim) * ldt);
+    s.vt = base::carve(scr, std::size_t(head_dim_v) * ldt);
     if (with_dkdv) {
       s.dks = base::carve(scr, tile);
-      s.dvs = base::carve(scr, tile);
+      s.dvs = base::carve(scr, tile_v);
     }
     s.p = base::carve(scr, sq);
     s.ds = base::carve(scr, sq);
@@ -267,12 +303,11 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
   KOKKOS_INLINE_FUNCTION void load_query_tile(const member_t& team, int b, int h, int q0, int nr,
                                               acc_t* qs, acc_t* dos, acc_t* lse_s,
                                               acc_t* delta_s) const {
-    const int D = head_dim;
     base::stage_rows(
-        team, nr, D, [&](int r) { return &t.q(b, h, q0 + r, 0); }, qs, ldd,
+        team, nr, head_dim, [&](int r) { return &t.q(b, h, q0 + r, 0); }, qs, ldd,
         [&](auto x) { return score.scaled(static_cast<acc_t>(x)); });
     base::stage_rows(
-        team, nr, D, [&](int r) { return &t.dout(b, h, q0 + r, 0); }, dos, ldd,
+        team, nr, head_dim_v, [&](int r) { return &t.dout(b, h, q0 + r, 0); }, dos, ldv,
         [](auto x) { return static_cast<acc_t>(x); });
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr), [&](int r) {
       lse_s[r] = static_cast<acc_t>(t.lse(b, h, q0 + r));
@@ -280,14 +315,25 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
     });
   }
 
-  /// Stages key tile k0 (nc keys) of kv head (b, hk): K_j (nc x D), K_j^T and V_j^T (D x Bt).
+  /// Stages key tile k0 (nc keys) of kv head (b, hk): K_j (nc x D), K_j^T (D x Bt) and V_j^T
+  /// (Dv x Bt).
   KOKKOS_INLINE_FUNCTION void load_key_tile(const member_t& team, int b, int hk, int k0, int nc,
                                             acc_t* ks, acc_t* kt, acc_t* vt) const {
-    const int D = head_dim;
-    ops::for_each_element(team, nc, D, [&](int c, int d) {
+    if (head_dim == head_dim_v) {  // one pass over the tile's rows
+      ops::for_each_element(team, nc, head_dim, [&](int c, int d) {
+        const acc_t kv = static_cast<acc_t>(t.k(b, hk, k0 + c, d));
+        ks[c * ldd + d] = kv;
+        kt[d * ldt + c] = kv;
+        vt[d * ldt + c] = static_cast<acc_t>(t.v(b, hk, k0 + c, d));
+      });
+      return;
+    }
+    ops::for_each_element(team, nc, head_dim, [&](int c, int d) {
       const acc_t kv = static_cast<acc_t>(t.k(b, hk, k0 + c, d));
       ks[c * ldd + d] = kv;
       kt[d * ldt + c] = kv;
+    });
+    ops::for_each_element(team, nc, head_dim_v, [&](int c, int d) {
       vt[d * ldt + c] = static_cast<acc_t>(t.v(b, hk, k0 + c, d));
     });
   }
@@ -299,11 +345,11 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
   /// over the element that hands dL/dS to an additive term with a gradient (the key-tile pass).
   KOKKOS_INLINE_FUNCTION void tile_p_ds(const member_t& team, int b, int h, int q0, int nr, int k0,
                                         int nc, const Tiles& sc, bool owner) const {
-    const int D = head_dim;
     int cb, ce;  // never empty: callers check tiles_meet first
     mask.tile_columns(q0, nr, k0, nc, cb, ce);
-    ops::gemm(team, nr, ce - cb, D, sc.qs, ldd, 1, sc.kt + cb, ldt, sc.p + cb, ldt, false);  // S
-    ops::gemm(team, nr, ce - cb, D, sc.dos, ldd, 1, sc.vt + cb, ldt, sc.ds + cb, ldt,
+    ops::gemm(team, nr, ce - cb, head_dim, sc.qs, ldd, 1, sc.kt + cb, ldt, sc.p + cb, ldt,
+              false);  // S
+    ops::gemm(team, nr, ce - cb, head_dim_v, sc.dos, ldv, 1, sc.vt + cb, ldt, sc.ds + cb, ldt,
               false);  // dP
     team.team_barrier();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
@@ -403,7 +449,7 @@ struct BackwardPreprocess {
     }
     delta(b, h, i) = sum;
     if (zero_dq)
-      for (int d = 0; d < D; ++d)
+      for (int d = 0; d < static_cast<int>(dq.extent(3)); ++d)  // D, not o's Dv
         dq(b, h, i, d) = typename DQ::value_type(acc_t(0));
   }
 };
@@ -430,16 +476,17 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
 
   /// The team of index `rank` in its batch (base::dispatch).
   KOKKOS_INLINE_FUNCTION void run(const member_t& team, int rank) const {
-    const int D = this->head_dim, ldd = this->ldd, ldt = this->ldt;
+    const int D = this->head_dim, Dv = this->head_dim_v, ldd = this->ldd, ldv = this->ldv,
+              ldt = this->ldt;
     const auto work = this->team_work(team, rank, true);
     const auto& sc = work.sc;
     const int b = work.b, hk = work.h, k0 = work.t0, nc = work.n;
 
     this->load_key_tile(team, b, hk, k0, nc, sc.ks, sc.kt, sc.vt);
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nc * this->ldd), [&](int idx) {
-      sc.dks[idx] = acc_t(0);
-      sc.dvs[idx] = acc_t(0);
-    });
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nc * ldd),
+                         [&](int idx) { sc.dks[idx] = acc_t(0); });
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nc * ldv),
+                         [&](int idx) { sc.dvs[idx] = acc_t(0); });
 
     for (int h = hk * this->group; h < (hk + 1) * this->group; ++h)
       for (int qt = 0; qt < this->q_tiles; ++qt) {
@@ -462,15 +509,11 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
           }
         }
         // dV_j += P^T dO_i and dK_j += dS^T (scale Q_i), reading P and dS transposed in place.
-        ops::gemm(team, nc, D, nr, sc.p, 1, ldt, sc.dos, ldd, sc.dvs, ldd, true);
+        ops::gemm(team, nc, Dv, nr, sc.p, 1, ldt, sc.dos, ldv, sc.dvs, ldv, true);
         ops::gemm(team, nc, D, nr, sc.ds, 1, ldt, sc.qs, ldd, sc.dks, ldd, true);
       }
     team.team_barrier();
-    ops::for_each_element(team, nc, D, [&](int c, int d) {
-      const int idx = c * ldd + d;
-      this->store(this->t.dk(b, hk, k0 + c, d), sc.dks[idx]);
-      this->store(this->t.dv(b, hk, k0 + c, d), sc.dvs[idx]);
-    });
+    this->store_dk_dv(team, b, hk, k0, nc, sc.dks, sc.dvs);
   }
 };
 
@@ -491,7 +534,7 @@ void transpose_rows(const ExecSpace& space, const Src& src, const Dst& dst) {
 
 /// dQ without atomics: one team per (batch, query head, query tile) owns dQ_i and recomputes
 /// P and dS for every key tile it sees. K^T and V^T come from copies of K and V transposed
-/// once per call (kt_all, vt_all: (batch, kv head, head_dim, seqlen_k) in acc_t, as much memory
+/// once per call (kt_all, vt_all: (batch, kv head, D or Dv, seqlen_k) in acc_t, as much memory
 /// as K and V): every team stages every key tile, and transposing each in the team cost more
 /// than the products of the tile on a one-thread host team.
 template <class ExecSpace, class T, class Views, class Rule = SoftmaxRule>
@@ -507,12 +550,12 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
 
   QueryKernel(const ExecSpace& space, const base& common) : base(common) {
     const auto b = this->t.k.extent(0), hk = this->t.k.extent(1);
-    const auto n = this->t.k.extent(2), d = this->t.k.extent(3);
+    const auto n = this->t.k.extent(2), d = this->t.k.extent(3), dv = this->t.v.extent(3);
     auto alloc = [](const char* label) {
       return Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing);
     };
     kt_all = transposed_view(alloc("kfa::backward::k_transposed"), b, hk, d, n);
-    vt_all = transposed_view(alloc("kfa::backward::v_transposed"), b, hk, d, n);
+    vt_all = transposed_view(alloc("kfa::backward::v_transposed"), b, hk, dv, n);
     transpose_rows(space, this->t.k, kt_all);
     transpose_rows(space, this->t.v, vt_all);
   }
@@ -569,7 +612,7 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
     this->stage_rows(
         team, D, nc, [&](int d) { return &kt_all(b, hk, d, k0); }, sc.kt, ldt, same);
     this->stage_rows(
-        team, D, nc, [&](int d) { return &vt_all(b, hk, d, k0); }, sc.vt, ldt, same);
+        team, this->head_dim_v, nc, [&](int d) { return &vt_all(b, hk, d, k0); }, sc.vt, ldt, same);
   }
 };
 
@@ -592,25 +635,28 @@ struct SymmetricKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
   int level_sym;
 
   explicit SymmetricKernel(const base& common) : base(common) {
-    level_sym = base::scratch_level(scratch_bytes(this->head_dim));
+    level_sym = base::scratch_level(scratch_bytes(this->head_dim, this->head_dim_v));
   }
 
-  /// The key-tile kernel's tiles for tile j, then tile i's: K_i, Q_i, dO_i (Bt x D), K_i^T,
-  /// V_i^T (D x Bt), LSE_i and delta_i (Bt).
-  static std::size_t scratch_bytes(int head_dim) {
+  /// The key-tile kernel's tiles for tile j, then tile i's: K_i, Q_i (Bt x D), dO_i
+  /// (Bt x Dv), K_i^T (D x Bt), V_i^T (Dv x Bt), LSE_i and delta_i (Bt). head_dim_v 0:
+  /// head_dim.
+  static std::size_t scratch_bytes(int head_dim, int head_dim_v = 0) {
     using traits = typename base::traits;
-    const std::size_t bt = traits::block_bwd(head_dim), d = head_dim, ldd = d + traits::pad,
+    if (head_dim_v <= 0) head_dim_v = head_dim;
+    const std::size_t bt = traits::block_bwd(base::tile_dim(head_dim, head_dim_v)), d = head_dim,
+                      dv = head_dim_v, ldd = d + traits::pad, ldv = dv + traits::pad,
                       ldt = bt + traits::pad;
-    const std::size_t tile = bt * ldd, tile_t = d * ldt;
-    return base::scratch_bytes(head_dim, true) +
-           base::base::scratch_bytes({tile, tile, tile, tile_t, tile_t, bt, bt});
+    const std::size_t tile = bt * ldd;
+    return base::scratch_bytes(head_dim, true, head_dim_v) +
+           base::base::scratch_bytes({tile, tile, bt * ldv, d * ldt, dv * ldt, bt, bt});
   }
 
   void launch(const ExecSpace& space) const {
     long long tiles = static_cast<long long>(this->t.q.extent(0)) * this->k_tiles;
     if constexpr (base::packed) tiles = this->t.seqs.total_key_tiles;
     base::base::launch(space, "backward", "kfa::backward::symmetric", *this, this->heads_q * tiles,
-                       scratch_bytes(this->head_dim), level_sym,
+                       scratch_bytes(this->head_dim, this->head_dim_v), level_sym,
                        {this->head_dim, this->Bt, this->Bt});
   }
 
@@ -618,7 +664,8 @@ struct SymmetricKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
 
   /// The team of index `rank` in its batch (base::dispatch; heads_k = heads_q here).
   KOKKOS_INLINE_FUNCTION void run(const member_t& team, int rank) const {
-    const int D = this->head_dim, ldd = this->ldd, ldt = this->ldt, tiles = this->k_tiles;
+    const int D = this->head_dim, Dv = this->head_dim_v, ldd = this->ldd, ldv = this->ldv,
+              ldt = this->ldt, tiles = this->k_tiles;
     const int j0 = rank % tiles * this->Bt, bh = rank / tiles;
     const int b = bh / this->heads_q, h = bh % this->heads_q;
     const int nj = this->tile_rows(j0, this->seqlen_k);
@@ -626,10 +673,11 @@ struct SymmetricKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
     const Tiles own = this->carve(scr, true);
     Tiles other = own;  // P, dS and the accumulators are shared; tile i gets its own inputs
     using arrays = typename base::base;  // TeamKernel::carve: n elements (base's is hidden)
-    for (acc_t** t : {&other.ks, &other.qs, &other.dos})
-      *t = arrays::carve(scr, std::size_t(this->Bt) * ldd);
+    other.ks = arrays::carve(scr, std::size_t(this->Bt) * ldd);
+    other.qs = arrays::carve(scr, std::size_t(this->Bt) * ldd);
+    other.dos = arrays::carve(scr, std::size_t(this->Bt) * ldv);
     other.kt = arrays::carve(scr, std::size_t(D) * ldt);
-    other.vt = arrays::carve(scr, std::size_t(D) * ldt);
+    other.vt = arrays::carve(scr, std::size_t(Dv) * ldt);
     other.lse_s = arrays::carve(scr, std::size_t(this->Bt));
     other.delta_s = arrays::carve(scr, std::size_t(this->Bt));
 
@@ -637,9 +685,10 @@ struct SymmetricKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
     this->load_query_tile(team, b, h, j0, nj, own.qs, own.dos, own.lse_s, own.delta_s);
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nj * ldd), [&](int idx) {
       own.dks[idx] = acc_t(0);
-      own.dvs[idx] = acc_t(0);
       own.dqs[idx] = acc_t(0);
     });
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nj * ldv),
+                         [&](int idx) { own.dvs[idx] = acc_t(0); });
 
     for (int i0 = 0; i0 < this->seqlen_q; i0 += this->Bt) {
       const int ni = this->tile_rows(i0, this->seqlen_q);
@@ -664,7 +713,7 @@ struct SymmetricKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
         step.lse_s = other.lse_s;
         step.delta_s = other.delta_s;
         this->tile_p_ds(team, b, h, i0, ni, j0, nj, step, true);  // owns dS(i, j) for d_bias
-        ops::gemm(team, nj, D, ni, own.p, 1, ldt, other.dos, ldd, own.dvs, ldd, true);
+        ops::gemm(team, nj, Dv, ni, own.p, 1, ldt, other.dos, ldv, own.dvs, ldv, true);
         ops::gemm(team, nj, D, ni, own.ds, 1, ldt, other.qs, ldd, own.dks, ldd, true);
       }
       if (j_sees_i) {                       // rows of tile j against keys of tile i
@@ -678,11 +727,9 @@ struct SymmetricKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
       }
     }
     team.team_barrier();
+    this->store_dk_dv(team, b, h, j0, nj, own.dks, own.dvs);
     ops::for_each_element(team, nj, D, [&](int r, int d) {
-      const int idx = r * ldd + d;
-      this->store(this->t.dk(b, h, j0 + r, d), own.dks[idx]);
-      this->store(this->t.dv(b, h, j0 + r, d), own.dvs[idx]);
-      this->store(this->t.dq(b, h, j0 + r, d), this->score.scaled(own.dqs[idx]));
+      this->store(this->t.dq(b, h, j0 + r, d), this->score.scaled(own.dqs[r * ldd + d]));
     });
   }
 };

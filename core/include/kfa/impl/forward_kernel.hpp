@@ -63,8 +63,11 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   O o;
   Lse lse;
   int heads_q, group, seqlen_q, seqlen_k, head_dim;
+  int head_dim_v;  // Dv: v's and o's head dim, which may differ from q's and k's D
   int Br, Bc, q_tiles;
-  int ldd, ldc;  // row strides of the scratch tiles D and Bc wide: padded by traits::pad
+  // Row strides of the scratch tiles D, Dv and Bc wide (Q_i and K_j; V_j and O~; S): padded
+  // by traits::pad.
+  int ldd, ldv, ldc;
   using bias_t = typename bias_of<Rule, acc_t>::type;  // the additive term (impl/bias.hpp)
   ScoreTransform<acc_t, bias_t> score;
   Mask mask;
@@ -77,7 +80,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       std::is_same_v<typename V::non_const_value_type, acc_t>;
   bool kv_in_place = false;
   // Key-major with bfloat16 inputs where the backend multiplies them in pairs
-  // (TileTraits::bf16x2_products): taken when head_dim and the K and V row strides are even,
+  // (TileTraits::bf16x2_products): taken when D, Dv and the K and V row strides are even,
   // so that every row is a row of pair words (backends/bf16x2.hpp).
   static constexpr bool pairs_type =
       Rule::softmax && traits::bf16x2_products && std::is_same_v<acc_t, float> &&
@@ -87,9 +90,9 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   bool pairs = false;
   // The register-resident forward (TileTraits::warp_tiles: CUDA, 16-bit inputs): a team's
   // 64 query rows keep their work in registers (TileOps::warp_forward). Taken at the head dims
-  // it has, when every row of q, k and v starts on 16 bytes (its copies are 16-byte ones) and
-  // without dropout (not yet drawn in registers) or an additive term (a biased pass takes the
-  // tile path).
+  // it has (with Dv = D: its registers hold O rows of D), when every row of q, k and v starts
+  // on 16 bytes (its copies are 16-byte ones) and without dropout (not yet drawn in registers)
+  // or an additive term (a biased pass takes the tile path).
   static constexpr bool warp_type = Rule::softmax && !bias_t::enabled && !Seqs::packed &&
                                     traits::warp_tiles && sizeof(value_type) == 2 &&
                                     std::is_same_v<typename K::non_const_value_type, value_type> &&
@@ -112,6 +115,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     seqlen_q = static_cast<int>(q.extent(2));
     seqlen_k = static_cast<int>(k.extent(2));
     head_dim = static_cast<int>(q.extent(3));
+    head_dim_v = static_cast<int>(v.extent(3));
     mask = make_mask(p, seqlen_q, seqlen_k, at);
     score = ScoreTransform<acc_t, bias_t>(p, head_dim, bias_of<Rule, acc_t>::make(rule, mask, at));
     if constexpr (!Rule::softmax) {
@@ -120,22 +124,23 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     }
     dropout = make_dropout<acc_t>(p, at);
     if constexpr (warp_type)
-      warp = ops::warp_head_dim(head_dim) && !dropout.enabled && rows_on_16_bytes(q) &&
-             rows_on_16_bytes(k) && rows_on_16_bytes(v);
-    Br = traits::block_q(head_dim);
-    Bc = traits::block_k(head_dim);
+      warp = ops::warp_head_dim(head_dim) && head_dim_v == head_dim && !dropout.enabled &&
+             rows_on_16_bytes(q) && rows_on_16_bytes(k) && rows_on_16_bytes(v);
+    Br = traits::block_q(tile_dim(head_dim, head_dim_v));
+    Bc = traits::block_k(tile_dim(head_dim, head_dim_v));
     if constexpr (warp_type)
       if (warp) {
         Br = ops::warp_rows;
         Bc = ops::warp_keys;
       }
     ldd = head_dim + traits::pad;
+    ldv = head_dim_v + traits::pad;
     ldc = Bc + traits::pad;
     q_tiles = (seqlen_q + Br - 1) / Br;
     scratch_level = base::scratch_level(scratch_bytes());
     kv_in_place = kv_in_place_type && k.stride(2) <= 2147483647 && v.stride(2) <= 2147483647;
-    pairs = pairs_type && head_dim % 2 == 0 && k.stride(2) % 2 == 0 && v.stride(2) % 2 == 0 &&
-            k.stride(2) / 2 <= 2147483647;
+    pairs = pairs_type && head_dim % 2 == 0 && head_dim_v % 2 == 0 && k.stride(2) % 2 == 0 &&
+            v.stride(2) % 2 == 0 && k.stride(2) / 2 <= 2147483647;
     const int key_tiles = (seqlen_k + Bc - 1) / Bc;
     const long long teams = static_cast<long long>(q.extent(0)) * heads_q * q_tiles;
     splits = p.num_splits > 0 ? p.num_splits
@@ -143,39 +148,48 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     if (splits > key_tiles) splits = key_tiles > 1 ? key_tiles : 1;
     if constexpr (Seqs::packed) splits = 1;  // one team per (sequence, head, query tile)
     if (splits > 1)
-      part = decltype(part)(splits, static_cast<int>(q.extent(0)), heads_q, seqlen_q, head_dim);
+      part = decltype(part)(splits, static_cast<int>(q.extent(0)), heads_q, seqlen_q, head_dim_v);
   }
 
   static constexpr bool key_major = traits::key_major_scores;  ///< S^T = K_j Q_i^T
 
-  /// Team scratch: Q_i, O~_i (Br x D), K_j^T (D x Bc), V_j (Bc x D), S_ij (Br x Bc), m, l (Br);
-  /// rows ldd or ldc apart. Key-major (TileTraits::key_major_scores): Q_i^T (D x Br), K_j
-  /// (Bc x D) and S_ij^T (Bc x Br), rows of Br elements ldq apart, and one more array of Br
-  /// (the rows' rescale factors); with bfloat16 pair products, Q_i^T holds pair words; under
-  /// the multi-scale rule, one more Bc x Br tile for the mask tile M_ij^T. A
-  /// function of head_dim alone, so that it can be reported without a launch
-  /// (perf/cuda_report.sh).
-  static std::size_t scratch_bytes(int head_dim) {
-    const std::size_t br = traits::block_q(head_dim), bc = traits::block_k(head_dim), d = head_dim,
-                      ldd = d + traits::pad, ldc = bc + traits::pad, ldq = br + traits::pad;
+  /// The head dim the traits size the tiles for: the larger of D and Dv, so that every tile
+  /// fits as it does when both are that dim.
+  static constexpr int tile_dim(int head_dim, int head_dim_v) {
+    return head_dim > head_dim_v ? head_dim : head_dim_v;
+  }
+
+  /// Team scratch: Q_i (Br x D), O~_i (Br x Dv), K_j^T (D x Bc), V_j (Bc x Dv), S_ij (Br x Bc),
+  /// m, l (Br); rows ldd, ldv or ldc apart. Key-major (TileTraits::key_major_scores): Q_i^T
+  /// (D x Br), K_j (Bc x D) and S_ij^T (Bc x Br), rows of Br elements ldq apart, and one more
+  /// array of Br (the rows' rescale factors); with bfloat16 pair products, Q_i^T holds pair
+  /// words; under the multi-scale rule, one more Bc x Br tile for the mask tile M_ij^T. A
+  /// function of the head dims alone (head_dim_v 0: head_dim), so that it can be reported
+  /// without a launch (perf/cuda_report.sh).
+  static std::size_t scratch_bytes(int head_dim, int head_dim_v = 0) {
+    if (head_dim_v <= 0) head_dim_v = head_dim;
+    const int td = tile_dim(head_dim, head_dim_v);
+    const std::size_t br = traits::block_q(td), bc = traits::block_k(td), d = head_dim,
+                      ldd = d + traits::pad, ldv = std::size_t(head_dim_v) + traits::pad,
+                      ldc = bc + traits::pad, ldq = br + traits::pad;
     // A boolean mask's bits (mask_words), carved last.
     const std::size_t words = mask_words ? base::scratch_bytes({mask_word_elements(br, bc)}) : 0;
     if (key_major && pairs_type)  // and the pair words of P and V_j, (Bc + 1) / 2 rows each
-      return base::scratch_bytes({d * ldq, br * ldd, bc * ldd, bc * ldd, bc * ldq, br, br, br,
-                                  (bc + 1) / 2 * ldq, (bc + 1) / 2 * ldd}) +
+      return base::scratch_bytes({d * ldq, br * ldv, bc * ldd, bc * ldv, bc * ldq, br, br, br,
+                                  (bc + 1) / 2 * ldq, (bc + 1) / 2 * ldv}) +
              words;
     if (key_major && !Rule::softmax)
       return base::scratch_bytes(
-          {d * ldq, br * ldd, bc * ldd, bc * ldd, bc * ldq, br, br, br, bc * ldq});
+          {d * ldq, br * ldv, bc * ldd, bc * ldv, bc * ldq, br, br, br, bc * ldq});
     if (key_major)
-      return base::scratch_bytes({d * ldq, br * ldd, bc * ldd, bc * ldd, bc * ldq, br, br, br}) +
+      return base::scratch_bytes({d * ldq, br * ldv, bc * ldd, bc * ldv, bc * ldq, br, br, br}) +
              words;
-    return base::scratch_bytes({br * ldd, br * ldd, d * ldc, bc * ldd, br * ldc, br, br});
+    return base::scratch_bytes({br * ldd, br * ldv, d * ldc, bc * ldv, br * ldc, br, br});
   }
   std::size_t scratch_bytes() const {
     if constexpr (warp_type)
       if (warp) return ops::warp_scratch_bytes(head_dim);
-    return scratch_bytes(head_dim);
+    return scratch_bytes(head_dim, head_dim_v);
   }
 
   /// Whether every row of a view of 16-bit elements starts on 16 bytes (unit stride inside a
@@ -207,7 +221,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       base::launch(space, "forward", "kfa::forward", *this, league, scratch_bytes(), scratch_level,
                    shape);
     if (splits > 1)
-      SplitMerge<ExecSpace, acc_t, O, Lse, Rule>{part, o, lse, head_dim}.launch(space);
+      SplitMerge<ExecSpace, acc_t, O, Lse, Rule>{part, o, lse, head_dim_v}.launch(space);
   }
 
   /// Where a team is: batch, query head, its key/value head, first query row and row count.
@@ -281,14 +295,14 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     const Place& tile = w.tile;
     const int b = tile.b, h = tile.h, q0 = tile.q0, nr = tile.nr, split = w.split;
     const int k_begin = w.k_begin, k_end = w.k_end;
-    const int D = head_dim;
+    const int D = head_dim, Dv = head_dim_v;
 
     const auto& scr = team.team_scratch(scratch_level);
-    const int ldd = this->ldd;
+    const int ldd = this->ldd, ldv = this->ldv;
     acc_t* qs = base::carve(scr, key_major ? std::size_t(D) * ldq() : std::size_t(Br) * ldd);
-    acc_t* os = base::carve(scr, std::size_t(Br) * ldd);
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr * D),
-                         [&](int e) { os[(e / D) * ldd + e % D] = acc_t(0); });
+    acc_t* os = base::carve(scr, std::size_t(Br) * ldv);
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr * Dv),
+                         [&](int e) { os[(e / Dv) * ldv + e % Dv] = acc_t(0); });
 
     acc_t *m, *l;
     if constexpr (key_major)
@@ -300,8 +314,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     if (splits > 1) {  // hand the partial to SplitMerge
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
         const std::size_t row = part.row(split, b, h, q0 + r);
-        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
-                             [&](int d) { part.o(row, d) = os[r * ldd + d]; });
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, Dv),
+                             [&](int d) { part.o(row, d) = os[r * ldv + d]; });
         Kokkos::single(Kokkos::PerThread(team), [&]() {
           part.ml(row, 0) = m[r];
           part.ml(row, 1) = l[r];
@@ -313,8 +327,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
         const msa::Partial<acc_t> row{l[r]};
         const acc_t inv = acc_t(1) / msa::denominator(row);
-        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D), [&](int d) {
-          o(b, h, q0 + r, d) = value_type(os[r * ldd + d] * inv);
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, Dv), [&](int d) {
+          o(b, h, q0 + r, d) = value_type(os[r * ldv + d] * inv);
         });
         Kokkos::single(Kokkos::PerThread(team), [&]() { lse(b, h, q0 + r) = row.r; });
       });
@@ -323,8 +337,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
       const acc_t lr = l[r];
       const acc_t inv = lr > acc_t(0) ? acc_t(1) / lr : acc_t(0);
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D),
-                           [&](int d) { o(b, h, q0 + r, d) = value_type(os[r * ldd + d] * inv); });
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, Dv),
+                           [&](int d) { o(b, h, q0 + r, d) = value_type(os[r * ldv + d] * inv); });
       Kokkos::single(Kokkos::PerThread(team), [&]() {
         lse(b, h, q0 + r) = kfa::lse(Partial<acc_t>{m[r], lr});
       });
@@ -421,10 +435,11 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
                                                 int k_begin, int k_end,
                                                 const typename ExecSpace::scratch_memory_space& scr,
                                                 acc_t* qs, acc_t* os, acc_t*& m, acc_t*& l) const {
-    const int b = tile.b, h = tile.h, hk = tile.hk, q0 = tile.q0, nr = tile.nr, D = head_dim;
-    const int ldd = this->ldd, ldc = this->ldc;
+    const int b = tile.b, h = tile.h, hk = tile.hk, q0 = tile.q0, nr = tile.nr, D = head_dim,
+              Dv = head_dim_v;
+    const int ldd = this->ldd, ldv = this->ldv, ldc = this->ldc;
     acc_t* kt = base::carve(scr, std::size_t(D) * ldc);
-    acc_t* vs = base::carve(scr, std::size_t(Bc) * ldd);
+    acc_t* vs = base::carve(scr, std::size_t(Bc) * ldv);
     acc_t* s = base::carve(scr, std::size_t(Br) * ldc);
     m = base::carve(scr, std::size_t(Br));
     l = base::carve(scr, std::size_t(Br));
@@ -444,7 +459,9 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       tiles_staged.add(team, TileCounter::forward, nc);
       ops::for_each_element(team, nc, D, [&](int c, int d) {
         kt[d * ldc + c] = static_cast<acc_t>(k(b, hk, k0 + c, d));
-        vs[c * ldd + d] = static_cast<acc_t>(v(b, hk, k0 + c, d));
+      });
+      ops::for_each_element(team, nc, Dv, [&](int c, int d) {
+        vs[c * ldv + d] = static_cast<acc_t>(v(b, hk, k0 + c, d));
       });
       team.team_barrier();
       // Keys of this tile that any of its rows sees: [cb, ce). S_ij = Q_i K_j^T on those
@@ -460,8 +477,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
           msa_row(team, h, r, q0 + r, k0, cb, ce, s, l);
       });
       team.team_barrier();
-      ops::gemm(team, nr, D, ce - cb, s + cb, ldc, 1, vs + static_cast<std::ptrdiff_t>(cb) * ldd,
-                ldd, os, ldd, true);
+      ops::gemm(team, nr, Dv, ce - cb, s + cb, ldc, 1, vs + static_cast<std::ptrdiff_t>(cb) * ldv,
+                ldv, os, ldv, true);
     }
   }
 
@@ -473,10 +490,11 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
                                               int k_end,
                                               const typename ExecSpace::scratch_memory_space& scr,
                                               acc_t* qt, acc_t* os, acc_t*& m, acc_t*& l) const {
-    const int b = tile.b, h = tile.h, hk = tile.hk, q0 = tile.q0, nr = tile.nr, D = head_dim;
-    const int ldd = this->ldd, ldq = this->ldq();
+    const int b = tile.b, h = tile.h, hk = tile.hk, q0 = tile.q0, nr = tile.nr, D = head_dim,
+              Dv = head_dim_v;
+    const int ldd = this->ldd, ldo = this->ldv, ldq = this->ldq();
     acc_t* ks = base::carve(scr, std::size_t(Bc) * ldd);
-    acc_t* vs = base::carve(scr, std::size_t(Bc) * ldd);
+    acc_t* vs = base::carve(scr, std::size_t(Bc) * ldo);
     acc_t* st = base::carve(scr, std::size_t(Bc) * ldq);
     m = base::carve(scr, std::size_t(Br));
     l = base::carve(scr, std::size_t(Br));
@@ -490,7 +508,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     void* vp = nullptr;
     if constexpr (pairs_type) {
       pp = base::carve(scr, std::size_t(Bc + 1) / 2 * ldq);
-      vp = base::carve(scr, std::size_t(Bc + 1) / 2 * ldd);
+      vp = base::carve(scr, std::size_t(Bc + 1) / 2 * ldo);
     }
     const bool pair_mode = pairs_type && pairs;  // the branches below compile only for pairs_type
     // A boolean mask's tile as bit words for col_softmax (mask_words): Bc words (keys) for
@@ -552,7 +570,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       // scratch, converted (stage_rows).
       const acc_t* kj = ks;
       const acc_t* vj = vs;
-      int ldk = ldd, ldv = ldd;
+      int ldk = ldd, ldv = ldo;
       if constexpr (kv_in_place_type)
         if (kv_in_place) {
           kj = &k(b, hk, k0, 0);
@@ -566,7 +584,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
         base::stage_rows(
             team, nc, D, [&](int c) { return &k(b, hk, k0 + c, 0); }, ks, ldd, widen);
         base::stage_rows(
-            team, nc, D, [&](int c) { return &v(b, hk, k0 + c, 0); }, vs, ldd, widen);
+            team, nc, Dv, [&](int c) { return &v(b, hk, k0 + c, 0); }, vs, ldo, widen);
       }
       team.team_barrier();
       if (pair_mode) {
@@ -660,24 +678,24 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       if constexpr (Rule::softmax)
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
           const acc_t a = alpha[r];
-          acc_t* orow = os + static_cast<std::ptrdiff_t>(r) * ldd;
+          acc_t* orow = os + static_cast<std::ptrdiff_t>(r) * ldo;
           if (a != acc_t(1))  // 1 for most rows once their maximum has settled
-            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, D), [&](int d) { orow[d] *= a; });
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, Dv), [&](int d) { orow[d] *= a; });
         });
       if (pair_mode) {  // P rounded to bfloat16 once, as FlashAttention-2 rounds it to 16 bits
         if constexpr (pairs_type) {
           ops::pack_bf16x2_rows(team, st + static_cast<std::ptrdiff_t>(cb) * ldq, ldq, ce - cb, nr,
                                 pp, ldq);
-          ops::interleave_bf16x2_rows(team, &v(b, hk, k0 + cb, 0), v.stride(2), ce - cb, D, vp,
-                                      ldd);
+          ops::interleave_bf16x2_rows(team, &v(b, hk, k0 + cb, 0), v.stride(2), ce - cb, Dv, vp,
+                                      ldo);
           team.team_barrier();
-          ops::gemm_bf16x2(team, nr, D, (ce - cb + 1) / 2, pp, 1, ldq, vp, ldd, os, ldd, 1.0f,
+          ops::gemm_bf16x2(team, nr, Dv, (ce - cb + 1) / 2, pp, 1, ldq, vp, ldo, os, ldo, 1.0f,
                            true);
         }
       } else {
         team.team_barrier();
-        ops::gemm(team, nr, D, ce - cb, st + static_cast<std::ptrdiff_t>(cb) * ldq, 1, ldq,
-                  vj + static_cast<std::ptrdiff_t>(cb) * ldv, ldv, os, ldd, true);
+        ops::gemm(team, nr, Dv, ce - cb, st + static_cast<std::ptrdiff_t>(cb) * ldq, 1, ldq,
+                  vj + static_cast<std::ptrdiff_t>(cb) * ldv, ldv, os, ldo, true);
       }
     }
   }
@@ -835,9 +853,9 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     // undropped softmax, and O~ accumulates (P * Z) V.
     if (dropout.enabled)
       dropout.for_each(team, b, h, i, k0, c0, c1, [&](int c, acc_t z) { srow[c] *= z; });
-    acc_t* orow = os + r * ldd;
+    acc_t* orow = os + static_cast<std::ptrdiff_t>(r) * ldv;
     if (alpha != acc_t(1))
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, head_dim),
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, head_dim_v),
                            [&](int d) { orow[d] *= alpha; });
     Kokkos::single(Kokkos::PerThread(team), [&]() {
       m[r] = m_new;

@@ -173,17 +173,35 @@ void expect_int_extent(const char* pass, const char* name, const View& v, int di
          ")), more than the kernels' int indices hold (", max_extent, ")");
 }
 
-/// Shapes shared by forward and backward: q (B,Hq,Nq,D), k and v (B,Hk,Nk,D), o like q,
-/// lse (B,Hq,Nq), named lse_name in messages (the row statistic of another rule: rsum); every
-/// extent, and batch * heads, within int (the kernels' index type).
+/// Checks that view `name` has the head dim (extent 3) of view `ref_name`, naming both shapes:
+/// q and k share D, v, o, dout and dv share Dv, which may differ from D.
+template <class View, class Ref>
+void expect_head_dim(const char* pass, const char* name, const View& v, const char* ref_name,
+                     const Ref& ref, const char* what) {
+  if (v.extent(3) != ref.extent(3))
+    fail(pass, name, " is ", shape_of(v), " but ", ref_name, " is ", shape_of(ref), ": ", name,
+         "'s head_dim (", name, ".extent(3) = ", v.extent(3), ") must equal ", ref_name, "'s ",
+         what, " = ", ref.extent(3));
+}
+
+/// Checks that a head dim (extent 3 of view `name`, named `what`: D or Dv) is in [1,
+/// max_head_dim], read as size_t: a head_dim of 2^32 + 5 cut to int would pass as 5.
+template <class View>
+void expect_head_dim_range(const char* pass, const char* name, const View& v, const char* what) {
+  const std::size_t d = v.extent(3);
+  if (d < 1 || d > static_cast<std::size_t>(max_head_dim))
+    fail(pass, "head_dim = ", d, " (", name, ".extent(3), ", what,
+         ") is unsupported: must be in [1, ", max_head_dim, "]");
+}
+
+/// Shapes shared by forward and backward: q (B,Hq,Nq,D), k (B,Hk,Nk,D), v (B,Hk,Nk,Dv), o
+/// (B,Hq,Nq,Dv), lse (B,Hq,Nq), named lse_name in messages (the row statistic of another rule:
+/// rsum); D and Dv each in [1, max_head_dim]; every extent, and batch * heads, within int (the
+/// kernels' index type).
 template <class Q, class K, class V, class O, class Lse>
 void validate_shapes(const char* pass, const Q& q, const K& k, const V& v, const O& o,
                      const Lse& lse, const char* lse_name = "lse") {
-  // Read as size_t: a head_dim of 2^32 + 5 cut to int would pass as 5.
-  const std::size_t d = q.extent(3);
-  if (d < 1 || d > static_cast<std::size_t>(max_head_dim))
-    fail(pass, "head_dim = ", d, " (q.extent(3)) is unsupported: must be in [1, ", max_head_dim,
-         "]");
+  expect_head_dim_range(pass, "q", q, "D");
   static const char* what[] = {"batch", "heads", "seqlen", "head_dim"};
   for (int dim = 0; dim < 3; ++dim) {
     expect_int_extent(pass, "q", q, dim, what[dim]);
@@ -193,17 +211,18 @@ void validate_shapes(const char* pass, const Q& q, const K& k, const V& v, const
       static_cast<double>(max_extent))
     fail(pass, "batch * heads = ", q.extent(0), " * ", q.extent(1),
          " (q) is more than the kernels' int indices hold (", max_extent, ")");
-  for (int dim : {0, 3}) {
-    expect_extent(pass, "k", k, dim, what[dim], q.extent(dim), "q");
-    expect_extent(pass, "v", v, dim, what[dim], q.extent(dim), "q");
-  }
+  expect_extent(pass, "k", k, 0, what[0], q.extent(0), "q");
+  expect_head_dim(pass, "k", k, "q", q, "D");
+  expect_extent(pass, "v", v, 0, what[0], q.extent(0), "q");
   expect_extent(pass, "v", v, 1, "heads", k.extent(1), "k");
   expect_extent(pass, "v", v, 2, "seqlen", k.extent(2), "k");
+  expect_head_dim_range(pass, "v", v, "Dv");
   if (k.extent(1) == 0 || q.extent(1) % k.extent(1) != 0)
     fail(pass, "heads of q (", q.extent(1), ") must be a positive multiple of heads of k and v (",
          k.extent(1), ")");
-  for (int dim = 0; dim < 4; ++dim)
+  for (int dim = 0; dim < 3; ++dim)
     expect_extent(pass, "o", o, dim, what[dim], q.extent(dim), "q");
+  expect_head_dim(pass, "o", o, "v", v, "Dv");
   for (int dim = 0; dim < 3; ++dim)
     expect_extent(pass, lse_name, lse, dim, what[dim], q.extent(dim), "q");
   expect_unit_stride(pass, "q", q);
@@ -332,13 +351,17 @@ void validate_backward(const char* pass, const Q& q, const K& k, const V& v, con
                        const Lse& lse, const DO& dout, const DLse* dlse, const DQ& dq, const DK& dk,
                        const DV& dv, const char* lse_name = "lse") {
   validate_shapes(pass, q, k, v, o, lse, lse_name);
-  for (int dim = 0; dim < 4; ++dim) {
-    static const char* what[] = {"batch", "heads", "seqlen", "head_dim"};
+  for (int dim = 0; dim < 3; ++dim) {
+    static const char* what[] = {"batch", "heads", "seqlen"};
     expect_extent(pass, "dout", dout, dim, what[dim], q.extent(dim), "q");
     expect_extent(pass, "dq", dq, dim, what[dim], q.extent(dim), "q");
     expect_extent(pass, "dk", dk, dim, what[dim], k.extent(dim), "k");
     expect_extent(pass, "dv", dv, dim, what[dim], k.extent(dim), "k");
   }
+  expect_head_dim(pass, "dout", dout, "o", o, "Dv");
+  expect_head_dim(pass, "dq", dq, "q", q, "D");
+  expect_head_dim(pass, "dk", dk, "k", k, "D");
+  expect_head_dim(pass, "dv", dv, "v", v, "Dv");
   if (dlse)
     for (int dim = 0; dim < 3; ++dim) {
       static const char* what[] = {"batch", "heads", "seqlen"};

@@ -41,36 +41,45 @@ constexpr std::size_t array_bytes(std::size_t n, std::size_t elem) {
 }  // namespace tile_shape_detail
 
 /// Team scratch of the query-major forward (impl/forward_kernel.hpp, ForwardKernel::
-/// scratch_bytes): Q_i and O~_i (Br x ldd), K_j^T (D x ldc), V_j (Bc x ldd), S_ij (Br x ldc),
-/// m and l (Br), with ldd = D + pad, ldc = Bc + pad and elements of `elem` bytes.
-constexpr std::size_t forward_scratch_bytes(int br, int bc, int head_dim, int elem, int pad) {
+/// scratch_bytes): Q_i (Br x ldd), O~_i (Br x ldv), K_j^T (D x ldc), V_j (Bc x ldv), S_ij
+/// (Br x ldc), m and l (Br), with ldd = D + pad, ldv = Dv + pad, ldc = Bc + pad and elements
+/// of `elem` bytes; head_dim_v is v's head dim Dv (0: head_dim).
+constexpr std::size_t forward_scratch_bytes(int br, int bc, int head_dim, int elem, int pad,
+                                            int head_dim_v = 0) {
   using tile_shape_detail::array_bytes;
-  const std::size_t r = br, c = bc, d = head_dim, e = elem, ldd = d + pad, ldc = c + pad;
-  return 2 * array_bytes(r * ldd, e) + array_bytes(d * ldc, e) + array_bytes(c * ldd, e) +
-         array_bytes(r * ldc, e) + 2 * array_bytes(r, e);
+  const std::size_t r = br, c = bc, d = head_dim, dv = head_dim_v > 0 ? head_dim_v : head_dim,
+                    e = elem, ldd = d + pad, ldv = dv + pad, ldc = c + pad;
+  return array_bytes(r * ldd, e) + array_bytes(r * ldv, e) + array_bytes(d * ldc, e) +
+         array_bytes(c * ldv, e) + array_bytes(r * ldc, e) + 2 * array_bytes(r, e);
 }
 
 /// Team scratch of the backward's key-tile kernel (`with_dkdv`) or query-tile kernel
-/// (impl/backward_kernel.hpp, BackwardCommon::scratch_bytes) with Bt x Bt tiles.
+/// (impl/backward_kernel.hpp, BackwardCommon::scratch_bytes) with Bt x Bt tiles: K, Q and dQ
+/// (+ dK) Bt x D, dO (+ dV) Bt x Dv, K^T D x Bt, V^T Dv x Bt; head_dim_v 0: head_dim.
 constexpr std::size_t backward_scratch_bytes(int bt, int head_dim, int elem, int pad,
-                                             bool with_dkdv) {
+                                             bool with_dkdv, int head_dim_v = 0) {
   using tile_shape_detail::array_bytes;
-  const std::size_t t = bt, d = head_dim, e = elem, ldd = d + pad, ldt = t + pad;
-  const std::size_t tiles = with_dkdv ? 6 : 4;  // Q, dO, K, V (+ dK, dV); dQ in the 4
-  return tiles * array_bytes(t * ldd, e) + 2 * array_bytes(d * ldt, e) +
-         2 * array_bytes(t * ldt, e) + 2 * array_bytes(t, e);
+  const std::size_t t = bt, d = head_dim, dv = head_dim_v > 0 ? head_dim_v : head_dim, e = elem,
+                    ldd = d + pad, ldv = dv + pad, ldt = t + pad;
+  const std::size_t tiles_d = with_dkdv ? 4 : 3, tiles_v = with_dkdv ? 2 : 1;
+  return tiles_d * array_bytes(t * ldd, e) + tiles_v * array_bytes(t * ldv, e) +
+         array_bytes(d * ldt, e) + array_bytes(dv * ldt, e) + 2 * array_bytes(t * ldt, e) +
+         2 * array_bytes(t, e);
 }
 
-/// The largest tiles whose team scratch fits `scratch` bytes at head_dim: among powers of two
-/// >= 8 with Br >= Bc, Br <= 128 and Bc <= head_dim (B_c = Theta(min(M / d, d))), the forward
-/// pair with the largest Br * Bc (ties: the longer Br), and the largest power of two
-/// 8 <= Bt <= 128 whose key-tile backward (the larger of the two backward kernels) fits.
-/// A member is 0 where no admissible shape fits: the kernel then needs level-1 scratch.
-constexpr TileShape choose_tiles(std::size_t scratch, int head_dim, int elem, int pad) {
+/// The largest tiles whose team scratch fits `scratch` bytes at head_dim (and v's head dim
+/// head_dim_v, 0: head_dim): among powers of two >= 8 with Br >= Bc, Br <= 128 and Bc <= the
+/// larger head dim (B_c = Theta(min(M / d, d))), the forward pair with the largest Br * Bc
+/// (ties: the longer Br), and the largest power of two 8 <= Bt <= 128 whose key-tile backward
+/// (the larger of the two backward kernels) fits. A member is 0 where no admissible shape
+/// fits: the kernel then needs level-1 scratch.
+constexpr TileShape choose_tiles(std::size_t scratch, int head_dim, int elem, int pad,
+                                 int head_dim_v = 0) {
   TileShape best{0, 0, 0};
+  const int widest = head_dim_v > head_dim ? head_dim_v : head_dim;
   for (int br = 8; br <= 128; br *= 2)
-    for (int bc = 8; bc <= br && bc <= head_dim; bc *= 2) {
-      if (forward_scratch_bytes(br, bc, head_dim, elem, pad) > scratch) continue;
+    for (int bc = 8; bc <= br && bc <= widest; bc *= 2) {
+      if (forward_scratch_bytes(br, bc, head_dim, elem, pad, head_dim_v) > scratch) continue;
       const long long area = static_cast<long long>(br) * bc,
                       best_area = static_cast<long long>(best.br) * best.bc;
       if (area > best_area || (area == best_area && br > best.br)) {
@@ -79,7 +88,7 @@ constexpr TileShape choose_tiles(std::size_t scratch, int head_dim, int elem, in
       }
     }
   for (int bt = 8; bt <= 128; bt *= 2)
-    if (backward_scratch_bytes(bt, head_dim, elem, pad, true) <= scratch) best.bt = bt;
+    if (backward_scratch_bytes(bt, head_dim, elem, pad, true, head_dim_v) <= scratch) best.bt = bt;
   return best;
 }
 

@@ -62,16 +62,16 @@ TermShape term_shape(const masks::KeyPadding<L>&, bool) {
 struct Call {
   const char* name;  // "mpi::forward", the prefix of its errors
   Passes pass;       // forward or backward: selects the Params fields compared
-  long long batch, heads_q, heads_k, head_dim;
-  bool dlse;         // whether dlse was given (backward)
-  int value_bits;    // 32: float, 64: double
+  long long batch, heads_q, heads_k, head_dim, head_dim_v;  // D of q and k, Dv of v
+  bool dlse;                                                // whether dlse was given (backward)
+  int value_bits;                                           // 32: float, 64: double
   const char* rule;  // the attention rule's short name (rules.hpp), at most 8 characters
   bool mask;         // whether a mask tensor was given (multi-scale)
   TermShape term{};  // the score term given (softmax), if any
 };
 
-template <class T, class Q, class K>
-Call call_of(const char* name, Passes pass, const Q& q, const K& k, bool dlse,
+template <class T, class Q, class K, class V>
+Call call_of(const char* name, Passes pass, const Q& q, const K& k, const V& v, bool dlse,
              const char* rule = "softmax", bool mask = false) {
   return {name,
           pass,
@@ -79,6 +79,7 @@ Call call_of(const char* name, Passes pass, const Q& q, const K& k, bool dlse,
           static_cast<long long>(q.extent(1)),
           static_cast<long long>(k.extent(1)),
           static_cast<long long>(q.extent(3)),
+          static_cast<long long>(v.extent(3)),
           dlse,
           static_cast<int>(8 * sizeof(T)),
           rule,
@@ -187,6 +188,7 @@ inline std::vector<Agreed> agreed_values(const Call& call, const Params& p, cons
   out.push_back(agreed("heads_q", call.heads_q));
   out.push_back(agreed("heads_k", call.heads_k));
   out.push_back(agreed("head_dim", call.head_dim));
+  out.push_back(agreed("v's head_dim", call.head_dim_v));
   out.push_back(agreed("whether dlse is given", call.dlse));
   out.push_back({"the value type", int_word(call.value_bits), &show_value_type});
   out.push_back({"the attention", name_word(call.rule), &show_name});

@@ -24,7 +24,8 @@ namespace kfa::mpi::impl {
 
 /// The [K, V] shards travelling the ring, double-buffered: at step s this rank holds the shard
 /// of rank (rank - s) mod P, and the shard of step s + 1 arrives while step s computes.
-/// Messages of step s carry tag 2s; odd tags are left to the backward's accumulators.
+/// Messages of step s carry tag 2s; odd tags are left to the backward's accumulators. A pair
+/// buffer holds K (B, H, rows, D) then V (B, H, rows, Dv): v's head dim may differ from k's.
 template <class T, class Mem>
 class Shards {
  public:
@@ -38,7 +39,8 @@ class Shards {
         B_(k.extent(0)),
         H_(k.extent(1)),
         D_(k.extent(3)),
-        capacity_(2 * B_ * H_ * std::size_t(max_count(sp.layout, sp.seqlen_k, nranks)) * D_),
+        Dv_(v.extent(3)),
+        capacity_(B_ * H_ * std::size_t(max_count(sp.layout, sp.seqlen_k, nranks)) * (D_ + Dv_)),
         kv_{buffer("kfa::mpi::kv0"), buffer("kfa::mpi::kv1")} {
     Kokkos::deep_copy(space, first(kv_[0], 0), k);
     Kokkos::deep_copy(space, second(kv_[0], 0), v);
@@ -53,19 +55,20 @@ class Shards {
     return owned_rows(sp_.layout, sp_.seqlen_k, source(s), P_);
   }
   /// Values in a [K, V] pair of step s's shard.
-  std::size_t size(int s) const { return 2 * B_ * H_ * std::size_t(count(s)) * D_; }
+  std::size_t size(int s) const { return B_ * H_ * std::size_t(count(s)) * (D_ + Dv_); }
 
   /// A buffer that holds a pair of any shard's size ([K, V] or [dK, dV]).
   Flat<T, Mem> buffer(const char* label) const {
     return {Kokkos::View<T*, Mem>(
         Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), capacity_)};
   }
-  /// The halves of a pair buffer holding step s's shard, and the pair as one (2B, H, rows, D).
+  /// The halves of a pair buffer holding step s's shard (K or dK, V or dV), and the pair's
+  /// values as one (B, H, rows, D + Dv) tensor, for elementwise work on both.
   tensor first(const Flat<T, Mem>& f, int s) const { return f.at(0, B_, H_, count(s), D_); }
   tensor second(const Flat<T, Mem>& f, int s) const {
-    return f.at(size(s) / 2, B_, H_, count(s), D_);
+    return f.at(B_ * H_ * std::size_t(count(s)) * D_, B_, H_, count(s), Dv_);
   }
-  tensor both(const Flat<T, Mem>& f, int s) const { return f.at(0, 2 * B_, H_, count(s), D_); }
+  tensor both(const Flat<T, Mem>& f, int s) const { return f.at(0, B_, H_, count(s), D_ + Dv_); }
 
   tensor keys(int s) const { return first(kv_[s % 2], s); }
   tensor values(int s) const { return second(kv_[s % 2], s); }
@@ -91,7 +94,7 @@ class Shards {
 
   const SeqPar& sp_;
   int rank_, P_;
-  std::size_t B_, H_, D_, capacity_;
+  std::size_t B_, H_, D_, Dv_, capacity_;
   Flat<T, Mem> kv_[2];
   Channel<T, Mem> ch_;
   MPI_Request req_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
@@ -102,8 +105,8 @@ class Shards {
 struct Ring {
   /// Values in the largest message: a [K, V] (or [dK, dV]) pair of the largest shard.
   static double largest_message(const SeqPar& sp, int nranks, const Call& c) {
-    return 2.0 * c.batch * c.heads_k * double(max_count(sp.layout, sp.seqlen_k, nranks)) *
-           c.head_dim;
+    return double(c.batch) * c.heads_k * double(max_count(sp.layout, sp.seqlen_k, nranks)) *
+           double(c.head_dim + c.head_dim_v);
   }
 
   /// The running result (o, lse or rsum) of this rank's queries starts empty (rule R's
@@ -115,7 +118,7 @@ struct Ring {
     using Mem = typename ExecSpace::memory_space;
     clear_result<R>(space, o, lse);
     Shards<T, Mem> kv(space, k, v, sp, rank, P);
-    const Tensor<T, Mem> ob("kfa::mpi::ob", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
+    const Tensor<T, Mem> ob("kfa::mpi::ob", q.extent(0), q.extent(1), q.extent(2), o.extent(3));
     const Rows<T, Mem> lb("kfa::mpi::lseb", q.extent(0), q.extent(1), q.extent(2));
     const std::vector<Segment> qrows = owned_rows(sp.layout, sp.seqlen_q, rank, P);
     for (int s = 0; s < P; ++s) {

@@ -24,10 +24,12 @@ namespace kfa::mpi::impl {
 
 /// Mode::tree (see the file comment), with the interface of Ring.
 struct Tree {
-  /// Values in the largest message: every rank's gathered rows, [Q, LSE] forward and
-  /// [Q, dO, LSE, delta] backward, per (row, batch, head).
+  /// Values in the largest message: every rank's gathered rows, [Q] forward (D) or its
+  /// partials [LSE, O] (1 + Dv) and [Q, dO, LSE, delta] backward, per (row, batch, head).
   static double largest_message(const SeqPar& sp, int /*nranks*/, const Call& c) {
-    const double width = c.pass == Passes::forward ? c.head_dim + 1.0 : 2.0 * c.head_dim + 2;
+    const double width = c.pass == Passes::forward
+                             ? double(c.head_dim > c.head_dim_v ? c.head_dim : c.head_dim_v) + 1
+                             : double(c.head_dim + c.head_dim_v) + 2;
     return double(sp.seqlen_q) * c.batch * c.heads_q * width;
   }
 
@@ -36,18 +38,18 @@ struct Tree {
                       const Lse& lse, const R& rule, const SeqPar& sp, int rank, int P) {
     using T = typename Q::non_const_value_type;
     using Mem = typename ExecSpace::memory_space;
-    const std::size_t B = q.extent(0), H = q.extent(1), D = q.extent(3);
+    const std::size_t B = q.extent(0), H = q.extent(1), D = q.extent(3), Dv = o.extent(3);
     const std::vector<int> counts = row_counts(sp.layout, sp.seqlen_q, P);
     const auto all = allgather_rows(pack_rows(space, "kfa::mpi::pack_q", q), counts, sp);
     const long long total = all.extent(0);
     // All queries in the order of the ranks' rows, and their partials against the local keys.
-    const Tensor<T, Mem> qg("kfa::mpi::qg", B, H, total, D), og("kfa::mpi::og", B, H, total, D);
+    const Tensor<T, Mem> qg("kfa::mpi::qg", B, H, total, D), og("kfa::mpi::og", B, H, total, Dv);
     const Rows<T, Mem> lg("kfa::mpi::lg", B, H, total);
     unpack_rows(space, "kfa::mpi::unpack_q", all, qg);
     clear_result<R>(space, og, lg);
     {
       // One block result at a time, in scratch allocated once and cut at the block's rows.
-      const Tensor<T, Mem> ob("kfa::mpi::ob", B, H, total, D);
+      const Tensor<T, Mem> ob("kfa::mpi::ob", B, H, total, Dv);
       const Rows<T, Mem> lb("kfa::mpi::lb", B, H, total);
       for_each_block(rule.masks(), sp, all_rows(sp.layout, sp.seqlen_q, P),
                      owned_rows(sp.layout, sp.seqlen_k, rank, P), [&](const Block& b) {
@@ -69,12 +71,12 @@ struct Tree {
     using T = typename Q::non_const_value_type;
     using A = typename Delta::non_const_value_type;
     using Mem = typename ExecSpace::memory_space;
-    const std::size_t B = q.extent(0), H = q.extent(1), D = q.extent(3);
+    const std::size_t B = q.extent(0), H = q.extent(1), D = q.extent(3), Dv = dout.extent(3);
     const std::vector<int> counts = row_counts(sp.layout, sp.seqlen_q, P);
     const auto all =
         allgather_rows(pack_rows(space, "kfa::mpi::pack_rows", q, dout, lse, delta), counts, sp);
     const long long total = all.extent(0);
-    const Tensor<T, Mem> qg("kfa::mpi::qg", B, H, total, D), dog("kfa::mpi::dog", B, H, total, D),
+    const Tensor<T, Mem> qg("kfa::mpi::qg", B, H, total, D), dog("kfa::mpi::dog", B, H, total, Dv),
         dqg("kfa::mpi::dqg", B, H, total, D);
     const Rows<T, Mem> lg("kfa::mpi::lg", B, H, total);
     const Rows<A, Mem> deltag("kfa::mpi::deltag", B, H, total);
