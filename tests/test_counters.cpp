@@ -133,12 +133,12 @@ TEST(TileSkip, SplitsStageEachTileOnce) {
 }
 
 // A boolean mask (kfa::masks::Dense, broadcast over heads) whose 64 x 64 blocks hide every key,
-// none or some: the host's key-major forward stages exactly the key tiles in which the mask and
-// the interval masks leave a visible pair, as counted here from the mask itself; the query-major
-// forward (the other backends) those the interval masks leave.
-TEST(TileSkip, ForwardSkipsTilesADenseMaskHides) {
+// none or some: every kernel stages exactly the tile pairs in which the mask and the interval
+// masks leave a visible pair, as counted here from the mask itself (the forward with its Br x Bc
+// tiles, the backward's key-tile and query-tile kernels with Bt x Bt), fewer than the interval
+// masks alone leave.
+TEST(TileSkip, DenseMaskHidesTilesInEveryKernel) {
   const Shape s{2, 2, 1, 150, 203, 32};
-  const int br = traits::block_q(s.head_dim), bc = traits::block_k(s.head_dim);
   View4<std::uint8_t> m("mask", s.batch, 1, s.seqlen_q, s.seqlen_k);
   auto hm = Kokkos::create_mirror_view(m);
   for (int x = 0; x < s.batch; ++x)
@@ -148,32 +148,55 @@ TEST(TileSkip, ForwardSkipsTilesADenseMaskHides) {
         hm(x, 0, i, j) = kind == 1 || (kind == 2 && (i + j) % 2 == 0) ? 1 : 0;
       }
   Kokkos::deep_copy(m, hm);
+  // Tile pairs of rows x cols that the mask and p leave a visible pair in, over the batch.
+  const auto meeting = [&](const kfa::Params& p, int rows, int cols) {
+    long long n = 0;
+    for (int x = 0; x < s.batch; ++x)
+      for (int q0 = 0; q0 < s.seqlen_q; q0 += rows)
+        for (int k0 = 0; k0 < s.seqlen_k; k0 += cols) {
+          bool meet = false;
+          for (int i = q0; i < q0 + rows && i < s.seqlen_q && !meet; ++i)
+            for (int j = k0; j < k0 + cols && j < s.seqlen_k && !meet; ++j)
+              meet = kfa::reference::visible(p, i, j, s.seqlen_q, s.seqlen_k) && hm(x, 0, i, j);
+          n += meet;
+        }
+    return n * s.heads_q;
+  };
+  const int br = traits::block_q(s.head_dim), bc = traits::block_k(s.head_dim),
+            bt = traits::block_bwd(s.head_dim);
   kfa::Params causal;
   causal.causal = true;
-  for (const auto& p : {kfa::Params{}, causal}) {
-    SCOPED_TRACE(describe(p));
-    long long want = 0;
-    for (int x = 0; x < s.batch; ++x)
-      for (int q0 = 0; q0 < s.seqlen_q; q0 += br)
-        for (int k0 = 0; k0 < s.seqlen_k; k0 += bc) {
-          bool meet = false;
-          for (int i = q0; i < q0 + br && i < s.seqlen_q && !meet; ++i)
-            for (int j = k0; j < k0 + bc && j < s.seqlen_k && !meet; ++j)
-              meet = kfa::reference::visible(p, i, j, s.seqlen_q, s.seqlen_k) &&
-                     (hm(x, 0, i, j) != 0 || !traits::key_major_scores);
-          want += meet;
-        }
-    want *= s.heads_q;
-    Problem pb(s, seed_of(s, 4));
-    auto q = to_device<float>(pb.q), k = to_device<float>(pb.k), v = to_device<float>(pb.v);
-    View4<float> o("o", s.batch, s.heads_q, s.seqlen_q, s.head_dim);
-    View3<float> lse("lse", s.batch, s.heads_q, s.seqlen_q);
-    const auto c =
-        count_tiles([&] { kfa::forward(Exec(), q, k, v, o, lse, p, kfa::masks::Dense{m}); });
-    EXPECT_EQ(c.tiles(TileCounter::forward), static_cast<unsigned long long>(want));
-    if (traits::key_major_scores)  // the mask hides tiles the interval masks leave
-      EXPECT_LT(want, static_cast<long long>(s.heads_q) * s.batch * meeting_tiles(s, p, br, bc));
-  }
+  Problem pb(s, seed_of(s, 4));
+  auto q = to_device<float>(pb.q), k = to_device<float>(pb.k), v = to_device<float>(pb.v);
+  std::mt19937_64 gen(5);
+  auto dout =
+      to_device<float>(random_tensor("dout", s.batch, s.heads_q, s.seqlen_q, s.head_dim, gen));
+  View4<float> o("o", s.batch, s.heads_q, s.seqlen_q, s.head_dim);
+  View3<float> lse("lse", s.batch, s.heads_q, s.seqlen_q);
+  View4<float> dq("dq", s.batch, s.heads_q, s.seqlen_q, s.head_dim),
+      dk("dk", s.batch, s.heads_k, s.seqlen_k, s.head_dim),
+      dv("dv", s.batch, s.heads_k, s.seqlen_k, s.head_dim);
+  for (const auto& mode : {kfa::DqMode::atomic, kfa::DqMode::query_pass})
+    for (auto p : {kfa::Params{}, causal}) {
+      p.dq_mode = mode;
+      p.num_splits = 1;
+      SCOPED_TRACE(describe(p) + " " + kfa::name_of(mode));
+      const long long fwd = meeting(p, br, bc), bwd = meeting(p, bt, bt);
+      const auto cf =
+          count_tiles([&] { kfa::forward(Exec(), q, k, v, o, lse, p, kfa::masks::Dense{m}); });
+      EXPECT_EQ(cf.tiles(TileCounter::forward), static_cast<unsigned long long>(fwd));
+      EXPECT_LT(fwd, static_cast<long long>(s.heads_q) * s.batch * meeting_tiles(s, p, br, bc))
+          << "the mask hides tiles the interval masks leave";
+      const auto cb = count_tiles([&] {
+        kfa::backward(Exec(), q, k, v, o, lse, dout, dq, dk, dv, p, kfa::masks::Dense{m});
+      });
+      EXPECT_EQ(cb.tiles(TileCounter::key_value), static_cast<unsigned long long>(bwd))
+          << "key-tile kernel";
+      EXPECT_EQ(cb.tiles(TileCounter::query),
+                static_cast<unsigned long long>(mode == kfa::DqMode::query_pass ? bwd : 0))
+          << "query-tile kernel";
+      EXPECT_LT(bwd, static_cast<long long>(s.heads_q) * s.batch * meeting_tiles(s, p, bt, bt));
+    }
 }
 
 // The symmetric kernel pairs tile j with every tile i that meets it in either direction.

@@ -157,6 +157,20 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
            mask.lo(q0) <= mask.hi(q0 + nr - 1);
   }
 
+  /// Whether a boolean mask (is_visibility) leaves visible any pair of the query tile at q0 (nr
+  /// rows, head h of batch b) and the key tile at k0 (nc keys) that the interval masks leave
+  /// (tiles_meet is asked first), by the whole team: a tile pair the mask hides entirely is
+  /// skipped as the interval masks' are (mask_sees_tile). true without a boolean mask.
+  KOKKOS_INLINE_FUNCTION bool mask_meets(const member_t& team, int b, int h, int q0, int nr, int k0,
+                                         int nc) const {
+    if constexpr (is_visibility<bias_t>::value) {
+      return mask_sees_tile(team, score.bias.line(b, h), mask, q0, nr, k0, nc);
+    } else {
+      (void)team, (void)b, (void)h, (void)q0, (void)nr, (void)k0, (void)nc;
+      return true;
+    }
+  }
+
   /// Launches `kernel`: the key-tile kernel (`key_outer`: one team per (batch, kv head, key
   /// tile), with the dK_j and dV_j accumulators in scratch) or the query-tile kernel (one team
   /// per (batch, query head, query tile)).
@@ -492,7 +506,8 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
       for (int qt = 0; qt < this->q_tiles; ++qt) {
         const int q0 = qt * this->Bt;
         const int nr = this->tile_rows(q0, this->seqlen_q);
-        if (!this->tiles_meet(b, q0, nr, k0, nc)) continue;
+        if (!this->tiles_meet(b, q0, nr, k0, nc) || !this->mask_meets(team, b, h, q0, nr, k0, nc))
+          continue;
         team.team_barrier();  // the previous query tile is no longer read
         this->tiles_staged.add(team, TileCounter::key_value, nr);
         this->load_query_tile(team, b, h, q0, nr, sc.qs, sc.dos, sc.lse_s, sc.delta_s);
@@ -586,7 +601,8 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
     for (int kt_i = 0; kt_i < this->k_tiles; ++kt_i) {
       const int k0 = kt_i * this->Bt;
       const int nc = this->tile_rows(k0, this->seqlen_k);
-      if (!this->tiles_meet(b, q0, nr, k0, nc)) continue;
+      if (!this->tiles_meet(b, q0, nr, k0, nc) || !this->mask_meets(team, b, h, q0, nr, k0, nc))
+        continue;
       team.team_barrier();  // the previous key tile is no longer read
       this->tiles_staged.add(team, TileCounter::query, nc);
       load_key_tile(team, b, hk, k0, nc, sc);
@@ -692,8 +708,10 @@ struct SymmetricKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
 
     for (int i0 = 0; i0 < this->seqlen_q; i0 += this->Bt) {
       const int ni = this->tile_rows(i0, this->seqlen_q);
-      const bool i_sees_j = this->tiles_meet(b, i0, ni, j0, nj);  // feeds dK_j, dV_j
-      const bool j_sees_i = this->tiles_meet(b, j0, nj, i0, ni);  // feeds dQ_j
+      const bool i_sees_j = this->tiles_meet(b, i0, ni, j0, nj) &&  // feeds dK_j, dV_j
+                            this->mask_meets(team, b, h, i0, ni, j0, nj);
+      const bool j_sees_i = this->tiles_meet(b, j0, nj, i0, ni) &&  // feeds dQ_j
+                            this->mask_meets(team, b, h, j0, nj, i0, ni);
       if (!i_sees_j && !j_sees_i) continue;
       team.team_barrier();  // the previous tile i is no longer read
       this->tiles_staged.add(team, TileCounter::symmetric, ni);

@@ -182,6 +182,28 @@ struct DenseVisibility {
   }
 };
 
+/// Whether the plane of a boolean mask (a DenseVisibility::Line) leaves visible any pair of
+/// query rows [q0, q0 + nr) and keys [k0, k0 + nc) that the interval masks `mask` leave, by
+/// the whole team: each row's bytes within its visible interval, until one is nonzero. The
+/// kernels skip a tile pair it finds hidden, as they skip those the interval masks hide; it
+/// reads the tile's bytes once, about 1 / head_dim of the pair's work.
+template <class Member, class Line>
+KOKKOS_INLINE_FUNCTION bool mask_sees_tile(const Member& team, const Line& line, const Mask& mask,
+                                           int q0, int nr, int k0, int nc) {
+  int any = 0;
+  Kokkos::parallel_reduce(
+      Kokkos::TeamThreadRange(team, nr),
+      [&](int r, int& seen) {
+        const int i = q0 + r, lo = mask.lo(i), hi = mask.hi(i);
+        const int first = lo > k0 ? lo : k0, last = hi < k0 + nc - 1 ? hi : k0 + nc - 1;
+        const auto* row = line.row(i);
+        for (int j = first; j <= last && !seen; ++j)
+          seen = row[j] != 0 ? 1 : 0;
+      },
+      Kokkos::BOr<int>(any));
+  return any != 0;
+}
+
 /// Key padding: the term is 0 for global key j + ok < lengths(b), else -inf; key_limit(b) is
 /// the local end of batch b's keys, where the kernels stop visiting key tiles.
 template <class Acc, class Lengths>

@@ -455,6 +455,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
 
     for (int k0 = k_begin; k0 < k_end; k0 += Bc) {
       const int nc = seqlen_k - k0 < Bc ? seqlen_k - k0 : Bc;
+      if constexpr (is_visibility<bias_t>::value)  // a tile a boolean mask hides: P = 0
+        if (!mask_sees_tile(team, score.bias.line(b, h), mask, q0, nr, k0, nc)) continue;
       team.team_barrier();  // the previous tile is no longer read
       tiles_staged.add(team, TileCounter::forward, nc);
       ops::for_each_element(team, nc, D, [&](int c, int d) {
