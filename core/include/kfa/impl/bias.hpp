@@ -182,6 +182,13 @@ struct DenseVisibility {
   }
 };
 
+/// Whether a term with rows (has_rows) is a boolean mask (its rows convert by Visibility).
+template <class Bias, class = void>
+struct is_visibility : std::false_type {};
+template <class Bias>
+struct is_visibility<Bias, std::void_t<typename Bias::convert>>
+    : std::is_same<typename Bias::convert, backends::Visibility> {};
+
 /// Whether the plane of a boolean mask (a DenseVisibility::Line) leaves visible any pair of
 /// query rows [q0, q0 + nr) and keys [k0, k0 + nc) that the interval masks `mask` leave, by
 /// the whole team: each row's bytes within its visible interval, until one is nonzero. The

@@ -81,13 +81,6 @@ struct has_rows : std::false_type {};
 template <class Bias>
 struct has_rows<Bias, std::void_t<typename Bias::convert>> : std::true_type {};
 
-/// Whether a term with rows (has_rows) is a boolean mask (its rows convert by Visibility).
-template <class Bias, class = void>
-struct is_visibility : std::false_type {};
-template <class Bias>
-struct is_visibility<Bias, std::void_t<typename Bias::convert>>
-    : std::is_same<typename Bias::convert, backends::Visibility> {};
-
 /// The end of the keys a term leaves visible to batch b, as a local key index clamped to
 /// [0, seqlen_k]: the policy's `key_limit(b)` where it has one (key padding), else seqlen_k.
 /// Key tiles at or past it hold no finite score, so the kernels do not visit them.
