@@ -343,6 +343,22 @@ TYPED_TEST(Varlen, ValueHeadDimOfItsOwn) {
     p.dq_mode = kfa::DqMode::symmetric;
     check<TypeParam>(self, p, true, "Dv " + std::to_string(dv) + " symmetric");
   }
+  // D and Dv on either side of a tile-size step (the host's backward tiles: 64 rows up to a head
+  // dim of 128, 32 beyond; CUDA's: 16 up to 64, 8 beyond): the sequences' tiles must be numbered
+  // as the kernels cut them, from the wider of the two.
+  for (int dv : {256, 128}) {
+    const VarlenProblem wide({100, 3, 0, 70}, {90, 5, 2, 70}, 2, 1, 64, 17, true, dv);
+    for (auto mode : {kfa::DqMode::atomic, kfa::DqMode::query_pass}) {
+      kfa::Params p;
+      p.dq_mode = mode;
+      check<TypeParam>(wide, p, true, "D 64 Dv " + std::to_string(dv) + " " + kfa::name_of(mode));
+    }
+    const VarlenProblem self({100, 0, 70}, {100, 0, 70}, 1, 1, 64, 18, false, dv);
+    kfa::Params p;
+    p.dq_mode = kfa::DqMode::symmetric;
+    p.causal = true;
+    check<TypeParam>(self, p, true, "D 64 Dv " + std::to_string(dv) + " symmetric");
+  }
 }
 
 // Where every sequence has the same lengths the packed batch is the padded one without

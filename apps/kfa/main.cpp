@@ -282,6 +282,13 @@ void check_memory(DType dtype, double q_elems, double kv_elems, double head_dim,
   kfa_apps::require_memory(tensors * (elem + 8) + q_elems / head_dim * 24, what);
 }
 
+// The factor that counts /q's and /k's elements at the wider of their head dim and /v's, as
+// --random counts every tensor: v, o, dout and dv have /v's head dim.
+double wider_of(const Problem& p) {
+  const double d = double(p.q.dims.back()), dv = double(p.v.dims.back());
+  return dv > d ? dv / d : 1.0;
+}
+
 template <class T>
 using DeviceTensor = Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space>;
 
@@ -795,7 +802,8 @@ void read_varlen(Options& o, const kfa_apps::H5File& in, Problem& p) {
                          kfa_apps::shape_of(d->dims) + " but /q has shape " +
                          kfa_apps::shape_of(p.q.dims) + ": it must be (heads, total) of /q");
   }
-  check_memory(p.q.dtype, double(p.q.size()), double(p.k.size()), double(p.q.dims[2]), bwd,
+  check_memory(p.q.dtype, double(p.q.size()) * wider_of(p), double(p.k.size()) * wider_of(p),
+               double(p.q.dims[2]), bwd,
                "dataset /q " + kfa_apps::shape_of(p.q.dims) + " with /k " +
                    kfa_apps::shape_of(p.k.dims) + " (" + name(p.q.dtype) + ")" + file);
   for (auto [d, ds] : {std::pair{&p.cu_q, "/cu_seqlens_q"}, {&p.cu_k, "/cu_seqlens_k"}}) {
@@ -924,7 +932,8 @@ int main_pass(Options o) {
     }
     if (in.has("/bias")) p.bias = in.header("/bias", 4);
     kfa_apps::check_term_shapes(p, p.q.dims, p.k.dims);
-    check_memory(p.q.dtype, double(p.q.size()), double(p.k.size()), double(p.q.dims[3]), bwd,
+    check_memory(p.q.dtype, double(p.q.size()) * wider_of(p), double(p.k.size()) * wider_of(p),
+                 double(p.q.dims[3]), bwd,
                  "dataset /q " + kfa_apps::shape_of(p.q.dims) + " with /k " +
                      kfa_apps::shape_of(p.k.dims) + " (" + name(p.q.dtype) + ") in '" + o.in + "'");
     p.q = in.read("/q", 4);

@@ -3,7 +3,8 @@
 /// FLOP counts in flash-attn's convention, so kfa's figures line up with published ones:
 /// the forward does two matrix products, 2 * (head_dim + head_dim_v) FLOPs per visible (query,
 /// key) pair (4 * head_dim when v's head dim is q's);
-/// the backward counts 2.5 times the forward. And the I/O model: the bytes each pass moves
+/// the backward 2 * (3 head_dim + 2 head_dim_v), 2.5 times the forward at equal head dims. And
+/// the I/O model: the bytes each pass moves
 /// between global memory and the chip, tile by tile, as kfa's kernels move them.
 
 #include <kfa/impl/mask.hpp>
@@ -33,11 +34,15 @@ inline double forward_flops(int batch, int heads_q, int seqlen_q, int seqlen_k, 
   return 2.0 * batch * heads_q * visible_pairs(params, seqlen_q, seqlen_k) * (head_dim + dv);
 }
 
-/// FLOPs of one backward pass: 2.5 times the forward's (flash-attn's convention: five matrix
-/// products against the forward's two), head_dim_v as for forward_flops.
+/// FLOPs of one backward pass: its five matrix products per visible pair, S = Q K^T, dQ = dS K
+/// and dK = dS^T Q over head_dim, dP = dO V^T and dV = P^T dO over head_dim_v:
+/// 2 * batch * heads_q * visible_pairs * (3 head_dim + 2 head_dim_v), head_dim_v as for
+/// forward_flops; 2.5 times the forward's when they are equal (flash-attn's convention).
 inline double backward_flops(int batch, int heads_q, int seqlen_q, int seqlen_k, int head_dim,
                              const Params& params = {}, int head_dim_v = 0) {
-  return 2.5 * forward_flops(batch, heads_q, seqlen_q, seqlen_k, head_dim, params, head_dim_v);
+  const int dv = head_dim_v > 0 ? head_dim_v : head_dim;
+  return 2.0 * batch * heads_q * visible_pairs(params, seqlen_q, seqlen_k) *
+         (3.0 * head_dim + 2.0 * dv);
 }
 
 /// Bytes a pass reads from and writes to global memory.

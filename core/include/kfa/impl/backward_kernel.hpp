@@ -886,7 +886,10 @@ void backward_packed(const ExecSpace& space, const Q& q, const K& k, const V& v,
   ScopedRegion region("kfa::backward");
   const auto rule =
       term_rule<backends::accum_t<T>, ExecSpace>("backward", extra, dims_of(q, k), true);
-  const int tile = backends::TileTraits<ExecSpace, T>::block_bwd(static_cast<int>(q.extent(3)));
+  // The kernels' Bt: from the wider of D and Dv (BackwardCommon::tile_dim), or the sequences'
+  // tiles would be numbered in other rows than the kernels cut.
+  const int tile = backends::TileTraits<ExecSpace, T>::block_bwd(
+      static_cast<int>(q.extent(3) > v.extent(3) ? q.extent(3) : v.extent(3)));
   backward_validated(space, q, k, v, o, lse, dout, dlse, dq, dk, dv, params, Origin{}, rule,
                      packed_sequences<typename ExecSpace::memory_space>(cq, ck, tile, params));
 }
