@@ -401,10 +401,11 @@ TEST(SeqParCli, BadInputEndsEveryRankWithOneLine) {
   const Shape s{1, 2, 2, 40, 40, 16};
   Problem pb(s, 5);
   const Dataset q = from_tensor(pb.q, DType::f32), k = from_tensor(pb.k, DType::f32);
-  Problem other({1, 2, 2, 40, 40, 8}, 6);
-  const Dataset v8 = from_tensor(other.v, DType::f32);  // head_dim 8, not 16
+  // /v with 3 heads where /k has 2 (its head dim may differ from /k's, its heads may not).
+  Problem other({1, 3, 3, 40, 40, 16}, 6);
+  const Dataset v3h = from_tensor(other.v, DType::f32);
   const fs::path bad = work_dir() / "sp_bad.h5", out = work_dir() / "sp_never.h5";
-  kfa_apps::write_atomic(bad.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v8}});
+  kfa_apps::write_atomic(bad.string(), {{"/q", &q}, {"/k", &k}, {"/v", &v3h}});
   // /v shorter than /k: the ranks owning the missing rows must not fail alone.
   Problem shorter({1, 2, 2, 40, 25, 16}, 7);
   const Dataset v25 = from_tensor(shorter.v, DType::f32);
