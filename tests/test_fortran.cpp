@@ -37,6 +37,9 @@ void fortran_varlen_f32(int d, int hq, int hk, int nb, int tq, int tk, const flo
                         const float* k, const float* v, const std::int32_t* cu_q,
                         const std::int32_t* cu_k, float* o, float* lse, const float* dout,
                         float* dq, float* dk, float* dv, int* status);
+void fortran_term_f32(int d, int nq, int hq, int nk, int hk, int b, const float* q, const float* k,
+                      const float* v, float* o, float* lse, const std::uint8_t* mask,
+                      const std::int32_t* key_lengths, int which, int* status);
 void fortran_last_error(char* buf, int n);
 }
 
@@ -146,6 +149,35 @@ TEST(Fortran, BiasSameBitsAsC) {
   EXPECT_TRUE(same_bits(fdb, cdb));
   for (double x : fdb)
     ASSERT_TRUE(x == x) << "dbias not written";
+}
+
+// A mask and key lengths given to kfa_forward in Fortran, and the mask as a section that is not
+// contiguous: bitwise kfa_forward_term_f32 on the same arrays. (Every other case leaves the
+// optional term arrays absent, which the module forwards.)
+TEST(Fortran, MaskAndKeyLengthsSameBitsAsC) {
+  const Dims s{2, 4, 2, 13, 17, 16};
+  std::vector<std::uint8_t> mask(std::size_t(s.b) * s.hq * s.nq * s.nk);
+  for (std::size_t e = 0; e < mask.size(); ++e)
+    mask[e] = (e * 7 + e / 5) % 3 != 0;
+  const std::vector<std::int32_t> lengths{9, 0};  // the second batch sees no key
+  for (int which : {0, 1, 2}) {
+    SCOPED_TRACE(which == 0 ? "mask" : which == 1 ? "key lengths" : "mask section");
+    Arrays<float> f(s, false, 31), c(s, false, 31);
+    int status = -1;
+    fortran_term_f32(s.d, s.nq, s.hq, s.nk, s.hk, s.b, f.q.data(), f.k.data(), f.v.data(),
+                     f.o.data(), f.lse.data(), mask.data(), lengths.data(), which, &status);
+    ASSERT_EQ(status, KFA_OK) << fortran_message();
+    const kfa_tensor q = c.tensor(c.q, s.hq, s.nq), k = c.tensor(c.k, s.hk, s.nk),
+                     v = c.tensor(c.v, s.hk, s.nk), o = c.tensor(c.o, s.hq, s.nq),
+                     lse = c.rows(c.lse);
+    const kfa_term term =
+        which == 1 ? kfa_term_key_padding(lengths.data(), s.b, KFA_INT32)
+                   : kfa_term_mask(kfa_tensor_contiguous(mask.data(), s.b, s.hq, s.nq, s.nk));
+    const kfa_params p = kfa_params_default();
+    ASSERT_EQ(kfa_forward_term_f32(&q, &k, &v, &o, &lse, &p, &term, KFA_MEMORY_HOST), KFA_OK);
+    EXPECT_TRUE(same_bits(f.o, c.o));
+    EXPECT_TRUE(same_bits(f.lse, c.lse));
+  }
 }
 
 // kfa_varlen_forward / kfa_varlen_backward: bitwise the C interface's on the same packed arrays,

@@ -1,8 +1,8 @@
 ! Calls of the Fortran module kfa, made from Fortran on the arrays a C++ suite (test_fortran.cpp)
 ! passes in, so that the suite compares them bitwise with the C++ API on the same memory.
 module kfa_test_calls
-  use, intrinsic :: iso_c_binding, only: c_int, c_int32_t, c_float, c_double, c_char, &
-                                         c_null_char
+  use, intrinsic :: iso_c_binding, only: c_int, c_int8_t, c_int32_t, c_float, c_double, &
+                                         c_char, c_null_char
   use kfa
   implicit none
 contains
@@ -126,6 +126,32 @@ contains
     call kfa_backward(q, k, v, o, lse, dout, dq, dk, dv, p, status=s, bias=bias, dbias=dbias)
     status = s
   end subroutine bias_f64
+
+  ! kfa_forward (float) with one term: which = 0 the mask, 1 the key lengths, 2 the mask as the
+  ! odd rows of an array twice as tall (a section that is not contiguous, which the compiler
+  ! copies for the module's CONTIGUOUS argument).
+  subroutine term_f32(d, nq, hq, nk, hk, b, q, k, v, o, lse, mask, key_lengths, which, status) &
+      bind(c, name='fortran_term_f32')
+    integer(c_int), value :: d, nq, hq, nk, hk, b, which
+    real(c_float), intent(in) :: q(d, nq, hq, b), k(d, nk, hk, b), v(d, nk, hk, b)
+    integer(c_int8_t), intent(in) :: mask(nk, nq, hq, b)
+    integer(c_int32_t), intent(in) :: key_lengths(b)
+    real(c_float), intent(inout) :: o(d, nq, hq, b), lse(nq, hq, b)
+    integer(c_int), intent(out) :: status
+    integer(c_int8_t), allocatable :: tall(:, :, :, :)
+    integer :: s
+    select case (which)
+    case (0)
+      call kfa_forward(q, k, v, o, lse, status=s, mask=mask)
+    case (1)
+      call kfa_forward(q, k, v, o, lse, status=s, key_lengths=key_lengths)
+    case default
+      allocate (tall(2 * nk, nq, hq, b))
+      tall(1::2, :, :, :) = mask
+      call kfa_forward(q, k, v, o, lse, status=s, mask=tall(1::2, :, :, :))
+    end select
+    status = s
+  end subroutine term_f32
 
   ! kfa_varlen_forward and kfa_varlen_backward (causal, float) on packed arrays
   ! (head_dim, heads, total) with nb + 1 offsets.
