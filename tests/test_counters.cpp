@@ -62,7 +62,7 @@ long long meeting_tiles(const Shape& s, const kfa::Params& p, int rows, int cols
 Counts run_both(const Shape& s, const kfa::Params& p) {
   Problem pb(s, seed_of(s, 0));
   std::mt19937_64 gen(1);
-  const Tensor4 dout = random_tensor("dout", s.batch, s.heads_q, s.seqlen_q, s.head_dim, gen);
+  const Tensor4 dout = random_tensor("dout", s.batch, s.heads_q, s.seqlen_q, s.dv(), gen);
   const auto fwd = count_tiles([&] { run_forward<float>(pb, p); });
   // run_backward runs the forward first: the backward's counts are what the pair adds.
   auto both = count_tiles([&] { run_backward<float>(pb, p, dout); });
@@ -255,12 +255,11 @@ TEST(IoModel, ForwardClosedFormAndQuadraticGrowth) {
 
 // The model charges exactly the rows the kernels stage: its bytes equal the bytes rebuilt from
 // the counted rows, forward and every backward dQ mode (symmetric on self-attention shapes),
-// over the mask matrix.
+// over the mask matrix, with v's head dim Dv equal to D and not (O, V, dO and dV rows Dv wide).
 TEST(IoModel, EqualsTheBytesOfTheRowsTheKernelsStage) {
-  const Shape shapes[] = {{1, 2, 1, 113, 203, 64},
-                          {2, 2, 2, 203, 113, 32},
-                          {1, 4, 2, 130, 130, 16},
-                          {2, 2, 2, 150, 150, 32}};
+  const Shape shapes[] = {{1, 2, 1, 113, 203, 64},     {2, 2, 2, 203, 113, 32},
+                          {1, 4, 2, 130, 130, 16},     {2, 2, 2, 150, 150, 32},
+                          {1, 2, 1, 113, 203, 32, 64}, {1, 2, 2, 130, 130, 64, 16}};
   const double e = sizeof(float), lse = sizeof(float), acc = sizeof(float);
   for (const Shape& s : shapes)
     for (const kfa::Params& mask : masks())
@@ -272,35 +271,37 @@ TEST(IoModel, EqualsTheBytesOfTheRowsTheKernelsStage) {
         p.num_splits = 1;
         p.dq_mode = mode;
         SCOPED_TRACE(::testing::Message() << s << " " << describe(p));
-        const int d = s.head_dim, bt = traits::block_bwd(d);
+        // The kernels' tiles follow the wider head dim (impl's tile_dim).
+        const int d = s.head_dim, dv = s.dv(), wide = d > dv ? d : dv, bt = traits::block_bwd(wide);
         const double b = s.batch, hq = s.heads_q, hk = s.heads_k, nq = s.seqlen_q, nk = s.seqlen_k,
-                     D = d;
+                     D = d, Dv = dv;
         const auto c = run_both(s, p);
         const auto rows = [&](TileCounter k) { return double(c.rows(k)); };
-        const auto fwd = kfa::forward_traffic(s.batch, s.heads_q, s.seqlen_q, s.seqlen_k, d, 4, 4,
-                                              p, traits::block_q(d), traits::block_k(d));
-        EXPECT_DOUBLE_EQ(fwd.read, b * hq * nq * D * e + 2.0 * rows(TileCounter::forward) * D * e);
-        EXPECT_DOUBLE_EQ(fwd.written, b * hq * nq * (D * e + lse));
+        const auto fwd =
+            kfa::forward_traffic(s.batch, s.heads_q, s.seqlen_q, s.seqlen_k, d, 4, 4, p,
+                                 traits::block_q(wide), traits::block_k(wide), s.head_dim_v);
+        EXPECT_DOUBLE_EQ(fwd.read, b * hq * nq * D * e + rows(TileCounter::forward) * (D + Dv) * e);
+        EXPECT_DOUBLE_EQ(fwd.written, b * hq * nq * (Dv * e + lse));
         const auto bwd = kfa::backward_traffic(s.batch, s.heads_q, s.heads_k, s.seqlen_q,
-                                               s.seqlen_k, d, 4, 4, 4, p, bt, mode);
-        const double per_q_row = 2 * D * e + lse + acc, per_k_row = 2 * D * e;
+                                               s.seqlen_k, d, 4, 4, 4, p, bt, mode, s.head_dim_v);
+        const double per_q_row = (D + Dv) * e + lse + acc, per_k_row = (D + Dv) * e;
         // The preprocessing: dO and O read, delta written.
-        double read = b * hq * nq * D * 2 * e;
+        double read = b * hq * nq * Dv * 2 * e;
         double written = b * hq * nq * acc;
         if (mode == kfa::DqMode::symmetric) {
           EXPECT_EQ(c.tiles(TileCounter::key_value) + c.tiles(TileCounter::query), 0u);
           read += b * hq * nq * (per_q_row + per_k_row) +
                   rows(TileCounter::symmetric_query) * per_q_row +
                   rows(TileCounter::symmetric_key) * per_k_row;
-          written += b * hq * nq * 3 * D * e;
+          written += b * hq * nq * (2 * D + Dv) * e;
         } else {
           read += b * hk * nk * per_k_row + rows(TileCounter::key_value) * per_q_row;
           written += b * hk * nk * per_k_row;
         }
         if (mode == kfa::DqMode::query_pass) {
           read += b * hk * nk * per_k_row + b * hq * nq * per_q_row +
-                  rows(TileCounter::query) * D * (e + 2 * acc);
-          written += b * hk * nk * 2 * D * acc + b * hq * nq * D * e;
+                  rows(TileCounter::query) * (D * e + (D + Dv) * acc);
+          written += b * hk * nk * (D + Dv) * acc + b * hq * nq * D * e;
         } else if (mode == kfa::DqMode::atomic) {
           read += rows(TileCounter::key_value) * D * e;
           written += b * hq * nq * D * e + rows(TileCounter::key_value) * D * e;

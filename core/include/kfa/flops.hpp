@@ -74,20 +74,22 @@ void for_each_meeting_tile(const Params& params, int seqlen_q, int seqlen_k, int
 /// The forward's traffic without split-KV (FlashAttention's Theorem 2 and Algorithm 1): per
 /// (batch, query head, query tile of block_q rows) Q_i is read once and K_j, V_j once for every
 /// key tile of block_k keys it meets; O and the LSE are written once. elem_bytes: the size of
-/// q, k, v and o's values; lse_bytes: the LSE's. Unmasked: e B Hq D (2 Nq + 2 T_r Nk) +
-/// lse B Hq Nq with T_r = ceil(Nq / block_q), Theta(N^2 D / block_q) = Theta(N^2 D^2 / M) for
-/// tiles sized from an on-chip memory of M bytes. Split-KV adds its partials' round trip
-/// (n x B x Hq x Nq x (D + 2) accumulators written and read), not counted here.
+/// q, k, v and o's values; lse_bytes: the LSE's; head_dim_v: v's and o's head dim Dv (0:
+/// head_dim). Unmasked: e B Hq ((D + Dv) Nq + (D + Dv) T_r Nk) + lse B Hq Nq with T_r =
+/// ceil(Nq / block_q), Theta(N^2 D / block_q) = Theta(N^2 D^2 / M) for tiles sized from an
+/// on-chip memory of M bytes. Split-KV adds its partials' round trip (n x B x Hq x Nq x
+/// (Dv + 2) accumulators written and read), not counted here.
 inline Traffic forward_traffic(int batch, int heads_q, int seqlen_q, int seqlen_k, int head_dim,
                                int elem_bytes, int lse_bytes, const Params& params, int block_q,
-                               int block_k) {
-  const double heads = double(batch) * heads_q, e = elem_bytes, d = head_dim;
+                               int block_k, int head_dim_v = 0) {
+  const double heads = double(batch) * heads_q, e = elem_bytes, d = head_dim,
+               dv = head_dim_v > 0 ? head_dim_v : head_dim;
   double kv_rows = 0;
   for_each_meeting_tile(params, seqlen_q, seqlen_k, block_q, block_k,
                         [&](int, int, int, int nc) { kv_rows += nc; });
   Traffic t;
-  t.read = heads * (double(seqlen_q) * d * e + 2 * kv_rows * d * e);
-  t.written = heads * double(seqlen_q) * (d * e + lse_bytes);
+  t.read = heads * (double(seqlen_q) * d * e + kv_rows * (d + dv) * e);
+  t.written = heads * double(seqlen_q) * (dv * e + lse_bytes);
   return t;
 }
 
@@ -104,10 +106,11 @@ inline Traffic forward_traffic(int batch, int heads_q, int seqlen_q, int seqlen_
 /// tile i meets key tile j and K_i, V_i when query tile j meets key tile i; dQ, dK, dV written
 /// once. elem_bytes: q, k, v, o, dout and the gradients' values (float or double: a 16-bit dQ
 /// with atomics goes through a float copy, not modelled); lse_bytes and acc_bytes: the LSE's
-/// and the accumulation type's sizes.
+/// and the accumulation type's sizes; head_dim_v: Dv, the head dim of v, o, dO and dV (0:
+/// head_dim), Q, K, dQ and dK rows being head_dim wide.
 inline Traffic backward_traffic(int batch, int heads_q, int heads_k, int seqlen_q, int seqlen_k,
                                 int head_dim, int elem_bytes, int lse_bytes, int acc_bytes,
-                                const Params& params, int block, DqMode mode) {
+                                const Params& params, int block, DqMode mode, int head_dim_v = 0) {
   if (mode == DqMode::automatic)
     throw Error("backward_traffic: mode is DqMode::automatic; pass the mode the backward runs");
   if (mode == DqMode::symmetric && (heads_q != heads_k || seqlen_q != seqlen_k))
@@ -116,23 +119,24 @@ inline Traffic backward_traffic(int batch, int heads_q, int heads_k, int seqlen_
         "seqlen_q = seqlen_k), got heads " +
         std::to_string(heads_q) + " / " + std::to_string(heads_k) + ", seqlens " +
         std::to_string(seqlen_q) + " / " + std::to_string(seqlen_k));
-  const double b = batch, e = elem_bytes, d = head_dim, nq = seqlen_q, nk = seqlen_k;
+  const double b = batch, e = elem_bytes, d = head_dim, dv = head_dim_v > 0 ? head_dim_v : d,
+               nq = seqlen_q, nk = seqlen_k;
   double rows_q = 0, rows_k = 0;  // summed over meeting (query tile, key tile) pairs
   for_each_meeting_tile(params, seqlen_q, seqlen_k, block, block, [&](int, int nr, int, int nc) {
     rows_q += nr;
     rows_k += nc;
   });
-  const double per_q_row = 2 * d * e + lse_bytes + acc_bytes;  // Q, dO, LSE, delta
-  const double per_k_row = 2 * d * e;                          // K, V
+  const double per_q_row = (d + dv) * e + lse_bytes + acc_bytes;  // Q, dO, LSE, delta
+  const double per_k_row = (d + dv) * e;                          // K, V
   Traffic t;
   // Preprocessing: delta = rowsum(dO * O) (- dLSE, not counted), dQ zeroed for atomics.
-  t.read += b * heads_q * nq * d * 2 * e;
+  t.read += b * heads_q * nq * dv * 2 * e;
   t.written +=
       b * heads_q * nq * acc_bytes + (mode == DqMode::atomic ? b * heads_q * nq * d * e : 0);
   if (mode == DqMode::symmetric) {
     t.read +=
         b * heads_q * (nq * (per_q_row + per_k_row) + rows_q * per_q_row + rows_k * per_k_row);
-    t.written += b * heads_q * nq * 3 * d * e;
+    t.written += b * heads_q * nq * (2 * d + dv) * e;  // dQ, dK, dV
     return t;
   }
   // Key-tile kernel: K_j, V_j per team; per meeting query tile of each query head Q_i, dO_i,
@@ -147,8 +151,8 @@ inline Traffic backward_traffic(int batch, int heads_q, int heads_k, int seqlen_
   // Query pass: K and V transposed once into acc_t copies; per query tile Q_i, dO_i, LSE_i,
   // delta_i once; per meeting key tile K_j and the transposed K_j^T, V_j^T; dQ written once.
   t.read += b * heads_k * nk * per_k_row + b * heads_q * nq * per_q_row +
-            b * heads_q * rows_k * d * (e + 2.0 * acc_bytes);
-  t.written += b * heads_k * nk * 2 * d * acc_bytes + b * heads_q * nq * d * e;
+            b * heads_q * rows_k * (d * e + (d + dv) * acc_bytes);
+  t.written += b * heads_k * nk * (d + dv) * acc_bytes + b * heads_q * nq * d * e;
   return t;
 }
 
