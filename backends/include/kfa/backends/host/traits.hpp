@@ -18,14 +18,21 @@
 
 namespace kfa::backends {
 
-/// Host tile traits: one thread per team, Br = 64, Bc = 64 (32 above head_dim 128).
+/// Host tile traits: one thread per team, Br = 64, Bc = 128 up to head_dim 64, 64 up to 128,
+/// 32 above.
 template <class ExecSpace, class T>
 struct TileTraits<
     ExecSpace, T,
     std::enable_if_t<Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible>> {
   static constexpr int block_q(int /*head_dim*/) { return 64; }  ///< Br
-  /// Bc: K_j^T and V_j stay in L2 next to Q_i and O_i.
-  static constexpr int block_k(int head_dim) { return head_dim <= 128 ? 64 : 32; }
+  /// Bc: K_j^T and V_j stay in L2 next to Q_i and O_i. 128 keys up to head_dim 64: there the
+  /// products' depth (head_dim for S^T, Bc for P V) is short and each micro-kernel call's fixed
+  /// cost (zeroing, storing its accumulators) weighs; the longer P V measured 2.5-4 % faster
+  /// float and bf16 forwards at head_dim 64 without a mask, about even with causal
+  /// (perf/results/2026-11-26-key-tile-128.md).
+  static constexpr int block_k(int head_dim) {
+    return head_dim <= 64 ? 128 : head_dim <= 128 ? 64 : 32;
+  }
   /// Backward Br = Bc: about 290 KiB of float tiles at head_dim 128, within L2.
   static constexpr int block_bwd(int head_dim) { return head_dim <= 128 ? 64 : 32; }
   static constexpr int team_size = 1;      ///< host teams are one thread
