@@ -543,8 +543,8 @@ def report(a, res, md_path, command, ort_why):
                                    for i in over) + " |")
         lines.append("")
     base = os.path.splitext(os.path.basename(md_path))[0]
-    lines += [f"Plots: `{base}.png` (GFLOP/s against N), `{base}-memory.png` "
-              "(peak memory against N).", ""]
+    memory_plot = f", `{base}-memory.png` (peak memory against N)" if res.mem else ""
+    lines += [f"Plots: `{base}.png` (GFLOP/s against N){memory_plot}.", ""]
     with open(md_path, "w") as f:
         f.write("\n".join(lines))
 
