@@ -1,7 +1,8 @@
 // Prints the I/O model of kfa/flops.hpp as a markdown table: the bytes kfa's forward and
 // backward move between global memory and the chip, next to the unfused algorithm's (S and P
 // written and read back: 4 e Nq Nk per head on top of the products' operands), for the host's
-// tiles (64 x 64, backward 64) and the CUDA table's (head_dim 64: 32 x 32, backward 16;
+// tiles (64 x 128 at head_dim 64, 64 x 64 at 128, backward 64; backends/host/traits.hpp) and
+// the CUDA table's (head_dim 64: 32 x 32, backward 16;
 // head_dim 128: 16 x 16, backward 8), float. No timing: the model only (the kernels' staging is
 // checked against it in tests/test_counters.cpp).
 #include <kfa/flops.hpp>
@@ -31,7 +32,7 @@ int main() {
   const double mib = 1024.0 * 1024.0;
   for (int d : {64, 128}) {
     const Tiles tiles[] = {
-        {"host 64x64", 64, 64, 64},
+        d == 64 ? Tiles{"host 64x128", 64, 128, 64} : Tiles{"host 64x64", 64, 64, 64},
         d == 64 ? Tiles{"CUDA 32x32", 32, 32, 16} : Tiles{"CUDA 16x16", 16, 16, 8}};
     for (const Tiles& t : tiles)
       for (int n : {1024, 4096, 16384})

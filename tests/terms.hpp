@@ -73,8 +73,9 @@ inline Keep4 random_mask(int b, int h, int nq, int nk, std::mt19937_64& gen) {
   return m;
 }
 
-/// A boolean mask of 64 x 64 blocks at global positions (the host forward's tiles): by
-/// (block row + 2 block column + x + y) mod 3 for batch x and head y of the mask, a block
+/// A boolean mask of blocks of 64 queries by 128 keys at global positions (the host forward's
+/// largest tiles, 64 x 128 at head_dim <= 64; its 64 x 64 tiles and the backward's lie inside
+/// them): by (block row + 2 block column + x + y) mod 3 for batch x and head y, a block
 /// hides every key, shows every key, or is random of density 0.5, so that every query tile
 /// meets tiles of the three kinds, differently per batch and head; a block cut by the end of
 /// the sequence keeps its kind.
@@ -85,7 +86,7 @@ inline Keep4 block_mask(int b, int h, int nq, int nk, std::mt19937_64& gen) {
     for (int y = 0; y < h; ++y)
       for (int i = 0; i < nq; ++i)
         for (int j = 0; j < nk; ++j) {
-          const int kind = (i / 64 + 2 * (j / 64) + x + y) % 3;
+          const int kind = (i / 64 + 2 * (j / 128) + x + y) % 3;
           m(x, y, i, j) = kind == 1 || (kind == 2 && coin(gen)) ? 1 : 0;
         }
   return m;

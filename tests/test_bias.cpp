@@ -361,7 +361,7 @@ TEST(Visibility, WithDropout) {
     }
 }
 
-// Boolean masks whose 64 x 64 blocks hide every key, show every key, or some (block_mask): the
+// Boolean masks whose 64 x 128 blocks hide every key, show every key, or some (block_mask): the
 // host forward skips the first, adds nothing for the second and adds the mask tile transposed
 // for the third. Broadcast over batch or heads, lengths that are not multiples of the tile,
 // GQA, with causal and window edges, softcap (applied before the term) and split-KV.

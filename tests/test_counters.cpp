@@ -122,6 +122,7 @@ TEST(TileSkip, EveryMaskEveryKernel) {
 }
 
 // Split-KV divides a query tile's visible key tiles among its splits, none twice, none lost.
+// 517 keys: 9 tiles of 64 (5 of the host's 128 at head_dim 64), so 17 splits leave empty ones.
 TEST(TileSkip, SplitsStageEachTileOnce) {
   const Shape s{1, 2, 1, 70, 517, 64};
   for (const kfa::Params& mask : masks())

@@ -152,8 +152,8 @@ TEST(Fortran, BiasSameBitsAsC) {
 }
 
 // A mask and key lengths given to kfa_forward in Fortran, and the mask as a section that is not
-// contiguous: bitwise kfa_forward_term_f32 on the same arrays. (Every other case leaves the
-// optional term arrays absent, which the module forwards.)
+// contiguous: bitwise kfa_forward_term_f32 on the same arrays. (BiasSameBitsAsC gives bias and
+// dbias; every other case leaves the optional term arrays absent, which the module forwards.)
 TEST(Fortran, MaskAndKeyLengthsSameBitsAsC) {
   const Dims s{2, 4, 2, 13, 17, 16};
   std::vector<std::uint8_t> mask(std::size_t(s.b) * s.hq * s.nq * s.nk);

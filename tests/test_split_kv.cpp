@@ -20,10 +20,12 @@ kfa::Params with_splits(kfa::Params p, int n) {
   return p;
 }
 
-// 1100 keys are 18 tiles of 64: every k = 1..17 gives chunks of one or two tiles with a
-// remainder, and 17 queries are one partial query tile.
+// 17 whole key tiles and a partial one (1100 keys at 64-key tiles, 2188 at the host's 128):
+// every k = 1..17 gives chunks of one or two tiles with a remainder, and 17 queries are one
+// partial query tile.
 TEST(SplitKV, EveryChunkCountMatchesReferenceAndUnsplit) {
-  const Shape s{1, 2, 1, 17, 1100, 64};
+  const int bc = kfa::backends::TileTraits<Exec, float>::block_k(64);
+  const Shape s{1, 2, 1, 17, 17 * bc + 12, 64};
   Problem pb(s, seed_of(s, 5));
   const auto unsplit = run_forward<float>(pb, with_splits({}, 1));
   for (int k = 1; k <= 17; ++k) {

@@ -27,9 +27,9 @@ struct TileTraits<
   static constexpr int block_q(int /*head_dim*/) { return 64; }  ///< Br
   /// Bc: K_j^T and V_j stay in L2 next to Q_i and O_i. 128 keys up to head_dim 64: there the
   /// products' depth (head_dim for S^T, Bc for P V) is short and each micro-kernel call's fixed
-  /// cost (zeroing, storing its accumulators) weighs; the longer P V measured 2.5-4 % faster
-  /// float and bf16 forwards at head_dim 64 without a mask, about even with causal
-  /// (perf/results/2026-11-26-key-tile-128.md).
+  /// cost (zeroing, storing its accumulators) weighs; the longer P V took 3.0-3.5 % off float
+  /// and bf16 forwards at head_dim 64 without a mask, 0.8-2.3 % causal at N = 4096, within the
+  /// noise at N = 1024 (perf/results/2026-11-26-key-tile-128.md).
   static constexpr int block_k(int head_dim) {
     return head_dim <= 64 ? 128 : head_dim <= 128 ? 64 : 32;
   }
