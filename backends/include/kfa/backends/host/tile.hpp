@@ -196,31 +196,48 @@ template <int MR, int V>
 inline void bf16x2_kernel(int k2, const unsigned char* a, int a_rs, int a_cs,
                           const unsigned char* b, int ldb, float* c, int ldc, float scale,
                           bool accumulate) {
+  // Loops unrolled in full and the accumulate test outside the stores, as in micro_kernel
+  // (else GCC 12 keeps acc on the stack around the k2 loop).
   __m512 acc[MR][V];
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
     for (int v = 0; v < V; ++v)
       acc[i][v] = _mm512_setzero_ps();
   for (int p = 0; p < k2; ++p) {
     __m512bh bv[V];
+#pragma GCC unroll 4
     for (int v = 0; v < V; ++v)
       bv[v] = (__m512bh)_mm512_loadu_si512(
           b + 4 * (static_cast<std::ptrdiff_t>(p) * ldb + static_cast<std::ptrdiff_t>(16) * v));
+#pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const std::uint32_t w = bf16x2_load(
           a, static_cast<std::ptrdiff_t>(i) * a_rs + static_cast<std::ptrdiff_t>(p) * a_cs);
       const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(w));
+#pragma GCC unroll 4
       for (int v = 0; v < V; ++v)
         acc[i][v] = _mm512_dpbf16_ps(acc[i][v], av, bv[v]);
     }
   }
   const __m512 sc = _mm512_set1_ps(scale);
-  for (int i = 0; i < MR; ++i)
-    for (int v = 0; v < V; ++v) {
-      float* ci = c + static_cast<std::ptrdiff_t>(i) * ldc + static_cast<std::ptrdiff_t>(16) * v;
-      __m512 out = _mm512_mul_ps(sc, acc[i][v]);
-      if (accumulate) out = _mm512_add_ps(out, _mm512_loadu_ps(ci));
-      _mm512_storeu_ps(ci, out);
-    }
+  const auto out = [&](int i, int v) {
+    return c + static_cast<std::ptrdiff_t>(i) * ldc + static_cast<std::ptrdiff_t>(16) * v;
+  };
+  if (accumulate) {
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v)
+        _mm512_storeu_ps(out(i, v),
+                         _mm512_add_ps(_mm512_mul_ps(sc, acc[i][v]), _mm512_loadu_ps(out(i, v))));
+  } else {
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v)
+        _mm512_storeu_ps(out(i, v), _mm512_mul_ps(sc, acc[i][v]));
+  }
 }
 #endif
 
@@ -251,32 +268,49 @@ KOKKOS_INLINE_FUNCTION void micro_kernel(int k, const Acc* a, int a_rs, int a_cs
 #ifdef KFA_HOST_VECTOR_EXTENSION
   using vec = vec_t<Acc>;
   constexpr int L = lanes<Acc>, V = NR / L;
+  // Every loop over the block unrolled in full, the accumulate test outside the stores: GCC 12
+  // otherwise kept acc as an array on the stack around the k loop (24 zeroing stores before it,
+  // 24 spills and reloads after), a tenth of a call at depth 64.
   vec acc[MR][V];
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
     for (int v = 0; v < V; ++v)
       acc[i][v] = vec{};
   for (int p = 0; p < k; ++p) {
     const Acc* bp = b + static_cast<std::ptrdiff_t>(p) * ldb;
     const Acc* ap = a + static_cast<std::ptrdiff_t>(p) * a_cs;
     vec bv[V];
+#pragma GCC unroll 4
     for (int v = 0; v < V; ++v)
       std::memcpy(&bv[v], bp + v * L, sizeof(vec));  // an unaligned vector load
+#pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const Acc ai = ap[static_cast<std::ptrdiff_t>(i) * a_rs];
+#pragma GCC unroll 4
       for (int v = 0; v < V; ++v)
         acc[i][v] += ai * bv[v];
     }
   }
-  for (int i = 0; i < MR; ++i) {
-    Acc* ci = c + static_cast<std::ptrdiff_t>(i) * ldc;
-    for (int v = 0; v < V; ++v) {
-      vec out = acc[i][v];
-      if (accumulate) {
+  if (accumulate) {
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      Acc* ci = c + static_cast<std::ptrdiff_t>(i) * ldc;
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) {
         vec prev;
         std::memcpy(&prev, ci + v * L, sizeof(vec));
-        out += prev;
+        const vec out = acc[i][v] + prev;
+        std::memcpy(ci + v * L, &out, sizeof(vec));
       }
-      std::memcpy(ci + v * L, &out, sizeof(vec));
+    }
+  } else {
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      Acc* ci = c + static_cast<std::ptrdiff_t>(i) * ldc;
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v)
+        std::memcpy(ci + v * L, &acc[i][v], sizeof(vec));
     }
   }
 #else
