@@ -14,6 +14,11 @@
 
 namespace kfa {
 
+/// v's head dim Dv: head_dim_v, or head_dim where it is 0 (the default of every count below).
+inline int value_head_dim(int head_dim, int head_dim_v) {
+  return head_dim_v > 0 ? head_dim_v : head_dim;
+}
+
 /// Number of (query, key) pairs of one head that the masks in `params` leave visible.
 inline double visible_pairs(const Params& params, int seqlen_q, int seqlen_k) {
   const impl::Mask mask = impl::make_mask(params, seqlen_q, seqlen_k);
@@ -30,7 +35,7 @@ inline double visible_pairs(const Params& params, int seqlen_q, int seqlen_k) {
 /// where this is 4 * ... * head_dim).
 inline double forward_flops(int batch, int heads_q, int seqlen_q, int seqlen_k, int head_dim,
                             const Params& params = {}, int head_dim_v = 0) {
-  const int dv = head_dim_v > 0 ? head_dim_v : head_dim;
+  const int dv = value_head_dim(head_dim, head_dim_v);
   return 2.0 * batch * heads_q * visible_pairs(params, seqlen_q, seqlen_k) * (head_dim + dv);
 }
 
@@ -40,7 +45,7 @@ inline double forward_flops(int batch, int heads_q, int seqlen_q, int seqlen_k, 
 /// forward_flops; 2.5 times the forward's when they are equal (flash-attn's convention).
 inline double backward_flops(int batch, int heads_q, int seqlen_q, int seqlen_k, int head_dim,
                              const Params& params = {}, int head_dim_v = 0) {
-  const int dv = head_dim_v > 0 ? head_dim_v : head_dim;
+  const int dv = value_head_dim(head_dim, head_dim_v);
   return 2.0 * batch * heads_q * visible_pairs(params, seqlen_q, seqlen_k) *
          (3.0 * head_dim + 2.0 * dv);
 }
@@ -83,7 +88,7 @@ inline Traffic forward_traffic(int batch, int heads_q, int seqlen_q, int seqlen_
                                int elem_bytes, int lse_bytes, const Params& params, int block_q,
                                int block_k, int head_dim_v = 0) {
   const double heads = double(batch) * heads_q, e = elem_bytes, d = head_dim,
-               dv = head_dim_v > 0 ? head_dim_v : head_dim;
+               dv = value_head_dim(head_dim, head_dim_v);
   double kv_rows = 0;
   for_each_meeting_tile(params, seqlen_q, seqlen_k, block_q, block_k,
                         [&](int, int, int, int nc) { kv_rows += nc; });
@@ -119,7 +124,7 @@ inline Traffic backward_traffic(int batch, int heads_q, int heads_k, int seqlen_
         "seqlen_q = seqlen_k), got heads " +
         std::to_string(heads_q) + " / " + std::to_string(heads_k) + ", seqlens " +
         std::to_string(seqlen_q) + " / " + std::to_string(seqlen_k));
-  const double b = batch, e = elem_bytes, d = head_dim, dv = head_dim_v > 0 ? head_dim_v : d,
+  const double b = batch, e = elem_bytes, d = head_dim, dv = value_head_dim(head_dim, head_dim_v),
                nq = seqlen_q, nk = seqlen_k;
   double rows_q = 0, rows_k = 0;  // summed over meeting (query tile, key tile) pairs
   for_each_meeting_tile(params, seqlen_q, seqlen_k, block, block, [&](int, int nr, int, int nc) {
