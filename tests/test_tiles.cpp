@@ -556,32 +556,37 @@ TEST(Tiles, HostExpFloat) {
   EXPECT_TRUE(std::isnan(kfa::backends::host::exp_float(std::nanf(""))));
 }
 
-// The AVX-512 exp16 of the softmax's column loop: within 2 ulp of std::exp in double over the
-// range softmax feeds it, as exp_float, and exp_float's edges: 0 below -87 and at -inf, NaN
-// kept, and exp(88) for arguments above 88.
-TEST(Tiles, HostExp16IsExpFloat) {
+// The AVX-512 exp2_16 of the softmax's column loop: within 2 ulp of exp2 in long double from
+// 2^-126 to 4 (y = (x - m) log2(e) <= 0 up to rounding), 0 below -126 and at -inf, NaN kept,
+// exact powers of two at the integers.
+TEST(Tiles, HostExp2_16IsExp2) {
 #ifdef __AVX512F__
-  std::vector<float> x;
-  for (float v = -90.0f; v <= 2.0f; v += 0.000731f)
-    x.push_back(v);
-  for (float v : {0.0f, -0.0f, -87.0f, 88.0f, 95.0f, 1e-30f, -1e-30f})
-    x.push_back(v);
-  x.push_back(-std::numeric_limits<float>::infinity());
-  x.push_back(std::nanf(""));
-  while (x.size() % 16 != 0)
-    x.push_back(0.5f);
-  for (std::size_t i = 0; i < x.size(); i += 16) {
+  std::vector<float> y;
+  for (float v = -130.0f; v <= 4.0f; v += 0.000731f)
+    y.push_back(v);
+  for (float v : {0.0f, -0.0f, -1.0f, -2.0f, -126.0f, -125.99999f, -126.00001f, 1e-30f, -1e-30f})
+    y.push_back(v);
+  y.push_back(-std::numeric_limits<float>::infinity());
+  y.push_back(std::nanf(""));
+  while (y.size() % 16 != 0)
+    y.push_back(0.5f);
+  for (std::size_t i = 0; i < y.size(); i += 16) {
     float out[16];
-    _mm512_storeu_ps(out, kfa::backends::host::exp16(_mm512_loadu_ps(&x[i])));
+    _mm512_storeu_ps(out, kfa::backends::host::exp2_16(_mm512_loadu_ps(&y[i])));
     for (int l = 0; l < 16; ++l) {
-      const float v = x[i + l];
+      const float v = y[i + l];
       if (std::isnan(v)) {
         ASSERT_TRUE(std::isnan(out[l]));
-      } else if (v < -87.0f) {
-        ASSERT_EQ(out[l], 0.0f) << "x=" << v;
+      } else if (v < -126.0f) {
+        ASSERT_EQ(out[l], 0.0f) << "y=" << v;
       } else {
-        const double ref = std::exp(double(v < 88.0f ? v : 88.0f));
-        ASSERT_LE(std::abs(double(out[l]) - ref), 2 * ulp_of<float>(ref)) << "x=" << v;
+        const long double ref = std::exp2(static_cast<long double>(v));
+        ASSERT_LE(std::abs(static_cast<long double>(out[l]) - ref),
+                  2 * ulp_of<float>(static_cast<double>(ref)))
+            << "y=" << v;
+        if (v == std::floor(v)) {
+          ASSERT_EQ(static_cast<long double>(out[l]), ref) << "y=" << v;
+        }
       }
     }
   }

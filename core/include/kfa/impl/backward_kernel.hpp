@@ -481,12 +481,21 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
   static constexpr bool atomic_capable =
       !backends::is_narrow_float<typename Views::dq_value>::value;
 
+  /// Kokkos::Serial: one thread, whose dQ adds need no atomics.
+#ifdef KOKKOS_ENABLE_SERIAL
+  static constexpr bool serial_space = std::is_same_v<ExecSpace, Kokkos::Serial>;
+#else
+  static constexpr bool serial_space = false;
+#endif
+
   KeyValueKernel(const base& common, bool atomic_dq_) : base(common), atomic_dq(atomic_dq_) {
     if (atomic_dq && !atomic_capable)
       fail("backward", "internal: atomic dQ into a 16-bit view (use a float accumulator)");
   }
 
-  KOKKOS_FUNCTION void operator()(const member_t& team) const { base::dispatch(*this, team, true); }
+  KOKKOS_FUNCTION void operator()(const member_t& team) const {
+    base::dispatch(*this, team, true);
+  }
 
   /// The team of index `rank` in its batch (base::dispatch).
   KOKKOS_INLINE_FUNCTION void run(const member_t& team, int rank) const {
@@ -517,10 +526,24 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
           if (atomic_dq) {  // dQ_i += scale dS K_j, added into dq
             ops::gemm(team, nr, D, nc, sc.ds, ldt, 1, sc.ks, ldd, sc.dqs, ldd, false);
             team.team_barrier();
-            ops::for_each_element(team, nr, D, [&](int r, int d) {
-              Kokkos::atomic_add(&this->t.dq(b, h, q0 + r, d),
-                                 typename Views::dq_value(this->score.scaled(sc.dqs[r * ldd + d])));
-            });
+            if constexpr (serial_space) {
+              // One thread: plain adds a row at a time (dq has unit stride in d), which the
+              // compiler vectorises; the element-wise atomic_add below (a plain add on Serial,
+              // but one call per element) cost ~13 % of a backward at N = 2048 on one core.
+              for (int r = 0; r < nr; ++r) {
+                auto* dst = &this->t.dq(b, h, q0 + r, 0);
+                const acc_t* src = sc.dqs + static_cast<std::ptrdiff_t>(r) * ldd;
+                const acc_t scale = this->score.scale;  // scaled(x), hoisted
+                for (int d = 0; d < D; ++d)
+                  dst[d] += typename Views::dq_value(scale * src[d]);
+              }
+            } else {
+              ops::for_each_element(team, nr, D, [&](int r, int d) {
+                Kokkos::atomic_add(
+                    &this->t.dq(b, h, q0 + r, d),
+                    typename Views::dq_value(this->score.scaled(sc.dqs[r * ldd + d])));
+              });
+            }
           }
         }
         // dV_j += P^T dO_i and dK_j += dS^T (scale Q_i), reading P and dS transposed in place.

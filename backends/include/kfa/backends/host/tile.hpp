@@ -150,41 +150,31 @@ KOKKOS_INLINE_FUNCTION Acc exp(Acc x) {
 }
 
 #ifdef KFA_HOST_AVX512
-/// vmaxps and vminps (NaN or equal operands: the second). Through the masked forms with a full
-/// mask: GCC 12's _mm512_max_ps and _mm512_min_ps pass _mm512_undefined_ps(), which it then
-/// reports as maybe uninitialised wherever they are inlined.
+/// vmaxps (NaN or equal operands: the second). Through the masked form with a full mask: GCC
+/// 12's _mm512_max_ps passes _mm512_undefined_ps(), which it then reports as maybe
+/// uninitialised wherever it is inlined.
 inline __m512 max16(__m512 a, __m512 b) {
   return _mm512_mask_max_ps(b, static_cast<__mmask16>(0xFFFF), a, b);
 }
-/// See max16.
-inline __m512 min16(__m512 a, __m512 b) {
-  return _mm512_mask_min_ps(b, static_cast<__mmask16>(0xFFFF), a, b);
-}
 
-/// exp_float on 16 lanes with AVX-512's own steps: the same reduction and polynomial (about 1
-/// ulp), with 2^n applied by vscalefps instead of built in the exponent bits, and the clamps
-/// and the zero below -87 as one max, one min and a zero-masked scalef: about 14 instructions
-/// instead of 20, on the softmax's hot loop. NaN stays NaN (the clamps take x's NaN, the mask
-/// keeps its lane).
-inline __m512 exp16(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.0f), hi = _mm512_set1_ps(88.0f);
-  // vmaxps/vminps return their second operand when either is NaN: x goes second.
-  const __m512 xc = min16(hi, max16(lo, x));
-  const __m512 shifter = _mm512_set1_ps(12582912.0f);  // round to nearest as in exp_float
-  const __m512 n =
-      _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), shifter), shifter);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  // Lanes with x < -87 (-inf included) are 0; NaN compares unordered and is kept.
-  const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ);
-  return _mm512_maskz_scalef_ps(keep, p, n);
+/// 2^y on 16 lanes for the softmax's column loop, which passes y = (x - m) log2(e): the
+/// reduction is vreduceps' exact f = y - floor(y) in [0, 1), 2^f a degree-6
+/// minimax polynomial (relative error 2e-9 before rounding; at most 1.3 ulp in all), and
+/// vscalefps multiplies by 2^floor(y) itself: 11 instructions where exp_float's steps on 16
+/// lanes took 17 (clamps, ln2 in two parts, the rounding trick). 0 below 2^-126 (no subnormal
+/// P) and at -inf, NaN kept.
+inline __m512 exp2_16(__m512 y) {
+  const __m512 f = _mm512_reduce_ps(y, 0x09);  // round down (01), precision exception off (8)
+  __m512 p = _mm512_set1_ps(2.1612952696e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.2467834167e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6754534170e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5485278368e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022930861e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314706326e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  // NaN compares unordered and is kept; -inf and y < -126 give 0.
+  const __mmask16 keep = _mm512_cmp_ps_mask(y, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
+  return _mm512_maskz_scalef_ps(keep, p, y);
 }
 #endif
 
@@ -674,7 +664,7 @@ struct TileOps<
   }
 
   /// PortableTileOps::col_softmax with the vectorisable exp. On AVX-512, float columns 16 at a
-  /// time: maximum, shift and sum in registers, exp16. Elsewhere, and for the last n % 16
+  /// time: maximum, shift and sum in registers, exp2_16. Elsewhere, and for the last n % 16
   /// columns, loops the compiler vectorises across columns (rows outer, columns inner).
   template <class Member>
   static KOKKOS_INLINE_FUNCTION void col_softmax(const Member& /*team*/, Acc* s, int lds, int j0,
@@ -844,17 +834,23 @@ struct TileOps<
           const __m512 x = _mm512_loadu_ps(s + static_cast<std::ptrdiff_t>(j) * lds + c0);
           top = _mm512_mask_mov_ps(top, visible(j), host::max16(x, top));
         }
+        // In base 2, 2^((x - m') log2(e)): x - m' first (exact near the maximum), so that the
+        // argument's error is relative to x - m', as in exp's own reduction, not to m' (a
+        // rounded m' log2(e) would put |m'| 2^-24 into every P and the LSE).
+        const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
         const __m512 shift = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(top, minus_inf, _CMP_EQ_OQ),
                                                   top, _mm512_setzero_ps());
+        const auto exp_of = [&](__m512 x) {
+          return host::exp2_16(_mm512_mul_ps(_mm512_sub_ps(x, shift), log2e));
+        };
         __m512 sum = _mm512_setzero_ps();
         for (int j = j0; j < j1; ++j) {
           float* x = s + static_cast<std::ptrdiff_t>(j) * lds + c0;
-          const __m512 p = _mm512_maskz_mov_ps(
-              visible(j), host::exp16(_mm512_sub_ps(_mm512_loadu_ps(x), shift)));
+          const __m512 p = _mm512_maskz_mov_ps(visible(j), exp_of(_mm512_loadu_ps(x)));
           _mm512_storeu_ps(x, p);
           sum = _mm512_add_ps(sum, p);
         }
-        const __m512 a = host::exp16(_mm512_sub_ps(m_old, shift));
+        const __m512 a = exp_of(m_old);
         _mm512_storeu_ps(alpha + c0, a);
         _mm512_storeu_ps(l + c0, _mm512_fmadd_ps(a, _mm512_loadu_ps(l + c0), sum));
         _mm512_storeu_ps(m + c0, top);
