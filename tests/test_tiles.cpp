@@ -558,7 +558,7 @@ TEST(Tiles, HostExpFloat) {
 
 // The AVX-512 exp2_16 of the softmax's column loop: within 2 ulp of exp2 in long double from
 // 2^-126 to 4 (y = (x - m) log2(e) <= 0 up to rounding), 0 below -126 and at -inf, NaN kept,
-// exact powers of two at the integers.
+// exact powers of two at the integers; lanes left out of the mask 0.
 TEST(Tiles, HostExp2_16IsExp2) {
 #ifdef __AVX512F__
   std::vector<float> y;
@@ -588,6 +588,16 @@ TEST(Tiles, HostExp2_16IsExp2) {
           ASSERT_EQ(static_cast<long double>(out[l]), ref) << "y=" << v;
         }
       }
+    }
+  }
+  // Lanes left out of `lanes` are 0 whatever y is (a hidden score far above the maximum).
+  float out[16];
+  _mm512_storeu_ps(out, kfa::backends::host::exp2_16(_mm512_set1_ps(200.0f), 0x00FF));
+  for (int l = 0; l < 16; ++l) {
+    if (l < 8) {
+      EXPECT_TRUE(std::isinf(out[l])) << "lane " << l;
+    } else {
+      EXPECT_EQ(out[l], 0.0f) << "lane " << l;
     }
   }
 #else

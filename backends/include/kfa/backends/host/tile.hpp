@@ -157,14 +157,22 @@ inline __m512 max16(__m512 a, __m512 b) {
   return _mm512_mask_max_ps(b, static_cast<__mmask16>(0xFFFF), a, b);
 }
 
-/// 2^y on 16 lanes for the softmax's column loop, which passes y = (x - m) log2(e): the
-/// reduction is vreduceps' exact f = y - floor(y) in [0, 1), 2^f a degree-6
-/// minimax polynomial (relative error 2e-9 before rounding; at most 1.3 ulp in all), and
-/// vscalefps multiplies by 2^floor(y) itself: 11 instructions where exp_float's steps on 16
-/// lanes took 17 (clamps, ln2 in two parts, the rounding trick). 0 below 2^-126 (no subnormal
-/// P) and at -inf, NaN kept.
-inline __m512 exp2_16(__m512 y) {
-  const __m512 f = _mm512_reduce_ps(y, 0x09);  // round down (01), precision exception off (8)
+/// 2^y on 16 lanes for the softmax's column loop, which passes y = (x - m) log2(e): f =
+/// y - floor(y) in [0, 1] (vreduceps; exact for y <= -1, rounded as 1 + y is between -1 and
+/// 0), 2^f by a degree-6 polynomial (about 1e-8 relative with its coefficients in float),
+/// and vscalefps multiplies by 2^floor(y) itself: 11 instructions where exp_float's steps on
+/// 16 lanes took 17 (clamps, ln2 in two parts, the rounding trick); at most 1.24 ulp from
+/// exp2 measured on a 1.7e-4 grid of [-126, 2]. 0 below 2^-126 (no subnormal P), at -inf and
+/// in the lanes `lanes` leaves out (no overflow raised for a hidden score far above the
+/// maximum); NaN kept.
+inline __m512 exp2_16(__m512 y, __mmask16 lanes = 0xFFFF) {
+  // Round down (01), precision exception off (8). vreduceps is AVX-512 DQ; with F alone the
+  // same f from vrndscaleps and a subtraction.
+#ifdef __AVX512DQ__
+  const __m512 f = _mm512_reduce_ps(y, 0x09);
+#else
+  const __m512 f = _mm512_sub_ps(y, _mm512_roundscale_ps(y, 0x09));
+#endif
   __m512 p = _mm512_set1_ps(2.1612952696e-4f);
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.2467834167e-3f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6754534170e-3f));
@@ -173,7 +181,7 @@ inline __m512 exp2_16(__m512 y) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314706326e-1f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   // NaN compares unordered and is kept; -inf and y < -126 give 0.
-  const __mmask16 keep = _mm512_cmp_ps_mask(y, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
+  const __mmask16 keep = _mm512_mask_cmp_ps_mask(lanes, y, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
   return _mm512_maskz_scalef_ps(keep, p, y);
 }
 #endif
@@ -840,17 +848,17 @@ struct TileOps<
         const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
         const __m512 shift = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(top, minus_inf, _CMP_EQ_OQ),
                                                   top, _mm512_setzero_ps());
-        const auto exp_of = [&](__m512 x) {
-          return host::exp2_16(_mm512_mul_ps(_mm512_sub_ps(x, shift), log2e));
+        const auto exp_of = [&](__m512 x, __mmask16 lanes) {
+          return host::exp2_16(_mm512_mul_ps(_mm512_sub_ps(x, shift), log2e), lanes);
         };
         __m512 sum = _mm512_setzero_ps();
         for (int j = j0; j < j1; ++j) {
           float* x = s + static_cast<std::ptrdiff_t>(j) * lds + c0;
-          const __m512 p = _mm512_maskz_mov_ps(visible(j), exp_of(_mm512_loadu_ps(x)));
+          const __m512 p = exp_of(_mm512_loadu_ps(x), visible(j));  // hidden lanes: 0
           _mm512_storeu_ps(x, p);
           sum = _mm512_add_ps(sum, p);
         }
-        const __m512 a = exp_of(m_old);
+        const __m512 a = exp_of(m_old, 0xFFFF);
         _mm512_storeu_ps(alpha + c0, a);
         _mm512_storeu_ps(l + c0, _mm512_fmadd_ps(a, _mm512_loadu_ps(l + c0), sum));
         _mm512_storeu_ps(m + c0, top);
