@@ -532,10 +532,10 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
               // atomic's product-then-add); the element-wise atomic_add below, one call per
               // element (a compare-and-swap loop where Kokkos has other host spaces too), cost
               // ~13 % of a backward at N = 2048 on one core.
+              const acc_t scale = this->score.scale;  // scaled(x), hoisted
               for (int r = 0; r < nr; ++r) {
                 auto* dst = &this->t.dq(b, h, q0 + r, 0);
                 const acc_t* src = sc.dqs + static_cast<std::ptrdiff_t>(r) * ldd;
-                const acc_t scale = this->score.scale;  // scaled(x), hoisted
                 for (int d = 0; d < D; ++d)
                   dst[d] += typename Views::dq_value(scale * src[d]);
               }
