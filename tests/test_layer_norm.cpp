@@ -24,7 +24,7 @@ using kfa::reference::Tensor2;
 template <class T>
 using View2 = Kokkos::View<T**, Kokkos::LayoutRight, Device>;
 template <class T>
-using View1 = Kokkos::View<T*, Device>;
+using View1 = Kokkos::View<T*, Kokkos::LayoutRight, Device>;  // the host tensors' layout
 template <class T>
 using Stat = kfa::backends::accum_t<T>;
 

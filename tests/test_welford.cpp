@@ -186,30 +186,20 @@ std::vector<double> as_float(std::vector<double> x) {
   return x;
 }
 
-// A parallel_reduce over 1e6 float elements (mean 1e3), accumulated in double so that the bound
-// tests the reducer's joins rather than float's rounding.
-TEST(Welford, ReducerOverARange) {
-  const std::size_t n = 1000000;
-  const std::vector<double> x = as_float(normal(n, 1e3, 2.0, 7));
-  const auto v = to_space(x);
+// The kernels of the reducer tests, outside the TEST bodies: nvcc refuses an extended device
+// lambda in a function with private access (GoogleTest's TestBody).
+kfa::Moments<double> reduce_range(const Kokkos::View<float*, Device>& v) {
   kfa::Moments<double> a;
   Kokkos::parallel_reduce(
-      "kfa::test::welford_range", Range(0, n),
+      "kfa::test::welford_range", Range(0, v.extent(0)),
       KOKKOS_LAMBDA(std::size_t i, kfa::Moments<double> & acc) { kfa::push(acc, double(v(i))); },
       kfa::MomentsReducer<double>(a));
-  const TwoPass t = two_pass(x, 0, n);
-  EXPECT_EQ(double(a.n), double(n));
-  EXPECT_LE(rel(a.mean, t.mean), 1e-13);
-  EXPECT_LE(rel(a.m2, t.m2), 1e-10);
+  return a;
 }
 
-// One row per team, reduced across the team's threads (TeamThreadRange), and one row per thread
-// reduced across its vector lanes (ThreadVectorRange); each row's moments written out.
-TEST(Welford, ReducerNestedInTeams) {
-  const int rows = 37, D = 513;
-  const std::vector<double> x = as_float(normal(std::size_t(rows) * D, -50.0, 3.0, 11));
-  const auto v = to_space(x);
-  Kokkos::View<double*[3], Device> team_out("team_out", rows), vector_out("vector_out", rows);
+void reduce_rows(const Kokkos::View<float*, Device>& v, int rows, int D,
+                 const Kokkos::View<double*[3], Device>& team_out,
+                 const Kokkos::View<double*[3], Device>& vector_out) {
   // Teams of two threads where the host space has them, so that the reducer joins across
   // threads; the device's own choice elsewhere.
   const Team team_policy =
@@ -247,6 +237,27 @@ TEST(Welford, ReducerNestedInTeams) {
           vector_out(r, 2) = m.m2;
         });
       });
+}
+
+// A parallel_reduce over 1e6 float elements (mean 1e3), accumulated in double so that the bound
+// tests the reducer's joins rather than float's rounding.
+TEST(Welford, ReducerOverARange) {
+  const std::size_t n = 1000000;
+  const std::vector<double> x = as_float(normal(n, 1e3, 2.0, 7));
+  const kfa::Moments<double> a = reduce_range(to_space(x));
+  const TwoPass t = two_pass(x, 0, n);
+  EXPECT_EQ(double(a.n), double(n));
+  EXPECT_LE(rel(a.mean, t.mean), 1e-13);
+  EXPECT_LE(rel(a.m2, t.m2), 1e-10);
+}
+
+// One row per team, reduced across the team's threads (TeamThreadRange), and one row per thread
+// reduced across its vector lanes (ThreadVectorRange); each row's moments written out.
+TEST(Welford, ReducerNestedInTeams) {
+  const int rows = 37, D = 513;
+  const std::vector<double> x = as_float(normal(std::size_t(rows) * D, -50.0, 3.0, 11));
+  Kokkos::View<double*[3], Device> team_out("team_out", rows), vector_out("vector_out", rows);
+  reduce_rows(to_space(x), rows, D, team_out, vector_out);
   auto ht = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), team_out);
   auto hv = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), vector_out);
   for (int r = 0; r < rows; ++r) {

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The GPU checks of a CUDA build of kfa, in one go, for a GPU machine whose time is short.
+#
+#   perf/gpu_check.sh BUILD OUT [SECONDS]
+#
+# BUILD: a CUDA build of kfa (tests and benchmarks on, KFA_TEST_SPACES=CUDA), either the build
+# folder itself or the same layout made elsewhere (tests/test_*, perf/bench_gpu, CMakeCache.txt,
+# and lib/ with the CUDA runtime when the GPU machine's is not on its library path). The build
+# can come from a machine without a GPU: nvcc compiles for the GPU's architecture
+# (Kokkos_ARCH_HOPPER90 / AMPERE80) without one. SECONDS (default 540) bounds the whole run;
+# each step gets its own share and is cut at it, so one slow step leaves the others their time.
+#
+# Steps, each writing under OUT (logs/ and results/, then tarred as logs.tar.gz and
+# results.tar.gz after every step, so a run cut short still returns what it finished):
+# 1. the GPU and its driver (nvidia-smi);
+# 2. every test suite on the device, 8 at a time (the float64 oracle runs on the host), with
+#    a pass/fail line each in summary.txt;
+# 3. compute-sanitizer racecheck and memcheck on one 16-bit forward and backward suite case
+#    (the register path and the tile path);
+# 4. the kernels' resources (cuobjdump --dump-resource-usage) and the SASS instruction mix per
+#    kernel (HMMA, LDSM, LDGSTS, LDS, STS, BAR, MUFU, all);
+# 5. perf/compare_gpu.py against PyTorch's SDPA: the forward (bf16, half, float) first, then
+#    the backward and forward + backward (bf16, float), N = 1024, 4096, 16384, D = 64, 128,
+#    causal and not, 16k tokens x 16 heads.
+set -u
+BUILD=$(cd "$1" && pwd)
+OUT=$2
+BUDGET=${3:-540}
+HERE=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$OUT/logs" "$OUT/results"
+SUMMARY=$OUT/summary.txt
+start=$(date +%s)
+left() { echo $(( BUDGET - ($(date +%s) - start) )); }
+say() { echo "$*" | tee -a "$SUMMARY"; }
+pack() {
+  tar -C "$OUT" -czf "$OUT/logs.tar.gz" logs 2>/dev/null
+  tar -C "$OUT" -czf "$OUT/results.tar.gz" results 2>/dev/null
+}
+export LD_LIBRARY_PATH=$BUILD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PYTHONUNBUFFERED=1
+
+say "== GPU ($(date -u +%FT%TZ))"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv 2>&1 |
+  tee -a "$SUMMARY"
+
+say "== tests on the device ($(left) s left)"
+# Each suite its own process (a crash ends one suite, not the step); 8 at a time on one GPU.
+find "$BUILD/tests" -maxdepth 1 -type f -perm -u+x -name 'test_*' | sort >"$OUT/logs/suites.txt"
+tests_cap=$(( BUDGET * 25 / 100 ))
+xargs -P 8 -I{} bash -c '
+  s=$(basename {}); t0=$(date +%s)
+  timeout '"$tests_cap"' {} --gtest_brief=1 >"'"$OUT"'/logs/$s.log" 2>&1; rc=$?
+  echo "$s rc=$rc $(( $(date +%s) - t0 ))s $(grep -E "^\[  (PASSED|FAILED)  \]" "'"$OUT"'/logs/$s.log" | tr "\n" " ")"
+' <"$OUT/logs/suites.txt" | sort | tee -a "$SUMMARY"
+grep -h "^\[  FAILED  \]" "$OUT"/logs/test_*.log | sort -u | head -40 | tee -a "$SUMMARY"
+pack
+
+say "== compute-sanitizer ($(left) s left)"
+san_cap=$(( BUDGET * 16 / 100 ))
+for tool in racecheck memcheck; do
+  for f in 'NarrowTest/0.ForwardHeadDimsAndSeqlens' 'NarrowTest/0.BackwardHeadDims'; do
+    log=$OUT/logs/sanitizer-$tool-${f//[^A-Za-z0-9]/_}.log
+    timeout $(( san_cap / 4 )) compute-sanitizer --tool "$tool" --print-limit 20 \
+      "$BUILD/tests/test_narrow_cuda" --gtest_filter="$f" >"$log" 2>&1
+    say "$tool $f rc=$? $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$log" | tr '\n' ' ')"
+  done
+done
+pack
+
+say "== resources and SASS mix ($(left) s left)"
+if command -v cuobjdump >/dev/null; then
+  cuobjdump --dump-resource-usage "$BUILD/perf/bench_gpu" >"$OUT/logs/resources.txt" 2>&1
+  cuobjdump --dump-sass "$BUILD/perf/bench_gpu" 2>/dev/null | awk '
+    /Function :/ { fn = $3 }
+    fn != "" && /\/\*[0-9a-f]+\*\// {
+      n[fn]++
+      for (i = 1; i <= NF; i++) if ($i ~ /^[A-Z][A-Z0-9_.]+$/ && $i !~ /^R[0-9]/) { op = $i; break }
+      split(op, p, "."); c[fn, p[1]]++
+    }
+    END { for (f in n) printf "%s all=%d HMMA=%d LDSM=%d LDGSTS=%d LDS=%d STS=%d BAR=%d MUFU=%d\n",
+            f, n[f], c[f,"HMMA"], c[f,"LDSM"], c[f,"LDGSTS"], c[f,"LDS"], c[f,"STS"], c[f,"BAR"], c[f,"MUFU"] }
+  ' | sort >"$OUT/results/sass-mix.txt"
+  say "$(grep -c . "$OUT/results/sass-mix.txt") kernels in results/sass-mix.txt"
+else
+  say "no cuobjdump on this machine"
+fi
+pack
+
+compare() {  # NAME CAP compare_gpu.py args...
+  local name=$1 cap=$2; shift 2
+  say "== compare $name ($(left) s left, $cap s for it)"
+  timeout "$cap" python3 "$HERE/compare_gpu.py" --build "$BUILD" --out-dir "$OUT/results" \
+    --name "$name" --n 1024,4096,16384 --d 64,128 --causal 0,1 "$@" \
+    >"$OUT/logs/compare-$name.log" 2>&1
+  say "rc=$? $(grep -E "PASS|MISS" "$OUT/logs/compare-$name.log" | tr '\n' ' ')"
+  pack
+}
+compare gpu-forward $(( $(left) * 40 / 100 )) --passes fwd --types bf16,half,float
+compare gpu-backward $(( $(left) - 10 )) --passes bwd,fwd_bwd --types bf16,float
+say "== done ($(left) s left)"
+pack
