@@ -58,12 +58,13 @@ class Targets(unittest.TestCase):
     def test_pass_miss_and_not_measured(self):
         rows = [row("fwd", "float", 4096, 30e3, 20e3, "efficient", peak=66.9),
                 row("fwd", "float", 8192, 27e3, 20e3, "efficient", peak=66.9),
-                row("fwd", "bf16", 4096, 200e3, 390e3), row("fwd", "bf16", 8192, 210e3, 400e3),
-                row("bwd", "bf16", 4096, 100e3, 260e3)]
+                row("fwd", "bf16", 4096, 290e3, 390e3), row("fwd", "bf16", 8192, 300e3, 400e3),
+                row("fwd_bwd", "bf16", 4096, 100e3, 260e3)]
         v = self.verdicts(rows)
         self.assertEqual(v["float-forward-peak"]["verdict"], "PASS")  # 0.448 and 0.404
-        self.assertEqual(v["bf16-forward-sdpa"]["verdict"], "PASS")  # 0.513 and 0.525
-        self.assertEqual(v["bf16-backward-sdpa"]["verdict"], "MISS")  # 0.385
+        self.assertEqual(v["bf16-forward-sdpa"]["verdict"], "PASS")  # 0.744 and 0.75
+        self.assertEqual(v["bf16-forward-backward-sdpa"]["verdict"], "MISS")  # 0.385
+        self.assertEqual(v["half-forward-sdpa"]["verdict"], "NOT MEASURED")
         self.assertEqual(v["bf16-forward-sdpa"]["cases"], 2)
         self.assertEqual(v["bf16-forward-sdpa"]["worst_case"]["N"], 4096)
 
@@ -151,7 +152,8 @@ class DryRun(unittest.TestCase):
                                        "python3 perf/compare_gpu.py --dry-run")
             v = {t["target"]: t["verdict"] for t in targets}
             self.assertEqual(v, {"float-forward-peak": "MISS", "bf16-forward-sdpa": "PASS",
-                                 "bf16-backward-sdpa": "MISS"})
+                                 "half-forward-sdpa": "PASS",
+                                 "bf16-forward-backward-sdpa": "MISS"})
             stem = os.path.join(tmp, "2000-01-01-gpu-h200-dry-run-synthetic-data")
             with open(stem + ".md") as f:
                 md = f.read()

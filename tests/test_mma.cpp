@@ -1125,7 +1125,8 @@ TEST(WarpBackward, HostSimulatedF16) {
 // address, then gathers its elements by the ISA's rule above), mma.sync (each lane posts its
 // fragments, then computes its own elements of D from everybody's through the transcribed
 // tables, in double, rounded once), the quad shuffles; the team barrier waits for all 128.
-// cp.async copies at once (the kernel waits for its copies before any barrier anyway).
+// cp.async lands at either end of the freedom the hardware has: at once (a copy that overwrites
+// a tile other warps still read shows), or only at the wait (a read before the wait shows).
 
 class Barrier {
  public:
@@ -1167,6 +1168,12 @@ struct SimTeam {
 
 thread_local SimTeam* sim_team = nullptr;
 thread_local int sim_lane = 0, sim_warp = 0;
+bool sim_copies_late = false;  // cp.async lands at the wait, not at once
+struct PendingCopy {
+  std::uint16_t* dst;
+  std::array<std::uint16_t, 8> bytes;  // the source as read at the copy's issue
+};
+thread_local std::vector<PendingCopy> sim_pending;
 
 // (lane, element) of the fragment element at (row, col) of A or B: the tables inverted.
 template <int Elements, int Rows, int Cols>
@@ -1209,12 +1216,19 @@ struct SimWarp {
     ldmatrix(r, row, true);
   }
   static void cp_async_16(std::uint16_t* dst, const std::uint16_t* src, bool valid) {
-    if (valid)
-      std::memcpy(dst, src, 16);
+    PendingCopy c{dst, {}};
+    if (valid) std::memcpy(c.bytes.data(), src, 16);
+    if (sim_copies_late)
+      sim_pending.push_back(c);
     else
-      std::memset(dst, 0, 16);
+      std::memcpy(dst, c.bytes.data(), 16);
   }
-  static void cp_async_wait_all() {}
+  static void cp_async_commit() {}
+  static void cp_async_wait_all() {
+    for (const PendingCopy& c : sim_pending)
+      std::memcpy(c.dst, c.bytes.data(), 16);
+    sim_pending.clear();
+  }
   static void mma(kc::FragC& d, const kc::FragA<Tag>& a, const kc::FragB<Tag>& b) {
     static const auto a_at = invert<8, 16, 16>(kA16);
     static const auto b_at = invert<4, 16, 8>(kB16);
@@ -1256,13 +1270,17 @@ struct SimWarp {
 };
 
 // One team of the kernel on the simulator: 50 query rows against 150 keys (three key tiles,
-// the last partial), a band mask with a row that sees nothing; with `band` the last tile is
-// hidden from every row and must be skipped, without it the partial tile is used. O and LSE
-// against softmax attention in double.
+// the last partial). Masks: `band`, a band with a row that sees nothing, whose last tile is
+// hidden from every row and must be skipped; `lower`, the same without the band's upper edge
+// (the partial tile is used); `none`, every key seen (the whole tiles take the path without a
+// mask test). Copies land at once or at the wait (`late`). O and LSE against softmax
+// attention in double.
+enum class SimMask { band, lower, none };
 template <class Tag, int D>
-void check_simulated_team(bool band) {
-  SCOPED_TRACE(std::string(Type<Tag>::name) + ", D = " + std::to_string(D) +
-               (band ? ", band" : ""));
+void check_simulated_team(SimMask mask, bool late) {
+  SCOPED_TRACE(std::string(Type<Tag>::name) + ", D = " + std::to_string(D) + ", mask " +
+               std::to_string(int(mask)) + (late ? ", copies late" : ", copies at once"));
+  const bool band = mask == SimMask::band;
   using Kernel = kc::WarpForward<SimWarp<Tag>, Tag, D>;
   constexpr int nq = 50, nk = 150;
   const double u = unit_roundoff<Tag>;
@@ -1284,9 +1302,12 @@ void check_simulated_team(bool band) {
   if (band)  // NaN in the tile nobody sees: reading it at all would show in O
     for (std::size_t i = std::size_t(128) * D; i < kb.size(); ++i)
       kb[i] = vb[i] = kc::to_bits(Tag{}, std::nanf(""));
-  static bool upper = true;  // a plain function pointer below (the Score type is a literal)
-  upper = band;
-  auto visible = [](int i, int j) { return i != 7 && (!upper || j <= i + 60) && j >= i - 40; };
+  static SimMask kind = SimMask::band;  // a plain function pointer below (Score is a literal)
+  kind = mask;
+  auto visible = [](int i, int j) {
+    return kind == SimMask::none ||
+           (i != 7 && (kind != SimMask::band || j <= i + 60) && j >= i - 40);
+  };
 
   struct Score {
     double scale;
@@ -1297,11 +1318,18 @@ void check_simulated_team(bool band) {
           if (visible(i, j)) return true;
       return false;
     }
+    bool tile_inside(int q0, int n, int j0, int nc) const {
+      for (int i = q0; i < q0 + n; ++i)
+        for (int j = j0; j < j0 + nc; ++j)
+          if (!visible(i, j)) return false;
+      return true;
+    }
     struct Row {
       int i;
       float scale;
       bool (*visible)(int, int);
-      float operator()(int j, float dot) const { return visible(i, j) ? dot * scale : -INFINITY; }
+      float operator()(int j, float dot) const { return visible(i, j) ? unmasked(j, dot) : -INFINITY; }
+      float unmasked(int, float dot) const { return dot * scale; }
     };
     Row row(int i) const { return {i, float(scale), visible}; }
   } score{scale, +visible};
@@ -1314,6 +1342,7 @@ void check_simulated_team(bool band) {
   } out{o.data(), lse.data()};
 
   SimTeam team;
+  sim_copies_late = late;
   std::vector<std::uint16_t> smem(Kernel::shared_bytes() / 2 + 64);
   std::uint16_t* tile = smem.data();
   while (reinterpret_cast<std::uintptr_t>(tile) % 128 != 0)
@@ -1370,12 +1399,14 @@ void check_simulated_team(bool band) {
 }
 
 TEST(WarpForward, SimulatedTeamBf16D64) {
-  check_simulated_team<kc::bf16_tag, 64>(true);
-  check_simulated_team<kc::bf16_tag, 64>(false);
+  for (const bool late : {false, true})
+    for (const SimMask mask : {SimMask::band, SimMask::lower, SimMask::none})
+      check_simulated_team<kc::bf16_tag, 64>(mask, late);
 }
 TEST(WarpForward, SimulatedTeamF16D128) {
-  check_simulated_team<kc::f16_tag, 128>(true);
-  check_simulated_team<kc::f16_tag, 128>(false);
+  for (const bool late : {false, true})
+    for (const SimMask mask : {SimMask::band, SimMask::lower, SimMask::none})
+      check_simulated_team<kc::f16_tag, 128>(mask, late);
 }
 
 #if defined(KOKKOS_ENABLE_CUDA)

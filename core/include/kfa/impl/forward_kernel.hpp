@@ -359,12 +359,21 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       const int lo = mask.lo(q0), hi = mask.hi(q0 + n - 1);
       return lo <= hi && lo <= j0 + nc - 1 && hi >= j0;
     }
+    /// Whether every row of [q0, q0 + n) sees every key of [j0, j0 + nc): the interval's
+    /// ends grow with the row, so the last row's lo and the first row's hi decide.
+    KOKKOS_INLINE_FUNCTION bool tile_inside(int q0, int n, int j0, int nc) const {
+      return mask.lo(q0 + n - 1) <= j0 && mask.hi(q0) >= j0 + nc - 1;
+    }
     /// One query row's scores: its visible keys [lo, hi] found once, before the key loop.
     struct Row {
       ScoreTransform<acc_t, bias_t> transform;
       int b, h, i, lo, hi;
       KOKKOS_INLINE_FUNCTION acc_t operator()(int j, acc_t dot) const {
         if (j < lo || j > hi) return -backends::infinity<acc_t>();
+        return unmasked(j, dot);
+      }
+      /// The score of a key the row sees.
+      KOKKOS_INLINE_FUNCTION acc_t unmasked(int j, acc_t dot) const {
         if constexpr (Capped || decltype(transform.bias)::enabled)
           return transform.value(transform.scaled(dot), b, h, i, j);
         else

@@ -15,8 +15,10 @@
 /// the mask, and where O and the LSE go.
 ///
 /// Shared memory: one K_j and one V_j tile of 64 x D 16-bit elements (16 KiB at D = 64, 32 KiB
-/// at D = 128); Q_i is staged through the K buffer once and kept in registers. Not yet double
-/// buffered: the copies of the next tile do not overlap this tile's products.
+/// at D = 128); Q_i is staged through the K buffer once and kept in registers. The copies
+/// overlap the products as in FlashAttention-2, without a second buffer: V_j loads while
+/// S = Q_i K_j^T and the softmax run, K_{j+1} while O~ += P V_j; each buffer is refilled only
+/// after the barrier that follows the last read of it.
 
 #include <kfa/backends/cuda/ldmatrix.hpp>
 #include <kfa/backends/cuda/mma.hpp>
@@ -45,7 +47,8 @@ struct WarpForward {
 
   /// Stages rows [r0, r0 + n) of a 16-bit array (row(r) points at row r, 16-byte aligned) into
   /// a swizzled tile of `keys` rows, zero-filling rows past n, by 16-byte copies of the whole
-  /// team; the caller waits for them (W::cp_async_wait_all) and then for the team barrier.
+  /// team; the caller commits them (W::cp_async_commit), waits for them (W::cp_async_wait_all)
+  /// and then for the team barrier.
   template <class Row>
   KFA_MMA_FUNCTION static void stage(std::uint16_t* tile, int r0, int n, const Row& row) {
     const int t = W::warp() * 32 + W::lane();
@@ -58,10 +61,11 @@ struct WarpForward {
   }
 
   /// The team's forward. `q_row(i)`, `k_row(j)`, `v_row(j)`: the 16-bit rows; `score`:
-  /// `score.tile_visible(q0, nq, j0, nc)` (can any of the rows see any of the keys) and
-  /// `score.row(i)`, made once per row before the key loop, whose `(j, dot)` is the score of
-  /// q_i . k_j (scale and softcap included, -inf where the mask hides it; called for keys
-  /// below k_end only); `out.o(i, c, value)` and
+  /// `score.tile_visible(q0, nq, j0, nc)` (can any of the rows see any of the keys),
+  /// `score.tile_inside(q0, nq, j0, nc)` (does every row see every key) and `score.row(i)`,
+  /// made once per row before the key loop, whose `(j, dot)` is the score of q_i . k_j (scale
+  /// and softcap included, -inf where the mask hides it; called for keys below k_end only) and
+  /// whose `unmasked(j, dot)` is the same for a key the row sees; `out.o(i, c, value)` and
   /// `out.lse(i, value)` (natural units) receive the results, rows below q0 + nq only. `smem` holds
   /// shared_bytes().
   template <class QRow, class KRow, class VRow, class Score, class Out>
@@ -72,17 +76,26 @@ struct WarpForward {
     std::uint16_t* vs = smem + static_cast<std::ptrdiff_t>(keys) * D;
     const int lane = W::lane(), warp = W::warp();
 
-    // Q_i through the K buffer into registers (64 rows: the tile's shape).
-    stage(ks, q0, nq, q_row);
+    // The first tile any row sees, and the one after `j`: the same verdict in every lane.
+    const auto next_tile = [&](int j) {
+      while (j < k_end && !score.tile_visible(q0, nq, j, k_end - j < keys ? k_end - j : keys))
+        j += keys;
+      return j;
+    };
+    // Q_i through the V buffer into registers (64 rows: the tile's shape), K of the first
+    // tile beside it.
+    int j0 = next_tile(k_begin);
+    stage(vs, q0, nq, q_row);
+    if (j0 < k_end) stage(ks, j0, k_end - j0 < keys ? k_end - j0 : keys, k_row);
+    W::cp_async_commit();
     W::cp_async_wait_all();
     W::barrier();
     FragA<Tag> q[kd];
     KFA_UNROLL
     for (int kk = 0; kk < kd; ++kk) {
       const Coord a = a_source(lane);
-      W::ldmatrix_x4(q[kk].x, ks + swizzled(16 * warp + a.row, 16 * kk + a.col, D));
+      W::ldmatrix_x4(q[kk].x, vs + swizzled(16 * warp + a.row, 16 * kk + a.col, D));
     }
-    W::barrier();
 
     RowState state = initial_rows();
     FragC o[db];
@@ -92,13 +105,12 @@ struct WarpForward {
     const int row0 = q0 + 16 * warp + group_id(lane);  // this lane's rows: row0, row0 + 8
     const auto score_row0 = score.row(row0), score_row8 = score.row(row0 + 8);
 
-    for (int j0 = k_begin; j0 < k_end; j0 += keys) {
+    while (j0 < k_end) {
       const int nc = k_end - j0 < keys ? k_end - j0 : keys;
-      if (!score.tile_visible(q0, nq, j0, nc)) continue;  // the same verdict in every lane
-      stage(ks, j0, nc, k_row);
+      W::cp_async_wait_all();  // K_j (the only copies in flight)
+      W::barrier();  // K_j seen by all; every warp is past P V_{j-1} (or Q's fragments): V free
       stage(vs, j0, nc, v_row);
-      W::cp_async_wait_all();
-      W::barrier();
+      W::cp_async_commit();
 
       // S = Q_i K_j^T: ldmatrix.x4 of K gives the B fragments of 16 keys.
       FragC s[nb];
@@ -116,13 +128,27 @@ struct WarpForward {
           W::mma(s[n0 / 8 + 1], q[kk], FragB<Tag>{{b[2], b[3]}});
         }
       }
-      KFA_UNROLL
-      for (int n = 0; n < nb; ++n) {
+      if (nc == keys && score.tile_inside(q0, nq, j0, nc)) {
+        // Every row sees every key (a team-wide verdict): no mask test per score.
         KFA_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          const int j = j0 + 8 * n + c_coord(lane, e).col;  // keys past the tile: zero rows
-          const float x = e < 2 ? score_row0(j, s[n].x[e]) : score_row8(j, s[n].x[e]);
-          s[n].x[e] = j < j0 + nc ? x * log2e : -INFINITY;
+        for (int n = 0; n < nb; ++n) {
+          KFA_UNROLL
+          for (int e = 0; e < 4; ++e) {
+            const int j = j0 + 8 * n + c_coord(lane, e).col;
+            s[n].x[e] = (e < 2 ? score_row0.unmasked(j, s[n].x[e])
+                               : score_row8.unmasked(j, s[n].x[e])) *
+                        log2e;
+          }
+        }
+      } else {
+        KFA_UNROLL
+        for (int n = 0; n < nb; ++n) {
+          KFA_UNROLL
+          for (int e = 0; e < 4; ++e) {
+            const int j = j0 + 8 * n + c_coord(lane, e).col;  // keys past the tile: zero rows
+            const float x = e < 2 ? score_row0(j, s[n].x[e]) : score_row8(j, s[n].x[e]);
+            s[n].x[e] = j < j0 + nc ? x * log2e : -INFINITY;
+          }
         }
       }
 
@@ -133,6 +159,14 @@ struct WarpForward {
       m[1] = W::quad_max(m[1]);
       softmax_update(s, state, m, alpha);
       rescale(o, alpha);
+
+      W::cp_async_wait_all();  // V_j
+      W::barrier();            // V_j seen by all; every warp is past S = Q K_j^T: K is free
+      const int j1 = next_tile(j0 + keys);
+      if (j1 < k_end) {
+        stage(ks, j1, k_end - j1 < keys ? k_end - j1 : keys, k_row);
+        W::cp_async_commit();
+      }
 
       // O~ += P V_j: P from the accumulators, 16 keys per step; ldmatrix.x4.trans of V.
       KFA_UNROLL
@@ -148,7 +182,7 @@ struct WarpForward {
           W::mma(o[n0 / 8 + 1], p, FragB<Tag>{{b[2], b[3]}});
         }
       }
-      W::barrier();  // before the next tile overwrites K_j and V_j
+      j0 = j1;
     }
 
     const float sum[2] = {W::quad_sum(state.l[0]), W::quad_sum(state.l[1])};
@@ -193,11 +227,10 @@ struct CudaWarp {
   __device__ static void cp_async_16(std::uint16_t* dst, const std::uint16_t* src, bool valid) {
     cuda::cp_async_16(dst, src, valid);
   }
-  /// Waits for all of this lane's copies.
-  __device__ static void cp_async_wait_all() {
-    cp_async_commit();
-    cp_async_wait<0>();
-  }
+  /// Closes the group of this lane's copies issued since the last commit.
+  __device__ static void cp_async_commit() { cuda::cp_async_commit(); }
+  /// Waits for all of this lane's committed copies.
+  __device__ static void cp_async_wait_all() { cp_async_wait<0>(); }
   /// d += a b on the tensor cores.
   __device__ static void mma(FragC& d, const FragA<Tag>& a, const FragB<Tag>& b) {
     cuda::mma(d, a, b);
