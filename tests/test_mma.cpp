@@ -1276,13 +1276,14 @@ struct SimWarp {
 // mask test). Copies land at once or at the wait (`late`). O and LSE against softmax
 // attention in double.
 enum class SimMask { band, lower, none };
-template <class Tag, int D>
+template <class Tag, int D, int R = 1>
 void check_simulated_team(SimMask mask, bool late) {
-  SCOPED_TRACE(std::string(Type<Tag>::name) + ", D = " + std::to_string(D) + ", mask " +
-               std::to_string(int(mask)) + (late ? ", copies late" : ", copies at once"));
+  SCOPED_TRACE(std::string(Type<Tag>::name) + ", D = " + std::to_string(D) + ", R = " +
+               std::to_string(R) + ", mask " + std::to_string(int(mask)) +
+               (late ? ", copies late" : ", copies at once"));
   const bool band = mask == SimMask::band;
-  using Kernel = kc::WarpForward<SimWarp<Tag>, Tag, D>;
-  constexpr int nq = 50, nk = 150;
+  using Kernel = kc::WarpForward<SimWarp<Tag>, Tag, D, R>;
+  constexpr int nq = 50 * R, nk = 150;  // rows of every warp's last block left over
   const double u = unit_roundoff<Tag>;
   const double scale = 1.0 / std::sqrt(double(D));
   std::mt19937_64 gen(kSeed + D);
@@ -1303,10 +1304,12 @@ void check_simulated_team(SimMask mask, bool late) {
     for (std::size_t i = std::size_t(128) * D; i < kb.size(); ++i)
       kb[i] = vb[i] = kc::to_bits(Tag{}, std::nanf(""));
   static SimMask kind = SimMask::band;  // a plain function pointer below (Score is a literal)
+  static int reach = 60;                // the band's upper edge: the last tile stays hidden
   kind = mask;
+  reach = 110 - nq;
   auto visible = [](int i, int j) {
     return kind == SimMask::none ||
-           (i != 7 && (kind != SimMask::band || j <= i + 60) && j >= i - 40);
+           (i != 7 && (kind != SimMask::band || j <= i + reach) && j >= i - 40);
   };
 
   struct Score {
@@ -1402,6 +1405,11 @@ TEST(WarpForward, SimulatedTeamBf16D64) {
   for (const bool late : {false, true})
     for (const SimMask mask : {SimMask::band, SimMask::lower, SimMask::none})
       check_simulated_team<kc::bf16_tag, 64>(mask, late);
+}
+TEST(WarpForward, SimulatedTeamTwoBlocksPerWarpBf16D64) {
+  for (const bool late : {false, true})
+    for (const SimMask mask : {SimMask::band, SimMask::lower, SimMask::none})
+      check_simulated_team<kc::bf16_tag, 64, 2>(mask, late);
 }
 TEST(WarpForward, SimulatedTeamF16D128) {
   for (const bool late : {false, true})

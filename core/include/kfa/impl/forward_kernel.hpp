@@ -130,7 +130,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     Bc = traits::block_k(tile_dim(head_dim, head_dim_v));
     if constexpr (warp_type)
       if (warp) {
-        Br = ops::warp_rows;
+        Br = ops::warp_rows(head_dim);
         Bc = ops::warp_keys;
       }
     ldd = head_dim + traits::pad;

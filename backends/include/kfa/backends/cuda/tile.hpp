@@ -146,8 +146,18 @@ struct TileOps<Kokkos::Cuda, T, void> : PortableTileOps<accum_t<T>> {
       PortableTileOps<Acc>::gemm(team, m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
   }
 
-  /// Query rows per team of warp_forward (4 warps of 16 rows).
-  static constexpr int warp_rows = 64;
+  /// Blocks of 16 query rows per warp of warp_forward at head dim d: 2 at 64 (FlashAttention-2's
+  /// 128-row tiles; KFA_CUDA_WARP_BLOCKS_D64 overrides it, for measuring), 1 at 128, where two
+  /// would need more registers than a lane has.
+  static constexpr int warp_blocks(int d) {
+#if defined(KFA_CUDA_WARP_BLOCKS_D64)
+    return d == 64 ? KFA_CUDA_WARP_BLOCKS_D64 : 1;
+#else
+    return d == 64 ? 2 : 1;
+#endif
+  }
+  /// Query rows per team of warp_forward at head dim d (4 warps of warp_blocks(d) x 16 rows).
+  static constexpr int warp_rows(int d) { return 4 * 16 * warp_blocks(d); }
   /// Keys per tile of warp_forward.
   static constexpr int warp_keys = 64;
   /// Whether warp_forward takes head dim d (a compile-time constant of its kernel).
@@ -171,8 +181,8 @@ struct TileOps<Kokkos::Cuda, T, void> : PortableTileOps<accum_t<T>> {
     using Tag = typename cuda::mma_tag<T>::type;
     auto* smem = static_cast<std::uint16_t*>(
         team.team_scratch(0).get_shmem_aligned(warp_scratch_bytes(HeadDim) - 128, 128));
-    cuda::WarpForward<cuda::CudaWarp<Tag>, Tag, HeadDim>::run(smem, q0, nq, k_begin, k_end, q_row,
-                                                              k_row, v_row, score, out);
+    cuda::WarpForward<cuda::CudaWarp<Tag>, Tag, HeadDim, warp_blocks(HeadDim)>::run(
+        smem, q0, nq, k_begin, k_end, q_row, k_row, v_row, score, out);
 #else
     (void)team, (void)q0, (void)nq, (void)k_begin, (void)k_end, (void)q_row, (void)k_row;
     (void)v_row, (void)score, (void)out;  // Cuda teams run on the device only

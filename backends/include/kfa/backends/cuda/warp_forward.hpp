@@ -1,10 +1,10 @@
 #pragma once
 /// \file cuda/warp_forward.hpp
 /// FlashAttention-2's forward for one team of 4 warps, the work in registers: each warp owns
-/// 16 of the team's 64 query rows and keeps their Q fragments, S / P and the O~ accumulator
-/// in registers; K_j and V_j (64 keys) pass through swizzled 16-bit shared memory, staged by
-/// 16-byte asynchronous copies and read by ldmatrix (.trans for V); P goes register to
-/// register into P V (a_from_c); the online softmax is cuda/warp_softmax.hpp's.
+/// 16 or 32 of the team's 64 or 128 query rows and keeps their Q fragments, S / P and the O~
+/// accumulator in registers; K_j and V_j (64 keys) pass through swizzled 16-bit shared memory,
+/// staged by 16-byte asynchronous copies and read by ldmatrix (.trans for V); P goes register
+/// to register into P V (a_from_c); the online softmax is cuda/warp_softmax.hpp's.
 ///
 /// The code is written against a warp policy W (the warp's primitives: lane and warp ids,
 /// the team barrier, ldmatrix, cp.async, mma.sync, the quad shuffles) so that one source
@@ -15,7 +15,7 @@
 /// the mask, and where O and the LSE go.
 ///
 /// Shared memory: one K_j and one V_j tile of 64 x D 16-bit elements (16 KiB at D = 64, 32 KiB
-/// at D = 128); Q_i is staged through the K buffer once and kept in registers. The copies
+/// at D = 128); Q_i is staged through them once and kept in registers. The copies
 /// overlap the products as in FlashAttention-2, without a second buffer: V_j loads while
 /// S = Q_i K_j^T and the softmax run, K_{j+1} while O~ += P V_j; each buffer is refilled only
 /// after the barrier that follows the last read of it.
@@ -29,30 +29,35 @@
 
 namespace kfa::backends::cuda {
 
-/// One team's forward on the warps' registers: query rows [q0, q0 + nq) (nq <= 64) against keys
-/// [k_begin, k_end), head dim D (a multiple of 16, at most 128), 16-bit operands of type Tag.
-template <class W, class Tag, int D>
+/// One team's forward on the warps' registers: query rows [q0, q0 + nq) (nq <= rows) against
+/// keys [k_begin, k_end), head dim D (a multiple of 16, at most 128), 16-bit operands of type
+/// Tag. Each warp owns R blocks of 16 rows (FlashAttention-2 gives a warp 32 rows of its
+/// 128 x 128 tiles at head dim 64): a K or V fragment read by ldmatrix feeds R products, so R = 2
+/// halves the shared-memory reads per product, at R times the accumulator registers (R = 2 at
+/// D = 128 would need about 330 registers a lane, past the 255 there are).
+template <class W, class Tag, int D, int R = 1>
 struct WarpForward {
   static constexpr int warps = 4;                    ///< warps per team
-  static constexpr int rows = 16 * warps;            ///< Br: query rows per team
+  static constexpr int rows = 16 * R * warps;        ///< Br: query rows per team
   static constexpr int keys = 64;                    ///< Bc: keys per tile
-  static constexpr int nb = keys / 8;                ///< S accumulator fragments per warp
-  static constexpr int db = D / 8;                   ///< O~ accumulator fragments per warp
+  static constexpr int nb = keys / 8;                ///< S accumulator fragments per block
+  static constexpr int db = D / 8;                   ///< O~ accumulator fragments per block
   static constexpr int kd = D / 16;                  ///< k steps of S = Q K^T
   static constexpr int chunks = D / chunk_elements;  ///< 16-byte chunks per row
   static_assert(D % 16 == 0 && D <= 128, "head dims 16..128, multiples of 16");
+  static_assert(rows <= 2 * keys, "Q_i is staged through the K and V buffers");
 
   /// Shared memory a team needs, in bytes: the K and V tiles.
   static constexpr int shared_bytes() { return 2 * keys * D * 2; }
 
   /// Stages rows [r0, r0 + n) of a 16-bit array (row(r) points at row r, 16-byte aligned) into
-  /// a swizzled tile of `keys` rows, zero-filling rows past n, by 16-byte copies of the whole
+  /// a swizzled tile of Rows rows, zero-filling rows past n, by 16-byte copies of the whole
   /// team; the caller commits them (W::cp_async_commit), waits for them (W::cp_async_wait_all)
   /// and then for the team barrier.
-  template <class Row>
+  template <int Rows = keys, class Row>
   KFA_MMA_FUNCTION static void stage(std::uint16_t* tile, int r0, int n, const Row& row) {
     const int t = W::warp() * 32 + W::lane();
-    for (int c = t; c < keys * chunks; c += warps * 32) {
+    for (int c = t; c < Rows * chunks; c += warps * 32) {
       const int r = c / chunks, k = c % chunks;
       const bool valid = r < n;
       const std::uint16_t* src = row(valid ? r0 + r : r0) + (valid ? k : 0) * chunk_elements;
@@ -82,28 +87,48 @@ struct WarpForward {
         j += keys;
       return j;
     };
-    // Q_i through the V buffer into registers (64 rows: the tile's shape), K of the first
-    // tile beside it.
+    // Q_i into registers through shared memory: with 64 rows through the V buffer, K of the
+    // first tile loading beside it; with 128 through both buffers (contiguous, and the swizzle
+    // depends on the row alone), K after the fragments are read.
     int j0 = next_tile(k_begin);
-    stage(vs, q0, nq, q_row);
-    if (j0 < k_end) stage(ks, j0, k_end - j0 < keys ? k_end - j0 : keys, k_row);
+    if constexpr (rows <= keys) {
+      stage(vs, q0, nq, q_row);
+      if (j0 < k_end) stage(ks, j0, k_end - j0 < keys ? k_end - j0 : keys, k_row);
+    } else {
+      stage<rows>(ks, q0, nq, q_row);
+    }
     W::cp_async_commit();
     W::cp_async_wait_all();
     W::barrier();
-    FragA<Tag> q[kd];
+    const std::uint16_t* qs = rows <= keys ? vs : ks;
+    FragA<Tag> q[R][kd];
     KFA_UNROLL
-    for (int kk = 0; kk < kd; ++kk) {
-      const Coord a = a_source(lane);
-      W::ldmatrix_x4(q[kk].x, vs + swizzled(16 * warp + a.row, 16 * kk + a.col, D));
+    for (int r = 0; r < R; ++r) {
+      KFA_UNROLL
+      for (int kk = 0; kk < kd; ++kk) {
+        const Coord a = a_source(lane);
+        W::ldmatrix_x4(q[r][kk].x, qs + swizzled(16 * (R * warp + r) + a.row, 16 * kk + a.col, D));
+      }
+    }
+    if constexpr (rows > keys) {
+      W::barrier();  // every warp has its Q fragments: K may overwrite them
+      if (j0 < k_end) {
+        stage(ks, j0, k_end - j0 < keys ? k_end - j0 : keys, k_row);
+        W::cp_async_commit();
+      }
     }
 
-    RowState state = initial_rows();
-    FragC o[db];
+    RowState state[R];
+    FragC o[R][db];
+    int row0[R];  // this lane's rows of block r: row0[r] and row0[r] + 8
     KFA_UNROLL
-    for (int i = 0; i < db; ++i)
-      o[i] = zero_c();
-    const int row0 = q0 + 16 * warp + group_id(lane);  // this lane's rows: row0, row0 + 8
-    const auto score_row0 = score.row(row0), score_row8 = score.row(row0 + 8);
+    for (int r = 0; r < R; ++r) {
+      state[r] = initial_rows();
+      KFA_UNROLL
+      for (int i = 0; i < db; ++i)
+        o[r][i] = zero_c();
+      row0[r] = q0 + 16 * (R * warp + r) + group_id(lane);
+    }
 
     while (j0 < k_end) {
       const int nc = k_end - j0 < keys ? k_end - j0 : keys;
@@ -112,11 +137,14 @@ struct WarpForward {
       stage(vs, j0, nc, v_row);
       W::cp_async_commit();
 
-      // S = Q_i K_j^T: ldmatrix.x4 of K gives the B fragments of 16 keys.
-      FragC s[nb];
+      // S = Q_i K_j^T: ldmatrix.x4 of K gives the B fragments of 16 keys, for every block.
+      FragC s[R][nb];
       KFA_UNROLL
-      for (int i = 0; i < nb; ++i)
-        s[i] = zero_c();
+      for (int r = 0; r < R; ++r) {
+        KFA_UNROLL
+        for (int i = 0; i < nb; ++i)
+          s[r][i] = zero_c();
+      }
       KFA_UNROLL
       for (int kk = 0; kk < kd; ++kk) {
         KFA_UNROLL
@@ -124,41 +152,49 @@ struct WarpForward {
           std::uint32_t b[4];
           const Coord src = b_source(lane);
           W::ldmatrix_x4(b, ks + swizzled(n0 + src.row, 16 * kk + src.col, D));
-          W::mma(s[n0 / 8], q[kk], FragB<Tag>{{b[0], b[1]}});
-          W::mma(s[n0 / 8 + 1], q[kk], FragB<Tag>{{b[2], b[3]}});
-        }
-      }
-      if (nc == keys && score.tile_inside(q0, nq, j0, nc)) {
-        // Every row sees every key (a team-wide verdict): no mask test per score.
-        KFA_UNROLL
-        for (int n = 0; n < nb; ++n) {
           KFA_UNROLL
-          for (int e = 0; e < 4; ++e) {
-            const int j = j0 + 8 * n + c_coord(lane, e).col;
-            s[n].x[e] = (e < 2 ? score_row0.unmasked(j, s[n].x[e])
-                               : score_row8.unmasked(j, s[n].x[e])) *
-                        log2e;
-          }
-        }
-      } else {
-        KFA_UNROLL
-        for (int n = 0; n < nb; ++n) {
-          KFA_UNROLL
-          for (int e = 0; e < 4; ++e) {
-            const int j = j0 + 8 * n + c_coord(lane, e).col;  // keys past the tile: zero rows
-            const float x = e < 2 ? score_row0(j, s[n].x[e]) : score_row8(j, s[n].x[e]);
-            s[n].x[e] = j < j0 + nc ? x * log2e : -INFINITY;
+          for (int r = 0; r < R; ++r) {
+            W::mma(s[r][n0 / 8], q[r][kk], FragB<Tag>{{b[0], b[1]}});
+            W::mma(s[r][n0 / 8 + 1], q[r][kk], FragB<Tag>{{b[2], b[3]}});
           }
         }
       }
+      const bool inside = nc == keys && score.tile_inside(q0, nq, j0, nc);  // team-wide
+      KFA_UNROLL
+      for (int r = 0; r < R; ++r) {
+        // The rows' scores, made per tile rather than kept: with two blocks a warp, registers
+        // held across the key loop are the scarce resource.
+        const auto score_row = [&](int h) { return score.row(row0[r] + 8 * h); };
+        const auto row_g = score_row(0), row_g8 = score_row(1);
+        if (inside) {  // every row sees every key: no mask test per score
+          KFA_UNROLL
+          for (int n = 0; n < nb; ++n) {
+            KFA_UNROLL
+            for (int e = 0; e < 4; ++e) {
+              const int j = j0 + 8 * n + c_coord(lane, e).col;
+              s[r][n].x[e] = (e < 2 ? row_g : row_g8).unmasked(j, s[r][n].x[e]) * log2e;
+            }
+          }
+        } else {
+          KFA_UNROLL
+          for (int n = 0; n < nb; ++n) {
+            KFA_UNROLL
+            for (int e = 0; e < 4; ++e) {
+              const int j = j0 + 8 * n + c_coord(lane, e).col;  // keys past the tile: zero rows
+              const float x = (e < 2 ? row_g : row_g8)(j, s[r][n].x[e]);
+              s[r][n].x[e] = j < j0 + nc ? x * log2e : -INFINITY;
+            }
+          }
+        }
 
-      // The online softmax: the quad's row maxima, P, alpha, O~ rescaled.
-      float m[2], alpha[2];
-      tile_row_max(s, m);
-      m[0] = W::quad_max(m[0]);
-      m[1] = W::quad_max(m[1]);
-      softmax_update(s, state, m, alpha);
-      rescale(o, alpha);
+        // The online softmax: the quad's row maxima, P, alpha, O~ rescaled.
+        float m[2], alpha[2];
+        tile_row_max(s[r], m);
+        m[0] = W::quad_max(m[0]);
+        m[1] = W::quad_max(m[1]);
+        softmax_update(s[r], state[r], m, alpha);
+        rescale(o[r], alpha);
+      }
 
       W::cp_async_wait_all();  // V_j
       W::barrier();            // V_j seen by all; every warp is past S = Q K_j^T: K is free
@@ -171,34 +207,42 @@ struct WarpForward {
       // O~ += P V_j: P from the accumulators, 16 keys per step; ldmatrix.x4.trans of V.
       KFA_UNROLL
       for (int kk = 0; kk < keys / 16; ++kk) {
-        const int left = 2 * kk;  // S columns 16 kk .. 16 kk + 15: two accumulators
-        const FragA<Tag> p = a_from_c_finite(Tag{}, s[left], s[left + 1]);
+        FragA<Tag> p[R];  // S columns 16 kk .. 16 kk + 15: two accumulators
+        KFA_UNROLL
+        for (int r = 0; r < R; ++r)
+          p[r] = a_from_c_finite(Tag{}, s[r][2 * kk], s[r][2 * kk + 1]);
         KFA_UNROLL
         for (int n0 = 0; n0 < D; n0 += 16) {
           std::uint32_t b[4];
           const Coord src = bt_source(lane);
           W::ldmatrix_x4_trans(b, vs + swizzled(16 * kk + src.row, n0 + src.col, D));
-          W::mma(o[n0 / 8], p, FragB<Tag>{{b[0], b[1]}});
-          W::mma(o[n0 / 8 + 1], p, FragB<Tag>{{b[2], b[3]}});
+          KFA_UNROLL
+          for (int r = 0; r < R; ++r) {
+            W::mma(o[r][n0 / 8], p[r], FragB<Tag>{{b[0], b[1]}});
+            W::mma(o[r][n0 / 8 + 1], p[r], FragB<Tag>{{b[2], b[3]}});
+          }
         }
       }
       j0 = j1;
     }
 
-    const float sum[2] = {W::quad_sum(state.l[0]), W::quad_sum(state.l[1])};
-    float lse[2];
-    finish_rows(o, state, sum, lse);
     KFA_UNROLL
-    for (int h = 0; h < 2; ++h) {
-      const int i = row0 + 8 * h;
-      if (i >= q0 + nq) continue;
+    for (int r = 0; r < R; ++r) {
+      const float sum[2] = {W::quad_sum(state[r].l[0]), W::quad_sum(state[r].l[1])};
+      float lse[2];
+      finish_rows(o[r], state[r], sum, lse);
       KFA_UNROLL
-      for (int n = 0; n < db; ++n) {
+      for (int h = 0; h < 2; ++h) {
+        const int i = row0[r] + 8 * h;
+        if (i >= q0 + nq) continue;
         KFA_UNROLL
-        for (int e = 2 * h; e < 2 * h + 2; ++e)
-          out.o(i, 8 * n + c_coord(lane, e).col, o[n].x[e]);
+        for (int n = 0; n < db; ++n) {
+          KFA_UNROLL
+          for (int e = 2 * h; e < 2 * h + 2; ++e)
+            out.o(i, 8 * n + c_coord(lane, e).col, o[r][n].x[e]);
+        }
+        if (thread_in_group(lane) == 0) out.lse(i, lse[h]);
       }
-      if (thread_in_group(lane) == 0) out.lse(i, lse[h]);
     }
   }
 };
