@@ -411,7 +411,8 @@ def main():
     ap.add_argument("--fail-on-spill", action="store_true")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--no-warp-tiles", action="store_true",
-                    help="compile without KFA_CUDA_WARP_TILES (the default build's kernels)")
+                    help="compile without KFA_CUDA_WARP_TILES (the tile path alone, as "
+                         "-DKFA_CUDA_WARP_TILES=OFF builds it)")
     a = ap.parse_args()
     nvcc = find_nvcc()
     if nvcc is None:
