@@ -1278,8 +1278,8 @@ struct SimWarp {
 enum class SimMask { band, lower, none };
 template <class Tag, int D, int R = 1>
 void check_simulated_team(SimMask mask, bool late) {
-  SCOPED_TRACE(std::string(Type<Tag>::name) + ", D = " + std::to_string(D) + ", R = " +
-               std::to_string(R) + ", mask " + std::to_string(int(mask)) +
+  SCOPED_TRACE(std::string(Type<Tag>::name) + ", D = " + std::to_string(D) +
+               ", R = " + std::to_string(R) + ", mask " + std::to_string(int(mask)) +
                (late ? ", copies late" : ", copies at once"));
   const bool band = mask == SimMask::band;
   using Kernel = kc::WarpForward<SimWarp<Tag>, Tag, D, R>;
@@ -1331,7 +1331,9 @@ void check_simulated_team(SimMask mask, bool late) {
       int i;
       float scale;
       bool (*visible)(int, int);
-      float operator()(int j, float dot) const { return visible(i, j) ? unmasked(j, dot) : -INFINITY; }
+      float operator()(int j, float dot) const {
+        return visible(i, j) ? unmasked(j, dot) : -INFINITY;
+      }
       float unmasked(int, float dot) const { return dot * scale; }
     };
     Row row(int i) const { return {i, float(scale), visible}; }

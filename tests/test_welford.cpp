@@ -198,8 +198,8 @@ kfa::Moments<double> reduce_range(const Kokkos::View<float*, Device>& v) {
 }
 
 void reduce_rows(const Kokkos::View<float*, Device>& v, int rows, int D,
-                 const Kokkos::View<double*[3], Device>& team_out,
-                 const Kokkos::View<double*[3], Device>& vector_out) {
+                 const Kokkos::View<double* [3], Device>& team_out,
+                 const Kokkos::View<double* [3], Device>& vector_out) {
   // Teams of two threads where the host space has them, so that the reducer joins across
   // threads; the device's own choice elsewhere.
   const Team team_policy =

@@ -157,11 +157,15 @@ struct TileOps<Kokkos::Cuda, T, void> : PortableTileOps<accum_t<T>> {
 #endif
   }
   /// Query rows per team of warp_forward at head dim d (4 warps of warp_blocks(d) x 16 rows).
-  static constexpr int warp_rows(int d) { return 4 * 16 * warp_blocks(d); }
+  static constexpr int warp_rows(int d) {
+    return 4 * 16 * warp_blocks(d);
+  }
   /// Keys per tile of warp_forward.
   static constexpr int warp_keys = 64;
   /// Whether warp_forward takes head dim d (a compile-time constant of its kernel).
-  static constexpr bool warp_head_dim(int d) { return d == 64 || d == 128; }
+  static constexpr bool warp_head_dim(int d) {
+    return d == 64 || d == 128;
+  }
   /// Team scratch of warp_forward at head dim d: a K_j and a V_j tile of 16-bit elements, and
   /// 128 bytes to align them (get_shmem_aligned): 16.1 KiB at d = 64, 32.1 KiB at d = 128,
   /// within the about 40 KiB a CUDA team gets (traits.hpp).
