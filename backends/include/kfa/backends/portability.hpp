@@ -4,6 +4,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cmath>
 #include <type_traits>
 
 namespace kfa::backends {
@@ -18,6 +19,24 @@ using Kokkos::Experimental::exp;
 using Kokkos::Experimental::log;
 using Kokkos::Experimental::sqrt;
 using Kokkos::Experimental::tanh;
+#endif
+
+/// a * b + c rounded once, whatever form the compiler gives the loop around it. A plain
+/// `s += a * b` may be fused in one instantiation and vectorised as a rounded product then an
+/// add in another (GCC does so for unit-stride views on some -march targets and not for
+/// strided ones), and results that must not depend on a view's layout would then differ in
+/// their last bits. Kokkos::fma arrived in Kokkos 4.0.
+#if KOKKOS_VERSION >= 40000
+using Kokkos::fma;
+#else
+template <class T>
+KOKKOS_INLINE_FUNCTION T fma(T a, T b, T c) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  return ::fma(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
 #endif
 
 /// +infinity of T, usable in device code without relaxed constexpr.

@@ -452,9 +452,10 @@ struct BackwardPreprocess {
     const int h = static_cast<int>(idx / nq % hq);
     const int b = static_cast<int>(idx / nq / hq);
     const int D = static_cast<int>(o.extent(3));
-    acc_t sum = 0;
+    acc_t sum = 0;  // fused: the same bits for every layout of dout and o (portability.hpp)
     for (int d = 0; d < D; ++d)
-      sum += static_cast<acc_t>(dout(b, h, i, d)) * static_cast<acc_t>(o(b, h, i, d));
+      sum = backends::fma(static_cast<acc_t>(dout(b, h, i, d)), static_cast<acc_t>(o(b, h, i, d)),
+                          sum);
     if (rsum) {
       const acc_t r = static_cast<acc_t>(dlse(b, h, i));
       sum = r >= acc_t(1) ? sum / r : acc_t(0);
