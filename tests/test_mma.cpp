@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
@@ -1173,7 +1174,9 @@ struct PendingCopy {
   std::uint16_t* dst;
   std::array<std::uint16_t, 8> bytes;  // the source as read at the copy's issue
 };
-thread_local std::vector<PendingCopy> sim_pending;
+// A lane's copies in flight: issued but not committed (a wait does not cover them, as
+// cp.async.wait_group does not), and committed.
+thread_local std::vector<PendingCopy> sim_uncommitted, sim_committed;
 
 // (lane, element) of the fragment element at (row, col) of A or B: the tables inverted.
 template <int Elements, int Rows, int Cols>
@@ -1219,15 +1222,18 @@ struct SimWarp {
     PendingCopy c{dst, {}};
     if (valid) std::memcpy(c.bytes.data(), src, 16);
     if (sim_copies_late)
-      sim_pending.push_back(c);
+      sim_uncommitted.push_back(c);
     else
       std::memcpy(dst, c.bytes.data(), 16);
   }
-  static void cp_async_commit() {}
-  static void cp_async_wait_all() {
-    for (const PendingCopy& c : sim_pending)
+  static void cp_async_commit() {
+    sim_committed.insert(sim_committed.end(), sim_uncommitted.begin(), sim_uncommitted.end());
+    sim_uncommitted.clear();
+  }
+  static void cp_async_wait_all() {  // cp.async.wait_group 0: the committed groups
+    for (const PendingCopy& c : sim_committed)
       std::memcpy(c.dst, c.bytes.data(), 16);
-    sim_pending.clear();
+    sim_committed.clear();
   }
   static void mma(kc::FragC& d, const kc::FragA<Tag>& a, const kc::FragB<Tag>& b) {
     static const auto a_at = invert<8, 16, 16>(kA16);
@@ -1273,9 +1279,10 @@ struct SimWarp {
 // the last partial). Masks: `band`, a band with a row that sees nothing, whose last tile is
 // hidden from every row and must be skipped; `lower`, the same without the band's upper edge
 // (the partial tile is used); `none`, every key seen (the whole tiles take the path without a
-// mask test). Copies land at once or at the wait (`late`). O and LSE against softmax
-// attention in double.
-enum class SimMask { band, lower, none };
+// mask test); `leading`, the first tile hidden from every row (skipped before the loop starts).
+// Copies land at once or at the wait (`late`); a copy left uncommitted when the kernel returns
+// fails the test. O and LSE against softmax attention in double.
+enum class SimMask { band, lower, none, leading };
 template <class Tag, int D, int R = 1>
 void check_simulated_team(SimMask mask, bool late) {
   SCOPED_TRACE(std::string(Type<Tag>::name) + ", D = " + std::to_string(D) +
@@ -1283,7 +1290,7 @@ void check_simulated_team(SimMask mask, bool late) {
                (late ? ", copies late" : ", copies at once"));
   const bool band = mask == SimMask::band;
   using Kernel = kc::WarpForward<SimWarp<Tag>, Tag, D, R>;
-  constexpr int nq = 50 * R, nk = 150;  // rows of every warp's last block left over
+  constexpr int nq = 50 * R, nk = 150;  // the last warp's rows partly past nq
   const double u = unit_roundoff<Tag>;
   const double scale = 1.0 / std::sqrt(double(D));
   std::mt19937_64 gen(kSeed + D);
@@ -1303,11 +1310,15 @@ void check_simulated_team(SimMask mask, bool late) {
   if (band)  // NaN in the tile nobody sees: reading it at all would show in O
     for (std::size_t i = std::size_t(128) * D; i < kb.size(); ++i)
       kb[i] = vb[i] = kc::to_bits(Tag{}, std::nanf(""));
+  if (mask == SimMask::leading)
+    for (std::size_t i = 0; i < std::size_t(64) * D; ++i)
+      kb[i] = vb[i] = kc::to_bits(Tag{}, std::nanf(""));
   static SimMask kind = SimMask::band;  // a plain function pointer below (Score is a literal)
   static int reach = 60;                // the band's upper edge: the last tile stays hidden
   kind = mask;
   reach = 110 - nq;
   auto visible = [](int i, int j) {
+    if (kind == SimMask::leading) return j >= 64;
     return kind == SimMask::none ||
            (i != 7 && (kind != SimMask::band || j <= i + reach) && j >= i - 40);
   };
@@ -1353,6 +1364,7 @@ void check_simulated_team(SimMask mask, bool late) {
   while (reinterpret_cast<std::uintptr_t>(tile) % 128 != 0)
     ++tile;
   std::vector<std::thread> lanes;
+  std::atomic<int> left_in_flight{0};
   for (int w = 0; w < 4; ++w)
     for (int l = 0; l < 32; ++l)
       lanes.emplace_back([&, w, l] {
@@ -1363,9 +1375,13 @@ void check_simulated_team(SimMask mask, bool late) {
             tile, 0, nq, 0, nk, [&](int i) { return qb.data() + std::size_t(i) * D; },
             [&](int j) { return kb.data() + std::size_t(j) * D; },
             [&](int j) { return vb.data() + std::size_t(j) * D; }, score, out);
+        left_in_flight += int(sim_uncommitted.size() + sim_committed.size());
+        sim_uncommitted.clear();
+        sim_committed.clear();
       });
   for (auto& th : lanes)
     th.join();
+  EXPECT_EQ(left_in_flight.load(), 0) << "copies never waited for";
 
   for (int i = 0; i < nq; ++i) {
     std::vector<double> z(nk, -INFINITY);
@@ -1405,17 +1421,17 @@ void check_simulated_team(SimMask mask, bool late) {
 
 TEST(WarpForward, SimulatedTeamBf16D64) {
   for (const bool late : {false, true})
-    for (const SimMask mask : {SimMask::band, SimMask::lower, SimMask::none})
+    for (const SimMask mask : {SimMask::band, SimMask::lower, SimMask::none, SimMask::leading})
       check_simulated_team<kc::bf16_tag, 64>(mask, late);
 }
 TEST(WarpForward, SimulatedTeamTwoBlocksPerWarpBf16D64) {
   for (const bool late : {false, true})
-    for (const SimMask mask : {SimMask::band, SimMask::lower, SimMask::none})
+    for (const SimMask mask : {SimMask::band, SimMask::lower, SimMask::none, SimMask::leading})
       check_simulated_team<kc::bf16_tag, 64, 2>(mask, late);
 }
 TEST(WarpForward, SimulatedTeamF16D128) {
   for (const bool late : {false, true})
-    for (const SimMask mask : {SimMask::band, SimMask::lower, SimMask::none})
+    for (const SimMask mask : {SimMask::band, SimMask::lower, SimMask::none, SimMask::leading})
       check_simulated_team<kc::f16_tag, 128>(mask, late);
 }
 
