@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU checks of a CUDA build of kfa, in one go, for a GPU machine whose time is short.
+# The GPU checks of a CUDA build of kfa in one go, each step held to a share of a time budget.
 #
-#   perf/gpu_check.sh BUILD OUT [SECONDS [COMPARE]]
+#   perf/gpu_check.sh BUILD RESULTS [SECONDS [COMPARE]]
 #
 # BUILD: a CUDA build of kfa (tests and benchmarks on, KFA_TEST_SPACES=CUDA), either the build
 # folder itself or the same layout made elsewhere (tests/test_*, perf/bench_gpu, CMakeCache.txt,
@@ -11,8 +11,8 @@
 # each step gets its own share and is cut at it, so one slow step leaves the others their time.
 # COMPARE: "all" (default) or "forward" (step 5's forward comparison only).
 #
-# Steps, each writing under OUT (logs/ and results/, then tarred as logs.tar.gz and
-# results.tar.gz after every step, so a run cut short still returns what it finished):
+# Steps, each writing under RESULTS (logs/ and results/, then tarred as logs.tar.gz and
+# results.tar.gz after every step, so a run cut short still leaves what it finished):
 # 1. the GPU and its driver (nvidia-smi);
 # 2. every test suite on the device, 8 at a time (the float64 oracle runs on the host), with
 #    a pass/fail line each in summary.txt;
@@ -23,16 +23,29 @@
 # 5. perf/compare_gpu.py against PyTorch's SDPA: the forward (bf16, half, float) first, then
 #    the backward and forward + backward (bf16, float), N = 1024, 4096, 16384, D = 64, 128,
 #    causal and not, 16k tokens x 16 heads.
+# Exit status: 0 when every suite passed and no step failed or was cut, 1 otherwise, 2 on bad
+# arguments.
 set -u
-BUILD=$(cd "$1" && pwd)
+usage() {
+  echo "usage: $0 BUILD RESULTS [SECONDS [all|forward]]" >&2
+  exit 2
+}
+[ $# -ge 2 ] || usage
+BUILD=$(cd "$1" 2>/dev/null && pwd) || { echo "gpu_check: no folder $1" >&2; exit 2; }
 OUT=$2
 BUDGET=${3:-540}
 COMPARE=${4:-all}
+case $BUDGET in '' | *[!0-9]*) usage ;; esac
+case $COMPARE in all | forward) ;; *) usage ;; esac
+[ -x "$BUILD/perf/bench_gpu" ] || { echo "gpu_check: no $BUILD/perf/bench_gpu" >&2; exit 2; }
 HERE=$(cd "$(dirname "$0")" && pwd)
-mkdir -p "$OUT/logs" "$OUT/results"
+mkdir -p "$OUT/logs" "$OUT/results" || exit 2
 SUMMARY=$OUT/summary.txt
+status=0
 start=$(date +%s)
 left() { echo $(( BUDGET - ($(date +%s) - start) )); }
+# A step's limit in seconds, at least 1 (timeout 0 would mean no limit).
+cap() { local c=$1; [ "$c" -ge 1 ] && echo "$c" || echo 1; }
 say() { echo "$*" | tee -a "$SUMMARY"; }
 pack() {
   tar -C "$OUT" -czf "$OUT/logs.tar.gz" logs 2>/dev/null
@@ -42,37 +55,52 @@ export LD_LIBRARY_PATH=$BUILD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONUNBUFFERED=1
 
 say "== GPU ($(date -u +%FT%TZ))"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv 2>&1 |
-  tee -a "$SUMMARY"
+timeout 30 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv \
+  2>&1 | tee -a "$SUMMARY"
 
 say "== tests on the device ($(left) s left)"
-# Each suite its own process (a crash ends one suite, not the step); 8 at a time on one GPU.
+# Each suite its own process (a crash ends one suite, not the step), 8 at a time on one GPU;
+# the whole step is cut at its share, each suite at the same limit.
 find "$BUILD/tests" -maxdepth 1 -type f -perm -u+x -name 'test_*' | sort >"$OUT/logs/suites.txt"
-tests_cap=$(( BUDGET * 25 / 100 ))
-xargs -P 8 -I{} bash -c '
-  s=$(basename {}); t0=$(date +%s)
-  timeout '"$tests_cap"' {} --gtest_brief=1 >"'"$OUT"'/logs/$s.log" 2>&1; rc=$?
-  echo "$s rc=$rc $(( $(date +%s) - t0 ))s $(grep -E "^\[  (PASSED|FAILED)  \]" "'"$OUT"'/logs/$s.log" | tr "\n" " ")"
-' <"$OUT/logs/suites.txt" | sort | tee -a "$SUMMARY"
-grep -h "^\[  FAILED  \]" "$OUT"/logs/test_*.log | sort -u | head -40 | tee -a "$SUMMARY"
+tests_cap=$(cap $(( BUDGET * 25 / 100 )))
+run_suite() {  # SUITE LOGDIR CAP
+  local s t0 rc
+  s=$(basename "$1")
+  t0=$(date +%s)
+  timeout -k 5 "$3" "$1" --gtest_brief=1 >"$2/$s.log" 2>&1
+  rc=$?
+  echo "$s rc=$rc $(( $(date +%s) - t0 ))s $(grep -E '^\[  (PASSED|FAILED)  \]' "$2/$s.log" | tr '\n' ' ')"
+  return $rc
+}
+export -f run_suite
+timeout -k 5 "$tests_cap" xargs -P 8 -I{} bash -c 'run_suite "$1" "$2" "$3"' _ {} "$OUT/logs" \
+  "$tests_cap" <"$OUT/logs/suites.txt" | sort | tee -a "$SUMMARY"
+[ "${PIPESTATUS[0]}" -eq 0 ] || { status=1; say "the test step failed or was cut"; }
+grep -h '^\[  FAILED  \]' "$OUT"/logs/test_*.log 2>/dev/null | sort -u | head -40 | tee -a "$SUMMARY"
 pack
 
 say "== compute-sanitizer ($(left) s left)"
-san_cap=$(( BUDGET * 16 / 100 ))
-for tool in racecheck memcheck; do
-  for f in 'NarrowTest/0.ForwardHeadDimsAndSeqlens' 'NarrowTest/0.BackwardHeadDims'; do
-    log=$OUT/logs/sanitizer-$tool-${f//[^A-Za-z0-9]/_}.log
-    timeout $(( san_cap / 4 )) compute-sanitizer --tool "$tool" --print-limit 20 \
-      "$BUILD/tests/test_narrow_cuda" --gtest_filter="$f" >"$log" 2>&1
-    say "$tool $f rc=$? $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$log" | tr '\n' ' ')"
+san_cap=$(cap $(( BUDGET * 16 / 100 / 4 )))
+if command -v compute-sanitizer >/dev/null && [ -x "$BUILD/tests/test_narrow_cuda" ]; then
+  for tool in racecheck memcheck; do
+    for f in 'NarrowTest/0.ForwardHeadDimsAndSeqlens' 'NarrowTest/0.BackwardHeadDims'; do
+      log=$OUT/logs/sanitizer-$tool-${f//[^A-Za-z0-9]/_}.log
+      timeout -k 5 "$san_cap" compute-sanitizer --tool "$tool" --print-limit 20 \
+        "$BUILD/tests/test_narrow_cuda" --gtest_filter="$f" >"$log" 2>&1
+      rc=$?
+      [ $rc -eq 0 ] || status=1
+      say "$tool $f rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$log" | tr '\n' ' ')"
+    done
   done
-done
+else
+  say "no compute-sanitizer or no test_narrow_cuda: skipped"
+fi
 pack
 
 say "== resources and SASS mix ($(left) s left)"
 if command -v cuobjdump >/dev/null; then
-  cuobjdump --dump-resource-usage "$BUILD/perf/bench_gpu" >"$OUT/logs/resources.txt" 2>&1
-  cuobjdump --dump-sass "$BUILD/perf/bench_gpu" 2>/dev/null | awk '
+  timeout -k 5 60 cuobjdump --dump-resource-usage "$BUILD/perf/bench_gpu" >"$OUT/logs/resources.txt" 2>&1
+  timeout -k 5 60 cuobjdump --dump-sass "$BUILD/perf/bench_gpu" 2>/dev/null | awk '
     /Function :/ { fn = $3 }
     fn != "" && /\/\*[0-9a-f]+\*\// {
       n[fn]++
@@ -89,12 +117,16 @@ fi
 pack
 
 compare() {  # NAME CAP compare_gpu.py args...
-  local name=$1 cap=$2; shift 2
-  say "== compare $name ($(left) s left, $cap s for it)"
-  timeout "$cap" python3 "$HERE/compare_gpu.py" --build "$BUILD" --out-dir "$OUT/results" \
+  local name=$1 limit rc
+  limit=$(cap "$2")
+  shift 2
+  say "== compare $name ($(left) s left, $limit s for it)"
+  timeout -k 10 "$limit" python3 "$HERE/compare_gpu.py" --build "$BUILD" --out-dir "$OUT/results" \
     --name "$name" --n 1024,4096,16384 --d 64,128 --causal 0,1 "$@" \
     >"$OUT/logs/compare-$name.log" 2>&1
-  say "rc=$? $(grep -E "PASS|MISS" "$OUT/logs/compare-$name.log" | tr '\n' ' ')"
+  rc=$?
+  [ $rc -eq 0 ] || status=1
+  say "rc=$rc $(grep -E 'PASS|MISS' "$OUT/logs/compare-$name.log" | tr '\n' ' ')"
   pack
 }
 if [ "$COMPARE" = forward ]; then
@@ -103,5 +135,6 @@ else
   compare gpu-forward $(( $(left) * 40 / 100 )) --passes fwd --types bf16,half,float
   compare gpu-backward $(( $(left) - 10 )) --passes bwd,fwd_bwd --types bf16,float
 fi
-say "== done ($(left) s left)"
+say "== done ($(left) s left, status $status)"
 pack
+exit $status

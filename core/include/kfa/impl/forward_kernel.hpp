@@ -89,7 +89,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       backends::is_bfloat16<typename V::non_const_value_type>::value;
   bool pairs = false;
   // The register-resident forward (TileTraits::warp_tiles: CUDA, 16-bit inputs): a team's
-  // 64 query rows keep their work in registers (TileOps::warp_forward). Taken at the head dims
+  // 64 or 128 query rows (TileOps::warp_rows) keep their work in registers
+  // (TileOps::warp_forward). Taken at the head dims
   // it has (with Dv = D: its registers hold O rows of D), when every row of q, k and v starts
   // on 16 bytes (its copies are 16-byte ones) and without dropout (not yet drawn in registers)
   // or an additive term (a biased pass takes the tile path).
@@ -364,7 +365,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     KOKKOS_INLINE_FUNCTION bool tile_inside(int q0, int n, int j0, int nc) const {
       return mask.lo(q0 + n - 1) <= j0 && mask.hi(q0) >= j0 + nc - 1;
     }
-    /// One query row's scores: its visible keys [lo, hi] found once, before the key loop.
+    /// One query row's scores: its visible keys [lo, hi] found when the row is made (the kernel
+    /// makes it per key tile).
     struct Row {
       ScoreTransform<acc_t, bias_t> transform;
       int b, h, i, lo, hi;

@@ -68,11 +68,11 @@ struct WarpForward {
   /// The team's forward. `q_row(i)`, `k_row(j)`, `v_row(j)`: the 16-bit rows; `score`:
   /// `score.tile_visible(q0, nq, j0, nc)` (can any of the rows see any of the keys),
   /// `score.tile_inside(q0, nq, j0, nc)` (does every row see every key) and `score.row(i)`,
-  /// made once per row before the key loop, whose `(j, dot)` is the score of q_i . k_j (scale
+  /// made per row and key tile, whose `(j, dot)` is the score of q_i . k_j (scale
   /// and softcap included, -inf where the mask hides it; called for keys below k_end only) and
   /// whose `unmasked(j, dot)` is the same for a key the row sees; `out.o(i, c, value)` and
   /// `out.lse(i, value)` (natural units) receive the results, rows below q0 + nq only. `smem` holds
-  /// shared_bytes().
+  /// shared_bytes(); run ends without a barrier, so a caller that reuses smem puts one first.
   template <class QRow, class KRow, class VRow, class Score, class Out>
   KFA_MMA_FUNCTION static void run(std::uint16_t* smem, int q0, int nq, int k_begin, int k_end,
                                    const QRow& q_row, const KRow& k_row, const VRow& v_row,
