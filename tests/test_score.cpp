@@ -2,6 +2,7 @@
 // softcap's value and its derivative (against a central difference), the seam of the additive
 // term (through a test bias policy), and agreement with the reference's own statement of the
 // transform (reference::ScoreMap), with which it shares no code.
+#include <kfa/impl/forward_kernel.hpp>
 #include <kfa/impl/score.hpp>
 #include <kfa/params.hpp>
 #include <kfa/reference.hpp>
@@ -12,6 +13,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -183,6 +186,62 @@ TEST(Score, AgreesWithTheReferencesOwnTransform) {
             << "scale " << scale << " cap " << cap << " dot " << dot;
       }
     }
+}
+
+// The register forward's view of the mask (ForwardKernel::WarpScore, the score its CUDA kernel
+// calls): tile_visible, tile_inside and each row's score against kfa::reference::visible, the
+// mask's definition, over every tile of causal masks in both alignments, windows, and
+// seqlen_q != seqlen_k. tile_inside skips the per-score mask test in the kernel; it is exact
+// only because lo(i) and hi(i) never decrease, which this checks for each mask in turn.
+TEST(Score, RegisterForwardTileVerdictsMatchTheMaskDefinition) {
+  using View4 = Kokkos::View<float****, Kokkos::LayoutRight, Kokkos::HostSpace>;
+  using View3 = Kokkos::View<float***, Kokkos::LayoutRight, Kokkos::HostSpace>;
+  using FK = kfa::impl::ForwardKernel<Host, View4, View4, View4, View4, View3>;
+  using WarpScore = typename FK::template WarpScore<false>;
+  using Transform = decltype(std::declval<FK>().score);
+  const int rows = 64, keys = 64;
+  for (const auto& shape : {std::pair{200, 200}, {130, 300}, {300, 130}})
+    for (const kfa::Align align : {kfa::Align::top_left, kfa::Align::bottom_right})
+      for (const bool causal : {false, true})
+        for (const auto& window : {std::pair{-1, -1}, {70, -1}, {-1, 30}, {5, 90}}) {
+          // plain ints: a lambda below captures them (not structured bindings, C++17)
+          const int nq = shape.first, nk = shape.second, left = window.first, right = window.second;
+          kfa::Params p;
+          p.causal = causal;
+          p.align = align;
+          p.window_left = left;
+          p.window_right = right;
+          SCOPED_TRACE("nq " + std::to_string(nq) + " nk " + std::to_string(nk) + " causal " +
+                       std::to_string(causal) + " align " + std::to_string(int(align)) +
+                       " window " + std::to_string(left) + "," + std::to_string(right));
+          const WarpScore score{Transform(p, 64), kfa::impl::make_mask(p, nq, nk), 0, 0};
+          const auto sees = [&](int i, int j) { return kfa::reference::visible(p, i, j, nq, nk); };
+          for (int q0 = 0; q0 < nq; q0 += rows / 2) {  // tiles overlapping, the last partial
+            const int n = std::min(rows, nq - q0);
+            for (int j0 = 0; j0 < nk; j0 += keys) {
+              const int nc = std::min(keys, nk - j0);
+              bool any = false, all = true;
+              for (int i = q0; i < q0 + n; ++i)
+                for (int j = j0; j < j0 + nc; ++j) {
+                  any = any || sees(i, j);
+                  all = all && sees(i, j);
+                }
+              ASSERT_EQ(score.tile_visible(q0, n, j0, nc), any) << "q0 " << q0 << " j0 " << j0;
+              ASSERT_EQ(score.tile_inside(q0, n, j0, nc), all) << "q0 " << q0 << " j0 " << j0;
+            }
+          }
+          for (int i = 0; i < nq; i += 7) {
+            const auto row = score.row(i);
+            for (int j = 0; j < nk; ++j) {
+              const float dot = 0.25f * float(j % 13) - 1.0f;
+              const float want = sees(i, j) ? score.transform.scaled(dot) : -INFINITY;
+              ASSERT_EQ(row(j, dot), want) << "i " << i << " j " << j;
+              if (sees(i, j)) {
+                ASSERT_EQ(row.unmasked(j, dot), want) << "i " << i << " j " << j;
+              }
+            }
+          }
+        }
 }
 
 }  // namespace
