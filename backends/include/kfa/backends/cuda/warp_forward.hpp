@@ -81,9 +81,11 @@ struct WarpForward {
     std::uint16_t* vs = smem + static_cast<std::ptrdiff_t>(keys) * D;
     const int lane = W::lane(), warp = W::warp();
 
-    // The first tile any row sees, and the one after `j`: the same verdict in every lane.
+    // Keys in the tile at j (the last may be partial); the first tile any row sees, and the
+    // one after `j`: the same verdict in every lane.
+    const auto tile_keys = [&](int j) { return k_end - j < keys ? k_end - j : keys; };
     const auto next_tile = [&](int j) {
-      while (j < k_end && !score.tile_visible(q0, nq, j, k_end - j < keys ? k_end - j : keys))
+      while (j < k_end && !score.tile_visible(q0, nq, j, tile_keys(j)))
         j += keys;
       return j;
     };
@@ -93,7 +95,7 @@ struct WarpForward {
     int j0 = next_tile(k_begin);
     if constexpr (rows <= keys) {
       stage(vs, q0, nq, q_row);
-      if (j0 < k_end) stage(ks, j0, k_end - j0 < keys ? k_end - j0 : keys, k_row);
+      if (j0 < k_end) stage(ks, j0, tile_keys(j0), k_row);
     } else {
       stage<rows>(ks, q0, nq, q_row);
     }
@@ -113,7 +115,7 @@ struct WarpForward {
     if constexpr (rows > keys) {
       W::barrier();  // every warp has its Q fragments: K may overwrite them
       if (j0 < k_end) {
-        stage(ks, j0, k_end - j0 < keys ? k_end - j0 : keys, k_row);
+        stage(ks, j0, tile_keys(j0), k_row);
         W::cp_async_commit();
       }
     }
@@ -131,7 +133,7 @@ struct WarpForward {
     }
 
     while (j0 < k_end) {
-      const int nc = k_end - j0 < keys ? k_end - j0 : keys;
+      const int nc = tile_keys(j0);
       W::cp_async_wait_all();  // K_j (the only copies in flight)
       W::barrier();  // K_j seen by all; every warp is past P V_{j-1} (or Q's fragments): V free
       stage(vs, j0, nc, v_row);
@@ -200,7 +202,7 @@ struct WarpForward {
       W::barrier();            // V_j seen by all; every warp is past S = Q K_j^T: K is free
       const int j1 = next_tile(j0 + keys);
       if (j1 < k_end) {
-        stage(ks, j1, k_end - j1 < keys ? k_end - j1 : keys, k_row);
+        stage(ks, j1, tile_keys(j1), k_row);
         W::cp_async_commit();
       }
 
