@@ -12,6 +12,7 @@
 // same way, through an emulation of ldmatrix and of shared memory's bank groups.
 #include <kfa/backends/cuda/ldmatrix.hpp>
 #include <kfa/backends/cuda/mma.hpp>
+#include <kfa/backends/cuda/warp_backward.hpp>
 #include <kfa/backends/cuda/warp_forward.hpp>
 #include <kfa/backends/cuda/warp_softmax.hpp>
 
@@ -1433,6 +1434,210 @@ TEST(WarpForward, SimulatedTeamF16D128) {
   for (const bool late : {false, true})
     for (const SimMask mask : {SimMask::band, SimMask::lower, SimMask::none, SimMask::leading})
       check_simulated_team<kc::f16_tag, 128>(mask, late);
+}
+
+// The backward team of cuda/warp_backward.hpp on the same simulator: two query heads of one
+// kv head (a GQA group), 70 query rows against 150 keys, the three key tiles as three teams run
+// one after another (the last partial), adding into one dQ as the device's teams do by atomics.
+// The masks as above (`band` leaves the last key tile unseen, `leading` the first: their teams
+// visit no query tile and must write zero dK and dV; row 7 sees no key). dQ, dK and dV against
+// the gradients of softmax attention in double on the same 16-bit inputs, with the LSE and
+// delta = rowsum(dO O) of that reference passed in as the device gets the forward's.
+template <class Tag, int D, int QR>
+void check_simulated_backward(SimMask mask, bool late) {
+  SCOPED_TRACE(std::string(Type<Tag>::name) + ", D = " + std::to_string(D) +
+               ", QR = " + std::to_string(QR) + ", mask " + std::to_string(int(mask)) +
+               (late ? ", copies late" : ", copies at once"));
+  using Kernel = kc::WarpBackward<SimWarp<Tag>, Tag, D, QR>;
+  constexpr int heads = 2, nq = 70, nk = 150;
+  const double u = unit_roundoff<Tag>;
+  const double scale = 1.0 / std::sqrt(double(D));
+  std::mt19937_64 gen(kSeed + 3 * D + QR);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  auto array = [&](int rows, std::vector<double>& value) {
+    std::vector<std::uint16_t> bits(std::size_t(rows) * D);
+    value.assign(bits.size(), 0.0);
+    for (std::size_t i = 0; i < bits.size(); ++i) {
+      bits[i] = kc::to_bits(Tag{}, dist(gen));
+      value[i] = kc::to_float(Tag{}, bits[i]);
+    }
+    return bits;
+  };
+  std::vector<double> q, k, v, dout;  // q and dout: heads x nq rows
+  const auto qb = array(heads * nq, q), dob = array(heads * nq, dout);
+  const auto kb = array(nk, k), vb = array(nk, v);
+  static SimMask kind = SimMask::band;
+  kind = mask;
+  auto visible = [](int i, int j) {
+    if (kind == SimMask::leading) return j >= 64;
+    return kind == SimMask::none ||
+           (i != 7 && (kind != SimMask::band || j <= i + 40) && j >= i - 40);
+  };
+
+  // The reference in double, per head: P, LSE, delta, dS; the gradients.
+  std::vector<double> lse(std::size_t(heads) * nq), delta(lse.size(), 0.0);
+  std::vector<double> p(std::size_t(heads) * nq * nk, 0.0), ds(p.size(), 0.0);
+  const auto at = [](int h, int i) { return std::size_t(h) * nq + std::size_t(i); };
+  for (int h = 0; h < heads; ++h)
+    for (int i = 0; i < nq; ++i) {
+      const double* qi = &q[at(h, i) * D];
+      const double* doi = &dout[at(h, i) * D];
+      std::vector<double> z(nk, -INFINITY);
+      double zmax = -INFINITY;
+      for (int j = 0; j < nk; ++j) {
+        if (!visible(i, j)) continue;
+        double dot = 0;
+        for (int c = 0; c < D; ++c)
+          dot += qi[c] * k[std::size_t(j) * D + c];
+        z[j] = scale * dot;
+        zmax = std::max(zmax, z[j]);
+      }
+      if (zmax == -INFINITY) {
+        lse[at(h, i)] = -INFINITY;
+        continue;
+      }
+      double l = 0;
+      for (int j = 0; j < nk; ++j)
+        l += std::exp(z[j] - zmax);
+      lse[at(h, i)] = zmax + std::log(l);
+      double* pi = &p[at(h, i) * nk];
+      for (int j = 0; j < nk; ++j)
+        pi[j] = std::exp(z[j] - lse[at(h, i)]);
+      for (int c = 0; c < D; ++c) {
+        double o = 0;
+        for (int j = 0; j < nk; ++j)
+          o += pi[j] * v[std::size_t(j) * D + c];
+        delta[at(h, i)] += doi[c] * o;
+      }
+      for (int j = 0; j < nk; ++j) {
+        double dp = 0;
+        for (int c = 0; c < D; ++c)
+          dp += doi[c] * v[std::size_t(j) * D + c];
+        ds[at(h, i) * nk + j] = pi[j] * (dp - delta[at(h, i)]);
+      }
+    }
+
+  struct Stats {
+    const double* lse_data;
+    const double* delta_data;
+    float lse(int h, int i) const { return float(lse_data[std::size_t(h) * nq + i]); }
+    float delta(int h, int i) const { return float(delta_data[std::size_t(h) * nq + i]); }
+  } stats{lse.data(), delta.data()};
+  struct Masks {
+    bool (*visible_fn)(int, int);
+    bool tile_visible(int q0, int n, int j0, int nc) const {
+      for (int i = q0; i < q0 + n; ++i)
+        for (int j = j0; j < j0 + nc; ++j)
+          if (visible_fn(i, j)) return true;
+      return false;
+    }
+    bool tile_inside(int q0, int n, int j0, int nc) const {
+      for (int i = q0; i < q0 + n; ++i)
+        for (int j = j0; j < j0 + nc; ++j)
+          if (!visible_fn(i, j)) return false;
+      return true;
+    }
+    bool visible(int i, int j) const { return visible_fn(i, j); }
+  } masks{+visible};
+  // dQ sums over the teams (one at a time here); dK and dV are written once per element.
+  std::vector<float> dq(std::size_t(heads) * nq * D, 0.0f), dk(std::size_t(nk) * D, std::nanf("")),
+      dv(dk.size(), std::nanf(""));
+  std::vector<int> dk_writes(dk.size(), 0), dv_writes(dk.size(), 0);
+  struct Grads {
+    float* dq_data;
+    float* dk_data;
+    float* dv_data;
+    int* dk_count;
+    int* dv_count;
+    void dq(int h, int i, int c, float x) { dq_data[(std::size_t(h) * nq + i) * D + c] += x; }
+    void dk(int j, int c, float x) {
+      dk_data[std::size_t(j) * D + c] = x;
+      ++dk_count[std::size_t(j) * D + c];
+    }
+    void dv(int j, int c, float x) {
+      dv_data[std::size_t(j) * D + c] = x;
+      ++dv_count[std::size_t(j) * D + c];
+    }
+  } grads{dq.data(), dk.data(), dv.data(), dk_writes.data(), dv_writes.data()};
+
+  sim_copies_late = late;
+  int left_in_flight = 0;
+  for (int k0 = 0; k0 < nk; k0 += Kernel::keys) {
+    const int nc = std::min(Kernel::keys, nk - k0);
+    SimTeam team;
+    std::vector<std::uint16_t> smem(Kernel::shared_bytes() / 2 + 64);
+    std::uint16_t* tile = smem.data();
+    while (reinterpret_cast<std::uintptr_t>(tile) % 128 != 0)
+      ++tile;
+    std::vector<std::thread> lanes;
+    std::atomic<int> in_flight{0};
+    for (int w = 0; w < 4; ++w)
+      for (int l = 0; l < 32; ++l)
+        lanes.emplace_back([&, w, l] {
+          sim_team = &team;
+          sim_warp = w;
+          sim_lane = l;
+          Kernel::run(
+              tile, k0, nc, heads, nq, float(scale),
+              [&](int j) { return kb.data() + std::size_t(j) * D; },
+              [&](int j) { return vb.data() + std::size_t(j) * D; },
+              [&](int h, int i) { return qb.data() + at(h, i) * D; },
+              [&](int h, int i) { return dob.data() + at(h, i) * D; }, stats, masks, grads);
+          in_flight += int(sim_uncommitted.size() + sim_committed.size());
+          sim_uncommitted.clear();
+          sim_committed.clear();
+        });
+    for (auto& th : lanes)
+      th.join();
+    left_in_flight += in_flight.load();
+  }
+  EXPECT_EQ(left_in_flight, 0) << "copies never waited for";
+
+  for (int j = 0; j < nk; ++j)
+    for (int c = 0; c < D; ++c) {
+      const std::size_t e = std::size_t(j) * D + c;
+      ASSERT_EQ(dk_writes[e], 1) << "dK(" << j << ", " << c << ") writes";
+      ASSERT_EQ(dv_writes[e], 1) << "dV(" << j << ", " << c << ") writes";
+      double want_v = 0, mag_v = 0, want_k = 0, mag_k = 0;
+      for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < nq; ++i) {
+          const double pij = p[at(h, i) * nk + j], dsij = ds[at(h, i) * nk + j];
+          const double doc = dout[at(h, i) * D + c], qc = q[at(h, i) * D + c];
+          want_v += pij * doc;
+          mag_v += std::fabs(pij * doc);
+          want_k += scale * dsij * qc;
+          mag_k += scale * std::fabs(dsij * qc);
+        }
+      EXPECT_NEAR(dv[e], want_v, 4 * u * mag_v + 1e-5) << "dV(" << j << ", " << c << ")";
+      EXPECT_NEAR(dk[e], want_k, 4 * u * mag_k + 1e-4) << "dK(" << j << ", " << c << ")";
+    }
+  for (int h = 0; h < heads; ++h)
+    for (int i = 0; i < nq; ++i)
+      for (int c = 0; c < D; ++c) {
+        double want = 0, mag = 0;
+        for (int j = 0; j < nk; ++j) {
+          const double x = scale * ds[at(h, i) * nk + j] * k[std::size_t(j) * D + c];
+          want += x;
+          mag += std::fabs(x);
+        }
+        EXPECT_NEAR(dq[at(h, i) * D + c], want, 4 * u * mag + 1e-4)
+            << "dQ(" << h << ", " << i << ", " << c << ")";
+      }
+}
+
+TEST(WarpBackward, SimulatedTeamBf16D64) {
+  // Copies late with two masks, at once with the other two (each mode fails its mutant).
+  check_simulated_backward<kc::bf16_tag, 64, 64>(SimMask::band, true);
+  check_simulated_backward<kc::bf16_tag, 64, 64>(SimMask::lower, false);
+  check_simulated_backward<kc::bf16_tag, 64, 64>(SimMask::none, false);
+  check_simulated_backward<kc::bf16_tag, 64, 64>(SimMask::leading, true);
+}
+TEST(WarpBackward, SimulatedTeamF16D128) {
+  // Copies late with two masks, at once with the other two (each mode fails its mutant).
+  check_simulated_backward<kc::f16_tag, 128, 32>(SimMask::band, true);
+  check_simulated_backward<kc::f16_tag, 128, 32>(SimMask::lower, false);
+  check_simulated_backward<kc::f16_tag, 128, 32>(SimMask::none, true);
+  check_simulated_backward<kc::f16_tag, 128, 32>(SimMask::leading, false);
 }
 
 #if defined(KOKKOS_ENABLE_CUDA)

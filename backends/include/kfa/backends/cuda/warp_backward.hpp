@@ -1,0 +1,279 @@
+#pragma once
+/// \file cuda/warp_backward.hpp
+/// FlashAttention-2's backward (its Algorithm 2, dQ by atomic adds) for one team of 4 warps,
+/// the work in registers: the team owns 64 keys K_j, V_j; each warp owns 16 of them and keeps
+/// their dK_j and dV_j accumulators in registers for the team's whole life, V_j's (and at head
+/// dim 64 K_j's) A fragments too. For every query tile i of QR rows that sees the keys (every
+/// head of the kv head's group), a warp forms the transposed tiles
+///   S^T = K_w Q_i^T, dP^T = V_w dO_i^T          (16 keys x QR queries, in registers)
+///   P^T = exp2(S^T scale log2 e - LSE log2 e),  dS^T = P^T (dP^T - delta)
+///   dV_w += P^T dO_i,  dK_w += dS^T Q_i         (P^T, dS^T register to register, a_from_c)
+/// then writes dS^T to a 16-bit shared tile from which the team forms dQ_i = dS K_j (each warp
+/// a part of it) and adds it into the float dq by atomics. The softmax parts are
+/// cuda/warp_softmax.hpp's (probabilities, score_gradients); LSE and delta are the forward's
+/// and the backward's preprocessing's.
+///
+/// Shared memory (16-bit, swizzled, cuda/ldmatrix.hpp): K_j (64 x D) for the whole team's life;
+/// Q_i and dO_i (QR x D each), through which V_j is staged once at the start; dS^T (64 x QR); and
+/// the tile's LSE (base 2) and delta (QR floats each). QR = 64 at D = 64 (32.4 KiB), 32 at
+/// D = 128 (36.3 KiB): within the about 40 KiB a Kokkos team gets on CUDA without the opt-in
+/// (cuda/traits.hpp), which is why K_j stays in shared memory and V_j in registers, and why
+/// Q_i and dO_i have one buffer each: the next tile's copies overlap the dQ products only.
+///
+/// As cuda/warp_forward.hpp the code is written against a warp policy W (CudaWarp on the device,
+/// tests/test_mma.cpp's simulator on the host). Only softmax attention with an interval mask (no
+/// dropout, softcap or additive term) comes here; core sends the rest to the tile kernels.
+
+#include <kfa/backends/cuda/ldmatrix.hpp>
+#include <kfa/backends/cuda/mma.hpp>
+#include <kfa/backends/cuda/warp_forward.hpp>
+#include <kfa/backends/cuda/warp_softmax.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kfa::backends::cuda {
+
+/// One team's backward on the warps' registers: keys [k0, k0 + nc) (nc <= 64) of one kv head
+/// against the query tiles of QR rows of `heads` query heads, head dim D (64 or 128), 16-bit
+/// operands of type Tag.
+template <class W, class Tag, int D, int QR>
+struct WarpBackward {
+  static constexpr int warps = 4;          ///< warps per team
+  static constexpr int keys = 16 * warps;  ///< Bc: keys per team
+  static constexpr int rows = QR;          ///< Br: query rows per tile step
+  static constexpr int qb = QR / 8;        ///< S^T accumulator fragments (n-blocks of queries)
+  static constexpr int db = D / 8;         ///< dK, dV accumulator fragments
+  static constexpr int kd = D / 16;        ///< k steps of S^T = K Q^T
+  /// K's A fragments in registers as well as in shared memory (where dQ reads them) when they
+  /// fit: at D = 128 the 32 registers a lane they take are what the accumulators need.
+  static constexpr bool k_in_registers = D <= 64;
+  /// dQ_i (QR x D) split over the warps: QR / 16 row blocks, each in `parts` column ranges.
+  static constexpr int row_blocks = QR / 16;
+  static constexpr int parts = warps / row_blocks;
+  static constexpr int part_cols = D / parts;
+  static_assert(D % 16 == 0 && D <= 128, "head dims 16..128, multiples of 16");
+  static_assert(QR == 32 || QR == 64, "query tiles of 32 or 64 rows");
+  static_assert(2 * QR >= keys, "V_j is staged through the Q_i and dO_i buffers");
+  static_assert(part_cols % 16 == 0, "a warp's dQ columns are pairs of n8 blocks");
+
+  using Stager = WarpForward<W, Tag, D>;  ///< the 16-byte copies of rows into swizzled tiles
+
+  /// Offsets (16-bit elements) of the tiles in shared memory, then the floats.
+  static constexpr int k_at = 0, q_at = keys * D, do_at = q_at + QR * D, dst_at = do_at + QR * D,
+                       stats_at = dst_at + keys * QR;
+  /// Shared memory a team needs, in bytes.
+  static constexpr int shared_bytes() { return 2 * stats_at + 2 * QR * 4; }
+
+  /// The team's backward. `k_row(j)`, `v_row(j)`: key j's 16-bit rows (16-byte aligned);
+  /// `q_row(h, i)`, `do_row(h, i)`: query i's of head h (h in [0, heads)); `stats.lse(h, i)`
+  /// (natural units, -inf for a row that saw no key) and `stats.delta(h, i)` (rowsum(dO O));
+  /// `mask.tile_visible(q0, n, k0, nc)`, `mask.tile_inside(q0, n, k0, nc)` (every row sees every
+  /// key) and `mask.visible(i, j)`, the same for every head; `grads.dq(h, i, c, x)` adds x to
+  /// dQ (atomically: other teams add to the same rows), `grads.dk(j, c, x)` and
+  /// `grads.dv(j, c, x)` receive the team's sums over its heads, keys below k0 + nc only.
+  /// Scores are scale q.k. `smem` holds shared_bytes(); run ends without a barrier.
+  template <class KRow, class VRow, class QRow, class DoRow, class Stats, class Mask, class Grads>
+  KFA_MMA_FUNCTION static void run(std::uint16_t* smem, int k0, int nc, int heads, int seqlen_q,
+                                   float scale, const KRow& k_row, const VRow& v_row,
+                                   const QRow& q_row, const DoRow& do_row, const Stats& stats,
+                                   const Mask& mask, Grads& grads) {
+    std::uint16_t* ks = smem + k_at;
+    std::uint16_t* qs = smem + q_at;
+    std::uint16_t* dos = smem + do_at;
+    std::uint16_t* dst = smem + dst_at;
+    float* lse_s = reinterpret_cast<float*>(smem + stats_at);
+    float* delta_s = lse_s + QR;
+    const int lane = W::lane(), warp = W::warp(), t = warp * 32 + lane;
+    const int q_tiles = (seqlen_q + QR - 1) / QR;
+    const float scale2 = scale * log2e;
+
+    // The query tiles as steps s = h q_tiles + tile; the next one the keys can be seen from.
+    const auto tile_rows = [&](int q0) { return seqlen_q - q0 < QR ? seqlen_q - q0 : QR; };
+    const auto next_step = [&](int s) {
+      for (; s < heads * q_tiles; ++s) {
+        const int q0 = s % q_tiles * QR;
+        if (mask.tile_visible(q0, tile_rows(q0), k0, nc)) break;
+      }
+      return s;
+    };
+    // Q_i, dO_i by copies (committed by the caller) and LSE (base 2), delta by loads.
+    const auto stage_step = [&](int s) {
+      const int h = s / q_tiles, q0 = s % q_tiles * QR, nq = tile_rows(q0);
+      Stager::template stage<QR>(qs, q0, nq, [&](int i) { return q_row(h, i); });
+      Stager::template stage<QR>(dos, q0, nq, [&](int i) { return do_row(h, i); });
+      if (t < QR)
+        lse_s[t] = t < nq ? stats.lse(h, q0 + t) * log2e : -INFINITY;  // P = 0 past the rows
+      else if (t >= 64 && t - 64 < QR)
+        delta_s[t - 64] = t - 64 < nq ? stats.delta(h, q0 + t - 64) : 0.0f;
+    };
+
+    // K_j and V_j (V through the Q and dO buffers); this warp's A fragments of them.
+    Stager::template stage<keys>(ks, k0, nc, k_row);
+    Stager::template stage<keys>(qs, k0, nc, v_row);
+    W::cp_async_commit();
+    W::cp_async_wait_all();
+    W::barrier();
+    FragA<Tag> vf[kd];
+    FragA<Tag> kf[k_in_registers ? kd : 1];
+    KFA_UNROLL
+    for (int kk = 0; kk < kd; ++kk) {
+      const Coord a = a_source(lane);
+      W::ldmatrix_x4(vf[kk].x, qs + swizzled(16 * warp + a.row, 16 * kk + a.col, D));
+      if constexpr (k_in_registers)
+        W::ldmatrix_x4(kf[kk].x, ks + swizzled(16 * warp + a.row, 16 * kk + a.col, D));
+    }
+    W::barrier();  // every warp has its V fragments: Q and dO may overwrite them
+
+    FragC dk[db], dv[db];
+    KFA_UNROLL
+    for (int n = 0; n < db; ++n)
+      dk[n] = dv[n] = zero_c();
+
+    int s = next_step(0);
+    if (s < heads * q_tiles) {
+      stage_step(s);
+      W::cp_async_commit();
+    }
+    while (s < heads * q_tiles) {
+      const int h = s / q_tiles, q0 = s % q_tiles * QR, nq = tile_rows(q0);
+      W::cp_async_wait_all();  // Q_i, dO_i
+      W::barrier();            // ... seen by all, with LSE and delta; dS^T of the last step read
+
+      // S^T = K_w Q_i^T and dP^T = V_w dO_i^T: B fragments of 16 queries by ldmatrix.x4.
+      FragC st[qb], dpt[qb];
+      KFA_UNROLL
+      for (int n = 0; n < qb; ++n)
+        st[n] = dpt[n] = zero_c();
+      KFA_UNROLL
+      for (int kk = 0; kk < kd; ++kk) {
+        FragA<Tag> ka;
+        if constexpr (k_in_registers) {
+          ka = kf[kk];
+        } else {
+          const Coord a = a_source(lane);
+          W::ldmatrix_x4(ka.x, ks + swizzled(16 * warp + a.row, 16 * kk + a.col, D));
+        }
+        KFA_UNROLL
+        for (int n0 = 0; n0 < QR; n0 += 16) {
+          const Coord src = b_source(lane);
+          std::uint32_t b[4];
+          W::ldmatrix_x4(b, qs + swizzled(n0 + src.row, 16 * kk + src.col, D));
+          W::mma(st[n0 / 8], ka, FragB<Tag>{{b[0], b[1]}});
+          W::mma(st[n0 / 8 + 1], ka, FragB<Tag>{{b[2], b[3]}});
+          W::ldmatrix_x4(b, dos + swizzled(n0 + src.row, 16 * kk + src.col, D));
+          W::mma(dpt[n0 / 8], vf[kk], FragB<Tag>{{b[0], b[1]}});
+          W::mma(dpt[n0 / 8 + 1], vf[kk], FragB<Tag>{{b[2], b[3]}});
+        }
+      }
+
+      // Scores in base 2 with the mask (keys past the tile hidden too), P^T, dS^T.
+      const int key0 = k0 + 16 * warp + group_id(lane);  // this lane's keys: key0, key0 + 8
+      const bool inside = nc == keys && mask.tile_inside(q0, nq, k0, nc);  // team-wide
+      float lse[qb][2], delta[qb][2];
+      KFA_UNROLL
+      for (int n = 0; n < qb; ++n) {
+        KFA_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const int c = 8 * n + c_coord(lane, e).col;
+          lse[n][e] = lse_s[c];
+          delta[n][e] = delta_s[c];
+        }
+        KFA_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const float x = st[n].x[e] * scale2;
+          if (inside) {
+            st[n].x[e] = x;
+          } else {
+            const int i = q0 + 8 * n + c_coord(lane, e).col, j = key0 + 8 * (e >> 1);
+            st[n].x[e] = j < k0 + nc && mask.visible(i, j) ? x : -INFINITY;
+          }
+        }
+      }
+      probabilities(st, lse);
+      score_gradients(dpt, st, delta);
+
+      // dV_w += P^T dO_i and dK_w += dS^T Q_i: 16 queries a step, B by ldmatrix.x4.trans.
+      KFA_UNROLL
+      for (int kk = 0; kk < QR / 16; ++kk) {
+        const FragA<Tag> pa = a_from_c_finite(Tag{}, st[2 * kk], st[2 * kk + 1]);
+        const FragA<Tag> da = a_from_c_finite(Tag{}, dpt[2 * kk], dpt[2 * kk + 1]);
+        KFA_UNROLL
+        for (int n0 = 0; n0 < D; n0 += 16) {
+          const Coord src = bt_source(lane);
+          std::uint32_t b[4];
+          W::ldmatrix_x4_trans(b, dos + swizzled(16 * kk + src.row, n0 + src.col, D));
+          W::mma(dv[n0 / 8], pa, FragB<Tag>{{b[0], b[1]}});
+          W::mma(dv[n0 / 8 + 1], pa, FragB<Tag>{{b[2], b[3]}});
+          W::ldmatrix_x4_trans(b, qs + swizzled(16 * kk + src.row, n0 + src.col, D));
+          W::mma(dk[n0 / 8], da, FragB<Tag>{{b[0], b[1]}});
+          W::mma(dk[n0 / 8 + 1], da, FragB<Tag>{{b[2], b[3]}});
+        }
+      }
+
+      // dS^T to shared memory (rows: keys, columns: queries), two columns a 32-bit store.
+      KFA_UNROLL
+      for (int n = 0; n < qb; ++n) {
+        KFA_UNROLL
+        for (int h2 = 0; h2 < 2; ++h2) {
+          const int r = 16 * warp + group_id(lane) + 8 * h2, c = 8 * n + c_coord(lane, 0).col;
+          const std::uint32_t pair = pack2_finite(Tag{}, dpt[n].x[2 * h2], dpt[n].x[2 * h2 + 1]);
+          *reinterpret_cast<std::uint32_t*>(dst + swizzled(r, c, QR)) = pair;
+        }
+      }
+      W::barrier();  // dS^T whole; every warp is past its reads of Q_i, dO_i, LSE and delta
+
+      const int s1 = next_step(s + 1);
+      if (s1 < heads * q_tiles) {  // the next tile's copies overlap the dQ products
+        stage_step(s1);
+        W::cp_async_commit();
+      }
+
+      // dQ_i += scale dS K_j: this warp's row block and columns; A = dS from dS^T by
+      // ldmatrix.x4.trans at b_source's addresses, B = K_j by .trans.
+      const int rb = warp % row_blocks, c0 = warp / row_blocks * part_cols;
+      FragC dq[part_cols / 8];
+      KFA_UNROLL
+      for (int n = 0; n < part_cols / 8; ++n)
+        dq[n] = zero_c();
+      KFA_UNROLL
+      for (int kk = 0; kk < keys / 16; ++kk) {
+        FragA<Tag> a;
+        const Coord as = b_source(lane);
+        W::ldmatrix_x4_trans(a.x, dst + swizzled(16 * kk + as.row, 16 * rb + as.col, QR));
+        KFA_UNROLL
+        for (int n0 = 0; n0 < part_cols; n0 += 16) {
+          const Coord src = bt_source(lane);
+          std::uint32_t b[4];
+          W::ldmatrix_x4_trans(b, ks + swizzled(16 * kk + src.row, c0 + n0 + src.col, D));
+          W::mma(dq[n0 / 8], a, FragB<Tag>{{b[0], b[1]}});
+          W::mma(dq[n0 / 8 + 1], a, FragB<Tag>{{b[2], b[3]}});
+        }
+      }
+      KFA_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int i = q0 + 16 * rb + c_coord(lane, e).row;
+        if (i >= q0 + nq) continue;
+        KFA_UNROLL
+        for (int n = 0; n < part_cols / 8; ++n)
+          grads.dq(h, i, c0 + 8 * n + c_coord(lane, e).col, scale * dq[n].x[e]);
+      }
+      s = s1;
+    }
+
+    // The team's sums over its heads and query tiles: this warp's 16 keys.
+    KFA_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const int j = k0 + 16 * warp + c_coord(lane, e).row;
+      if (j >= k0 + nc) continue;
+      KFA_UNROLL
+      for (int n = 0; n < db; ++n) {
+        const int c = 8 * n + c_coord(lane, e).col;
+        grads.dk(j, c, scale * dk[n].x[e]);
+        grads.dv(j, c, dv[n].x[e]);
+      }
+    }
+  }
+};
+
+}  // namespace kfa::backends::cuda
