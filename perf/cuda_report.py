@@ -96,12 +96,14 @@ def kokkos_configure(src, cache, arch):
 
 
 def config_header(inc, warp_tiles):
-    """kfa's <kfa/config.hpp> for this report (no MPI, no tf32; KFA_CUDA_WARP_TILES as asked),
-    from cmake/config.hpp.in."""
+    """kfa's <kfa/config.hpp> for this report (no MPI, no tf32; the register kernels,
+    KFA_CUDA_WARP_TILES and KFA_CUDA_WARP_BACKWARD, as asked), from cmake/config.hpp.in."""
     text = (ROOT / "cmake" / "config.hpp.in").read_text()
     text = re.sub(r"#cmakedefine (\w+)", r"/* #undef \1 */", text)
     if warp_tiles:
         text = text.replace("/* #undef KFA_CUDA_WARP_TILES */", "#define KFA_CUDA_WARP_TILES")
+        text = text.replace("/* #undef KFA_CUDA_WARP_BACKWARD */",
+                            "#define KFA_CUDA_WARP_BACKWARD")
     version = re.search(r"project\(kfa VERSION (\d+)\.(\d+)\.(\d+)",
                         (ROOT / "CMakeLists.txt").read_text())
     major, minor, patch = version.groups() if version else ("0", "0", "0")
@@ -152,8 +154,11 @@ void show(const char* name) {{
     std::size_t warp = 0;  // the register-resident forward where it runs (WarpKernel<d>)
     if constexpr (F::warp_type)
       if (Ops::warp_head_dim(d)) warp = Ops::warp_scratch_bytes(d);
-    std::printf("%s %d %zu %zu %zu %zu\\n", name, d, F::scratch_bytes(d), warp,
-                B::scratch_bytes(d, true), B::scratch_bytes(d, false));
+    std::size_t warp_bwd = 0;  // and backward (WarpKeyValueKernel<d>)
+    if constexpr (kfa::backends::TileTraits<Kokkos::Cuda, T>::warp_backward)
+      if (Ops::warp_head_dim(d)) warp_bwd = Ops::warp_backward_scratch_bytes(d);
+    std::printf("%s %d %zu %zu %zu %zu %zu\\n", name, d, F::scratch_bytes(d), warp,
+                B::scratch_bytes(d, true), B::scratch_bytes(d, false), warp_bwd);
   }}
 }}
 int main() {{
@@ -216,6 +221,9 @@ def short_name(demangled):
     warp = re.search(r"::WarpKernel<(\d+)>", demangled)
     if warp:  # ForwardKernel's register-resident kernel for one head dim
         return f"WarpKernel<{warp.group(1)}>"
+    warp = re.search(r"::Kernel<(\d+)>", demangled)
+    if m.group(1) == "WarpKeyValueKernel" and warp:  # the register-resident backward
+        return f"WarpKeyValueKernel<{warp.group(1)}>"
     at = demangled.find("kfa::impl::BackwardViews<")
     if at >= 0:
         views = template_args(demangled, at + len("kfa::impl::BackwardViews"))
@@ -343,11 +351,13 @@ def report_arch(arch, nvcc, src, cache, work, jobs, warp_tiles):
         fail(2, f"the scratch probe did not compile for sm_{arch}:\n{probe.stdout}{probe.stderr}")
     scratch = {}
     for line in run([str(work / f"probe{arch}")]).stdout.splitlines():
-        t, d, f, warp, kv, q = line.split()
+        t, d, f, warp, kv, q, warp_bwd = line.split()
         scratch[(t, int(d))] = dict(ForwardKernel=int(f), KeyValueKernel=int(kv),
                                     QueryKernel=int(q))
         if int(warp):
             scratch[(t, int(d))][f"WarpKernel<{d}>"] = int(warp)
+        if int(warp_bwd):
+            scratch[(t, int(d))][f"WarpKeyValueKernel<{d}>"] = int(warp_bwd)
     rows = []
     for tname, (d, p) in procs.items():
         log = p.communicate()[0]
@@ -411,8 +421,8 @@ def main():
     ap.add_argument("--fail-on-spill", action="store_true")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--no-warp-tiles", action="store_true",
-                    help="compile without KFA_CUDA_WARP_TILES (the tile path alone, as "
-                         "-DKFA_CUDA_WARP_TILES=OFF builds it)")
+                    help="compile without KFA_CUDA_WARP_TILES and KFA_CUDA_WARP_BACKWARD (the "
+                         "tile path alone, as -DKFA_CUDA_WARP_TILES=OFF builds it)")
     a = ap.parse_args()
     nvcc = find_nvcc()
     if nvcc is None:
@@ -427,7 +437,8 @@ def main():
     src = kokkos_source(a.archive_dir, cache)
     version = run([nvcc, "--version"]).stdout.strip().splitlines()[-1]
     text = [f"nvcc: {version}; Kokkos 4.6.01 configured for CUDA + Serial (not built); "
-            f"KFA_CUDA_WARP_TILES {'off' if a.no_warp_tiles else 'on'}.", ""]
+            f"KFA_CUDA_WARP_TILES and KFA_CUDA_WARP_BACKWARD {'off' if a.no_warp_tiles else 'on'}.",
+            ""]
     spills = []
     with tempfile.TemporaryDirectory() as tmp:
         for arch in a.arch.split(","):

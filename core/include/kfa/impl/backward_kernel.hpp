@@ -147,14 +147,13 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
                           [&](int c, int d) { store(t.dv(b, hk, k0 + c, d), dvs[c * ldv + d]); });
   }
 
-  /// Whether any row of the query tile at q0 (nr rows) sees any key of the tile at k0 (nc keys):
-  /// mask ends grow with the row, so the first row's lo and the last row's hi bound the tile.
-  /// Key padding (a term with key_limit) also hides the key tiles past batch b's length.
+  /// Whether any row of the query tile at q0 (nr rows) sees any key of the tile at k0 (nc keys)
+  /// (Mask::tile_visible). Key padding (a term with key_limit) also hides the key tiles past
+  /// batch b's length.
   KOKKOS_INLINE_FUNCTION bool tiles_meet(int b, int q0, int nr, int k0, int nc) const {
     if constexpr (has_key_limit<bias_t>::value)
       if (k0 >= key_limit_of(score.bias, b, seqlen_k)) return false;
-    return mask.lo(q0) <= k0 + nc - 1 && mask.hi(q0 + nr - 1) >= k0 &&
-           mask.lo(q0) <= mask.hi(q0 + nr - 1);
+    return mask.tile_visible(q0, nr, k0, nc);
   }
 
   /// Whether a boolean mask (is_visibility) leaves visible any pair of the query tile at q0 (nr
@@ -558,6 +557,111 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
   }
 };
 
+/// dK, dV and, by atomic adds, dQ with the work in registers (TileTraits::warp_backward: CUDA,
+/// 16-bit inputs; TileOps::warp_backward, cuda/warp_backward.hpp): one team per (batch, kv
+/// head, tile of TileOps::warp_keys keys) walks the query heads of its group and the query
+/// tiles the mask leaves visible, as KeyValueKernel does with atomic dQ. Taken (`takes`) for
+/// softmax attention at the head dims it has with Dv = D, dQ into a float accumulator, every
+/// row of q, k, v and dout on 16 bytes, and neither dropout, softcap nor an additive term; the
+/// tile kernels run everything else.
+template <class ExecSpace, class T, class Views, class Rule = SoftmaxRule>
+struct WarpKeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
+  using base = BackwardCommon<ExecSpace, T, Views, Rule>;
+  using typename base::acc_t;
+  using typename base::member_t;
+  using typename base::ops;
+  using typename base::traits;
+  using value_type = typename decltype(Views::q)::non_const_value_type;
+  template <class X>
+  static constexpr bool same_16_bit = std::is_same_v<typename X::non_const_value_type, value_type>;
+  /// Whether the types allow it at all (the rest is `takes`).
+  static constexpr bool possible =
+      Rule::softmax && !base::bias_t::enabled && !base::packed && traits::warp_backward &&
+      sizeof(value_type) == 2 && same_16_bit<decltype(Views::k)> &&
+      same_16_bit<decltype(Views::v)> && same_16_bit<decltype(Views::dout)> &&
+      std::is_same_v<typename Views::dq_value, float>;
+
+  explicit WarpKeyValueKernel(const base& common) : base(common) {}
+
+  /// Whether `common`'s problem runs here when dQ is added with atomics.
+  static bool takes(const base& c) {
+    if constexpr (possible)
+      return ops::warp_head_dim(c.head_dim) && c.head_dim_v == c.head_dim && !c.dropout.enabled &&
+             c.score.identity() && base::rows_on_16_bytes(c.t.q) && base::rows_on_16_bytes(c.t.k) &&
+             base::rows_on_16_bytes(c.t.v) && base::rows_on_16_bytes(c.t.dout);
+    (void)c;
+    return false;
+  }
+
+  /// One team: batch, kv head and key tile from the league rank.
+  template <int HeadDim>
+  struct Kernel {
+    WarpKeyValueKernel kk;
+    KOKKOS_FUNCTION void operator()(const member_t& team) const {
+      const int keys = ops::warp_keys, k_tiles = (kk.seqlen_k + keys - 1) / keys;
+      const int rank = team.league_rank();
+      const int kt = rank % k_tiles, hk = rank / k_tiles % kk.heads_k,
+                b = rank / k_tiles / kk.heads_k;
+      const int k0 = kt * keys, nc = kk.seqlen_k - k0 < keys ? kk.seqlen_k - k0 : keys;
+      const int h0 = hk * kk.group;
+      using bits = const std::uint16_t*;
+      // Views by value: a capture by reference would put them in local memory.
+      const auto q = kk.t.q;
+      const auto k = kk.t.k;
+      const auto v = kk.t.v;
+      const auto dout = kk.t.dout;
+      const auto k_row = [=](int j) { return reinterpret_cast<bits>(&k(b, hk, j, 0)); };
+      const auto v_row = [=](int j) { return reinterpret_cast<bits>(&v(b, hk, j, 0)); };
+      const auto q_row = [=](int h, int i) { return reinterpret_cast<bits>(&q(b, h0 + h, i, 0)); };
+      const auto do_row = [=](int h, int i) {
+        return reinterpret_cast<bits>(&dout(b, h0 + h, i, 0));
+      };
+      struct Stats {
+        decltype(Views::lse) lse_v;
+        typename base::delta_view delta_v;
+        int b, h0;
+        KOKKOS_INLINE_FUNCTION float lse(int h, int i) const {
+          return static_cast<float>(lse_v(b, h0 + h, i));
+        }
+        KOKKOS_INLINE_FUNCTION float delta(int h, int i) const {
+          return static_cast<float>(delta_v(b, h0 + h, i));
+        }
+      } stats{kk.t.lse, kk.delta, b, h0};
+      struct Grads {
+        const WarpKeyValueKernel* kk;
+        int b, hk, h0;
+        KOKKOS_INLINE_FUNCTION void dq(int h, int i, int c, float x) const {
+          Kokkos::atomic_add(&kk->t.dq(b, h0 + h, i, c), x);
+        }
+        KOKKOS_INLINE_FUNCTION void dk(int j, int c, float x) const {
+          kk->store(kk->t.dk(b, hk, j, c), x);
+        }
+        KOKKOS_INLINE_FUNCTION void dv(int j, int c, float x) const {
+          kk->store(kk->t.dv(b, hk, j, c), x);
+        }
+      } grads{&kk, b, hk, h0};
+      ops::template warp_backward<HeadDim>(team, k0, nc, kk.group, kk.seqlen_q,
+                                           static_cast<float>(kk.score.scale), k_row, v_row, q_row,
+                                           do_row, stats, kk.mask, grads);
+    }
+  };
+
+  void launch(const ExecSpace& space) const {
+    const int keys = ops::warp_keys;
+    const long long league = static_cast<long long>(this->t.q.extent(0)) * this->heads_k *
+                             ((this->seqlen_k + keys - 1) / keys);
+    const int d = this->head_dim;
+    const typename base::base::Shape shape{d, ops::warp_backward_rows(d), keys};
+    const std::size_t bytes = ops::warp_backward_scratch_bytes(d);
+    if (d == 64)
+      base::base::launch(space, "backward", "kfa::backward::dkdv", Kernel<64>{*this}, league, bytes,
+                         0, shape);
+    else
+      base::base::launch(space, "backward", "kfa::backward::dkdv", Kernel<128>{*this}, league,
+                         bytes, 0, shape);
+  }
+};
+
 /// dst(b, h, d, j) = src(b, h, j, d), converted to dst's type: the last two extents swapped.
 template <class ExecSpace, class Src, class Dst>
 void transpose_rows(const ExecSpace& space, const Src& src, const Dst& dst) {
@@ -815,6 +919,12 @@ void launch_backward(const ExecSpace& space,
     return;
   }
   const bool atomic_dq = mode == DqMode::atomic;
+  using Warp = WarpKeyValueKernel<ExecSpace, T, Views, Rule>;
+  if constexpr (Warp::possible)
+    if (atomic_dq && Warp::takes(common)) {
+      Warp(common).launch(space);
+      return;
+    }
   common.launch(space, "kfa::backward::dkdv",
                 KeyValueKernel<ExecSpace, T, Views, Rule>(common, atomic_dq), true);
   if (!atomic_dq)

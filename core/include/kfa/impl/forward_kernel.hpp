@@ -126,7 +126,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     dropout = make_dropout<acc_t>(p, at);
     if constexpr (warp_type)
       warp = ops::warp_head_dim(head_dim) && head_dim_v == head_dim && !dropout.enabled &&
-             rows_on_16_bytes(q) && rows_on_16_bytes(k) && rows_on_16_bytes(v);
+             base::rows_on_16_bytes(q) && base::rows_on_16_bytes(k) && base::rows_on_16_bytes(v);
     Br = traits::block_q(tile_dim(head_dim, head_dim_v));
     Bc = traits::block_k(tile_dim(head_dim, head_dim_v));
     if constexpr (warp_type)
@@ -193,13 +193,6 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     return scratch_bytes(head_dim, head_dim_v);
   }
 
-  /// Whether every row of a view of 16-bit elements starts on 16 bytes (unit stride inside a
-  /// row is checked by validation).
-  template <class View>
-  static bool rows_on_16_bytes(const View& x) {
-    return reinterpret_cast<std::uintptr_t>(x.data()) % 16 == 0 && x.stride(0) % 8 == 0 &&
-           x.stride(1) % 8 == 0 && x.stride(2) % 8 == 0;
-  }
   /// Row stride of the key-major tiles Br wide.
   KOKKOS_INLINE_FUNCTION int ldq() const { return Br + traits::pad; }
 
@@ -357,13 +350,10 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     Mask mask;
     int b, h;
     KOKKOS_INLINE_FUNCTION bool tile_visible(int q0, int n, int j0, int nc) const {
-      const int lo = mask.lo(q0), hi = mask.hi(q0 + n - 1);
-      return lo <= hi && lo <= j0 + nc - 1 && hi >= j0;
+      return mask.tile_visible(q0, n, j0, nc);
     }
-    /// Whether every row of [q0, q0 + n) sees every key of [j0, j0 + nc): the interval's
-    /// ends grow with the row, so the last row's lo and the first row's hi decide.
     KOKKOS_INLINE_FUNCTION bool tile_inside(int q0, int n, int j0, int nc) const {
-      return mask.lo(q0 + n - 1) <= j0 && mask.hi(q0) >= j0 + nc - 1;
+      return mask.tile_inside(q0, n, j0, nc);
     }
     /// One query row's scores: its visible keys [lo, hi] found when the row is made (the kernel
     /// makes it per key tile).

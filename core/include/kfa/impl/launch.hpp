@@ -11,6 +11,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 
 namespace kfa::impl {
@@ -67,6 +68,14 @@ struct TeamKernel {
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, cols),
                            [&](int c) { row[c] = f(src[c]); });
     });
+  }
+
+  /// Whether every row of a view of 16-bit elements starts on 16 bytes (unit stride inside a
+  /// row is checked by validation): the register-resident kernels copy rows in 16-byte pieces.
+  template <class View>
+  static bool rows_on_16_bytes(const View& x) {
+    return reinterpret_cast<std::uintptr_t>(x.data()) % 16 == 0 && x.stride(0) % 8 == 0 &&
+           x.stride(1) % 8 == 0 && x.stride(2) % 8 == 0;
   }
 
   /// Runs `kernel` (named `label`) over `league` teams of traits::team_size threads (AUTO

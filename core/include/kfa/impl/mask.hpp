@@ -33,6 +33,19 @@ struct Mask {
     const long long h = i + shift + right;
     return h < -1 ? -1 : (h > seqlen_k - 1 ? seqlen_k - 1 : static_cast<int>(h));
   }
+  /// Whether query i sees key j.
+  KOKKOS_INLINE_FUNCTION bool visible(int i, int j) const { return lo(i) <= j && j <= hi(i); }
+  /// Whether any row of the query tile at q0 (n rows) sees any key of the tile at k0 (nc keys):
+  /// the first row's lo and the last row's hi bound what the tile sees.
+  KOKKOS_INLINE_FUNCTION bool tile_visible(int q0, int n, int k0, int nc) const {
+    const int l = lo(q0), h = hi(q0 + n - 1);
+    return l <= h && l <= k0 + nc - 1 && h >= k0;
+  }
+  /// Whether every row of the query tile at q0 (n rows) sees every key of the tile at k0 (nc
+  /// keys): the last row's lo and the first row's hi decide.
+  KOKKOS_INLINE_FUNCTION bool tile_inside(int q0, int n, int k0, int nc) const {
+    return lo(q0 + n - 1) <= k0 && hi(q0) >= k0 + nc - 1;
+  }
   /// Columns [cb, ce) of the key tile at k0 (nc keys) that some row of the query tile at q0
   /// (nr rows) sees, relative to k0; cb >= ce when none does.
   KOKKOS_INLINE_FUNCTION void tile_columns(int q0, int nr, int k0, int nc, int& cb, int& ce) const {

@@ -22,6 +22,7 @@
 
 #include <kfa/backends/cuda/mma.hpp>
 #include <kfa/backends/cuda/traits.hpp>
+#include <kfa/backends/cuda/warp_backward.hpp>
 #include <kfa/backends/cuda/warp_forward.hpp>
 #include <kfa/backends/float16.hpp>
 #include <kfa/backends/generic/tile.hpp>
@@ -190,6 +191,45 @@ struct TileOps<Kokkos::Cuda, T, void> : PortableTileOps<accum_t<T>> {
 #else
     (void)team, (void)q0, (void)nq, (void)k_begin, (void)k_end, (void)q_row, (void)k_row;
     (void)v_row, (void)score, (void)out;  // Cuda teams run on the device only
+#endif
+  }
+
+  /// Query rows per tile step of warp_backward at head dim d: 64 at 64, 32 at 128, where the
+  /// dK and dV accumulators take twice the registers and K_j twice the shared memory.
+  static constexpr int warp_backward_rows(int d) {
+    return d <= 64 ? 64 : 16;
+  }
+  /// Team scratch of warp_backward at head dim d (cuda::WarpBackward::shared_bytes) and 128
+  /// bytes to align it: 32.6 KiB at d = 64, 36.5 KiB at d = 128.
+  static constexpr std::size_t warp_backward_scratch_bytes(int d) {
+    return std::size_t(2) *
+               (warp_keys * d + 2 * warp_backward_rows(d) * d + warp_keys * warp_backward_rows(d)) +
+           std::size_t(8) * warp_backward_rows(d) + 128;
+  }
+
+  /// FlashAttention-2's backward of one key tile with the work in registers
+  /// (cuda/warp_backward.hpp, TileTraits::warp_backward): keys [k0, k0 + nc) against the query
+  /// tiles of `heads` query heads, at head dim HeadDim (one warp_head_dim takes); the other
+  /// arguments as cuda::WarpBackward::run. All lanes of the team call it.
+  template <int HeadDim, class Member, class KRow, class VRow, class QRow, class DoRow, class Stats,
+            class Mask, class Grads>
+  static KOKKOS_INLINE_FUNCTION void warp_backward(const Member& team, int k0, int nc, int heads,
+                                                   int seqlen_q, float scale, const KRow& k_row,
+                                                   const VRow& v_row, const QRow& q_row,
+                                                   const DoRow& do_row, const Stats& stats,
+                                                   const Mask& mask, Grads& grads) {
+#if defined(__CUDA_ARCH__)
+    using Tag = typename cuda::mma_tag<T>::type;
+    using Kernel =
+        cuda::WarpBackward<cuda::CudaWarp<Tag>, Tag, HeadDim, warp_backward_rows(HeadDim)>;
+    static_assert(Kernel::shared_bytes() + 128 == warp_backward_scratch_bytes(HeadDim));
+    auto* smem = static_cast<std::uint16_t*>(
+        team.team_scratch(0).get_shmem_aligned(Kernel::shared_bytes(), 128));
+    Kernel::run(smem, k0, nc, heads, seqlen_q, scale, k_row, v_row, q_row, do_row, stats, mask,
+                grads);
+#else
+    (void)team, (void)k0, (void)nc, (void)heads, (void)seqlen_q, (void)scale, (void)k_row;
+    (void)v_row, (void)q_row, (void)do_row, (void)stats, (void)mask, (void)grads;
 #endif
   }
 };

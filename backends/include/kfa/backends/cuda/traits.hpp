@@ -106,7 +106,16 @@ struct TileTraits<Kokkos::Cuda, T, void> {
       std::is_same_v<typename cuda::mma_tag<T>::type, cuda::bf16_tag> ||
       std::is_same_v<typename cuda::mma_tag<T>::type, cuda::f16_tag>;
 #else
-  static constexpr bool warp_tiles = false;  ///< KFA_CUDA_WARP_TILES is off
+  static constexpr bool warp_tiles = false;     ///< KFA_CUDA_WARP_TILES is off
+#endif
+#if defined(KFA_CUDA_WARP_BACKWARD)
+  /// 16-bit inputs run the backward's key-tile kernel with the work in registers
+  /// (TileOps::warp_backward, cuda/warp_backward.hpp) where the head dim allows.
+  static constexpr bool warp_backward =
+      std::is_same_v<typename cuda::mma_tag<T>::type, cuda::bf16_tag> ||
+      std::is_same_v<typename cuda::mma_tag<T>::type, cuda::f16_tag>;
+#else
+  static constexpr bool warp_backward = false;  ///< KFA_CUDA_WARP_BACKWARD is off
 #endif
   /// Teams the GPU runs at once: per SM, as many as its shared memory holds at about 40 KiB
   /// each (4 on an A100, 5 on an H100), at most 16 (2048 threads of 128).

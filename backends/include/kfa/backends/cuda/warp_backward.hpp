@@ -48,20 +48,30 @@ struct WarpBackward {
   /// K's A fragments in registers as well as in shared memory (where dQ reads them) when they
   /// fit: at D = 128 the 32 registers a lane they take are what the accumulators need.
   static constexpr bool k_in_registers = D <= 64;
-  /// dQ_i (QR x D) split over the warps: QR / 16 row blocks, each in `parts` column ranges.
+  /// dQ_i (QR x D) is split over the warps: QR / 16 blocks of 16 rows,
   static constexpr int row_blocks = QR / 16;
+  /// each in this many ranges of columns,
   static constexpr int parts = warps / row_blocks;
+  /// of this many columns.
   static constexpr int part_cols = D / parts;
   static_assert(D % 16 == 0 && D <= 128, "head dims 16..128, multiples of 16");
-  static_assert(QR == 32 || QR == 64, "query tiles of 32 or 64 rows");
-  static_assert(2 * QR >= keys, "V_j is staged through the Q_i and dO_i buffers");
+  static_assert(QR == 16 || QR == 32 || QR == 64, "query tiles of 16, 32 or 64 rows");
+  /// Keys of V_j staged at a time through the Q_i and dO_i buffers (2 QR rows).
+  static constexpr int v_rows = 2 * QR < keys ? 2 * QR : keys;
   static_assert(part_cols % 16 == 0, "a warp's dQ columns are pairs of n8 blocks");
 
   using Stager = WarpForward<W, Tag, D>;  ///< the 16-byte copies of rows into swizzled tiles
 
-  /// Offsets (16-bit elements) of the tiles in shared memory, then the floats.
-  static constexpr int k_at = 0, q_at = keys * D, do_at = q_at + QR * D, dst_at = do_at + QR * D,
-                       stats_at = dst_at + keys * QR;
+  /// Offsets (16-bit elements) in shared memory: K_j,
+  static constexpr int k_at = 0;
+  /// Q_i,
+  static constexpr int q_at = keys * D;
+  /// dO_i,
+  static constexpr int do_at = q_at + QR * D;
+  /// dS^T,
+  static constexpr int dst_at = do_at + QR * D;
+  /// then the floats: the tile's LSE (base 2) and delta.
+  static constexpr int stats_at = dst_at + keys * QR;
   /// Shared memory a team needs, in bytes.
   static constexpr int shared_bytes() { return 2 * stats_at + 2 * QR * 4; }
 
@@ -108,22 +118,33 @@ struct WarpBackward {
         delta_s[t - 64] = t - 64 < nq ? stats.delta(h, q0 + t - 64) : 0.0f;
     };
 
-    // K_j and V_j (V through the Q and dO buffers); this warp's A fragments of them.
+    // K_j, and V_j through the Q and dO buffers, v_rows keys at a time; this warp's A
+    // fragments of them.
     Stager::template stage<keys>(ks, k0, nc, k_row);
-    Stager::template stage<keys>(qs, k0, nc, v_row);
-    W::cp_async_commit();
-    W::cp_async_wait_all();
-    W::barrier();
     FragA<Tag> vf[kd];
     FragA<Tag> kf[k_in_registers ? kd : 1];
     KFA_UNROLL
-    for (int kk = 0; kk < kd; ++kk) {
+    for (int r0 = 0; r0 < keys; r0 += v_rows) {
+      const int n = nc - r0 > 0 ? nc - r0 : 0;  // none: zeros, from a row that exists
+      Stager::template stage<v_rows>(qs, n > 0 ? k0 + r0 : k0, n, v_row);
+      W::cp_async_commit();
+      W::cp_async_wait_all();
+      W::barrier();
       const Coord a = a_source(lane);
-      W::ldmatrix_x4(vf[kk].x, qs + swizzled(16 * warp + a.row, 16 * kk + a.col, D));
-      if constexpr (k_in_registers)
-        W::ldmatrix_x4(kf[kk].x, ks + swizzled(16 * warp + a.row, 16 * kk + a.col, D));
+      if (16 * warp >= r0 && 16 * warp < r0 + v_rows) {
+        KFA_UNROLL
+        for (int kk = 0; kk < kd; ++kk)
+          W::ldmatrix_x4(vf[kk].x, qs + swizzled(16 * warp - r0 + a.row, 16 * kk + a.col, D));
+      }
+      if constexpr (k_in_registers) {
+        if (r0 == 0) {
+          KFA_UNROLL
+          for (int kk = 0; kk < kd; ++kk)
+            W::ldmatrix_x4(kf[kk].x, ks + swizzled(16 * warp + a.row, 16 * kk + a.col, D));
+        }
+      }
+      W::barrier();  // the V fragments read: the buffers may be refilled
     }
-    W::barrier();  // every warp has its V fragments: Q and dO may overwrite them
 
     FragC dk[db], dv[db];
     KFA_UNROLL

@@ -46,6 +46,9 @@ struct TileTraits {
   /// Whether TileOps::warp_forward runs the forward of a whole team with the work in
   /// registers (FlashAttention-2's warp layout), for the head dims warp_head_dim accepts.
   static constexpr bool warp_tiles = false;
+  /// Whether TileOps::warp_backward runs the backward's key-tile kernel (dQ by atomics) of a
+  /// whole team with the work in registers, for the head dims warp_head_dim accepts.
+  static constexpr bool warp_backward = false;
   /// Teams the space runs at once, for the split-KV heuristic. The portable guess: teams of
   /// about 256 threads, so a GPU reporting 2048 resident threads per SM holds 8 teams per SM.
   static int concurrent_teams(const ExecSpace& space) {

@@ -47,7 +47,8 @@ struct TileTraits<
 #else
   static constexpr bool bf16x2_products = false;
 #endif
-  static constexpr bool warp_tiles = false;  ///< no warps on the host
+  static constexpr bool warp_tiles = false;     ///< no warps on the host
+  static constexpr bool warp_backward = false;  ///< no warps on the host
   /// Teams running at once: one per host thread.
   static int concurrent_teams(const ExecSpace& space) {
     return space.concurrency();
