@@ -80,8 +80,9 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       std::is_same_v<typename V::non_const_value_type, acc_t>;
   bool kv_in_place = false;
   // Key-major with bfloat16 inputs where the backend multiplies them in pairs
-  // (TileTraits::bf16x2_products): taken when D, Dv and the K and V row strides are even,
-  // so that every row is a row of pair words (backends/bf16x2.hpp).
+  // (TileTraits::bf16x2_products) and that outruns the float products on this CPU
+  // (TileOps::bf16x2_pays): taken when D, Dv and the K and V row strides are even, so that
+  // every row is a row of pair words (backends/bf16x2.hpp).
   static constexpr bool pairs_type =
       Rule::softmax && traits::bf16x2_products && std::is_same_v<acc_t, float> &&
       backends::is_bfloat16<value_type>::value &&
@@ -140,8 +141,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     q_tiles = (seqlen_q + Br - 1) / Br;
     scratch_level = base::scratch_level(scratch_bytes());
     kv_in_place = kv_in_place_type && k.stride(2) <= 2147483647 && v.stride(2) <= 2147483647;
-    pairs = pairs_type && head_dim % 2 == 0 && head_dim_v % 2 == 0 && k.stride(2) % 2 == 0 &&
-            v.stride(2) % 2 == 0 && k.stride(2) / 2 <= 2147483647;
+    pairs = pairs_type && ops::bf16x2_pays() && head_dim % 2 == 0 && head_dim_v % 2 == 0 &&
+            k.stride(2) % 2 == 0 && v.stride(2) % 2 == 0 && k.stride(2) / 2 <= 2147483647;
     const int key_tiles = (seqlen_k + Bc - 1) / Bc;
     const long long teams = static_cast<long long>(q.extent(0)) * heads_q * q_tiles;
     splits = p.num_splits > 0 ? p.num_splits

@@ -14,11 +14,13 @@
 /// and the backward's preprocessing's.
 ///
 /// Shared memory (16-bit, swizzled, cuda/ldmatrix.hpp): K_j (64 x D) for the whole team's life;
-/// Q_i and dO_i (QR x D each), through which V_j is staged once at the start; dS^T (64 x QR); and
-/// the tile's LSE (base 2) and delta (QR floats each). QR = 64 at D = 64 (32.4 KiB), 32 at
-/// D = 128 (36.3 KiB): within the about 40 KiB a Kokkos team gets on CUDA without the opt-in
+/// Q_i and dO_i (QR x D each), through which V_j is staged at the start (2 QR keys at a time);
+/// dS^T (64 x QR); and the tile's LSE (base 2) and delta (QR floats each): 32.5 KiB at D = 64,
+/// QR = 64, within the about 40 KiB a Kokkos team gets on CUDA without the opt-in
 /// (cuda/traits.hpp), which is why K_j stays in shared memory and V_j in registers, and why
-/// Q_i and dO_i have one buffer each: the next tile's copies overlap the dQ products only.
+/// Q_i and dO_i have one buffer each: the next tile's copies overlap the dQ products only. The
+/// device runs QR = 16 at D = 128 (26.1 KiB; TileOps::warp_backward_rows): with QR = 32 the
+/// accumulators, S^T and dP^T did not fit 255 registers (56-60 bytes spilled at sm_80).
 ///
 /// As cuda/warp_forward.hpp the code is written against a warp policy W (CudaWarp on the device,
 /// tests/test_mma.cpp's simulator on the host). Only softmax attention with an interval mask (no

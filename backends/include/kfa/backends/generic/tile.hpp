@@ -252,6 +252,10 @@ struct PortableTileOps {
     });
   }
 
+  /// Whether a key-major forward with TileTraits::bf16x2_products takes the pair products
+  /// (gemm_bf16x2) on this machine; the portable ones are taken wherever the traits ask.
+  static bool bf16x2_pays() { return true; }
+
   /// pack_bf16x2_rows for rows of bfloat16 values (element row stride ldv of v, any storage),
   /// which need no rounding: word (r, c) of out packs v[2r][c] and v[2r + 1][c].
   template <class Member>

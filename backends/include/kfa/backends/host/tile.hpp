@@ -19,7 +19,9 @@
 #include <kfa/backends/generic/tile.hpp>
 #include <kfa/backends/host/traits.hpp>
 
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -35,6 +37,86 @@
 #endif
 
 namespace kfa::backends::host {
+
+#ifdef KFA_HOST_AVX512_BF16
+/// FLOP/s of VDPBF16PS over FMA on this core (zmm, 12 independent chains each, the best of
+/// three short runs of both): about 2 on AMD Zen 4 (both instructions one a cycle, a
+/// VDPBF16PS two products a lane), 0.5 on the Intel Xeon this was measured on (VDPBF16PS one
+/// every two cycles, FMA two a cycle): 117 against 233 GFLOP/s.
+inline double dpbf16_over_fma() {
+  const auto best_seconds = [](auto&& body) {
+    double best = 1e30;
+    for (int round = 0; round < 3; ++round) {
+      const auto t0 = std::chrono::steady_clock::now();
+      body();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      best = s < best ? s : best;
+    }
+    return best;
+  };
+  constexpr int steps = 4096;  // 49152 instructions a run: tens of microseconds
+  volatile float sink = 0.0f;
+  const double fma = best_seconds([&] {
+    __m512 c[12];
+    const __m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(0x1p-20f);
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i)
+      c[i] = _mm512_set1_ps(float(i));
+    for (int n = 0; n < steps; ++n) {
+#pragma GCC unroll 12
+      for (int i = 0; i < 12; ++i)
+        c[i] = _mm512_fmadd_ps(a, b, c[i]);
+    }
+    __m512 t = c[0];
+#pragma GCC unroll 11
+    for (int i = 1; i < 12; ++i)
+      t = _mm512_add_ps(t, c[i]);
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, t);
+    sink = sink + lanes[0];
+  });
+  const double dp = best_seconds([&] {
+    __m512 c[12];
+    const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3580);
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i)
+      c[i] = _mm512_set1_ps(float(i));
+    for (int n = 0; n < steps; ++n) {
+#pragma GCC unroll 12
+      for (int i = 0; i < 12; ++i)
+        c[i] = _mm512_dpbf16_ps(c[i], a, b);
+    }
+    __m512 t = c[0];
+#pragma GCC unroll 11
+    for (int i = 1; i < 12; ++i)
+      t = _mm512_add_ps(t, c[i]);
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, t);
+    sink = sink + lanes[0];
+  });
+  // Per instruction FMA does 16 products, VDPBF16PS 32.
+  return (32.0 / dp) / (16.0 / fma);
+}
+#endif
+
+/// Whether the bfloat16 forward multiplies its inputs in pairs on VDPBF16PS
+/// (TileTraits::bf16x2_products) rather than widening them to float tiles for the FMA
+/// products: where the CPU has the instruction and it runs at least as many FLOPs as FMA
+/// (dpbf16_over_fma >= 1; on the Xeon it ran at half, and the bf16 forward at 0.62x the float
+/// one). Decided once per process; KFA_HOST_BF16_PAIRS=1 or 0 in the environment forces it
+/// (tests run both paths so).
+inline bool bf16x2_pays() {
+#ifdef KFA_HOST_AVX512_BF16
+  static const bool pays = [] {
+    const char* force = std::getenv("KFA_HOST_BF16_PAIRS");
+    if (force && *force) return std::strcmp(force, "0") != 0;
+    return dpbf16_over_fma() >= 1.0;
+  }();
+  return pays;
+#else
+  return false;
+#endif
+}
 
 /// Bytes of the widest vector register the compiler may use for this translation unit.
 constexpr int widest_vector_bytes() {
@@ -376,6 +458,9 @@ struct TileOps<
   // one thread, which the host traits choose.
   static_assert(TileTraits<ExecSpace, T>::team_size == 1,
                 "host TileOps assume one-thread teams (host/traits.hpp)");
+
+  /// Whether gemm_bf16x2's pair products outrun the float ones on this CPU (host::bf16x2_pays).
+  static bool bf16x2_pays() { return host::bf16x2_pays(); }
 
   /// f(r, c) over a rows x cols tile as two loops: no division per element, and unit-stride
   /// inner loops the compiler vectorises where f allows.
