@@ -120,6 +120,6 @@ int main(int argc, char** argv) {
   kfa_bench::register_fma_peak();
   register_type<float>("float");
   register_type<double>("double");
-  register_type<kfa::bf16>("bf16");  // kfa only: the pair products where the host has them
+  register_type<kfa::bf16>("bf16");  // kfa only: the pair products where they pay (host/tile.hpp)
   return kfa_bench::run_main(argc, argv);
 }

@@ -90,8 +90,9 @@ BENCHMARK_TEMPLATE(BM_forward_term, float)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_forward, float)->Apply(shapes);
 BENCHMARK_TEMPLATE(BM_forward, double)->Apply(shapes);
-// 16-bit storage on the host: bf16 on the pair products where the CPU has AVX-512 BF16, half
-// widened to float tiles.
+// 16-bit storage on the host: bf16 on the pair products where the CPU has AVX-512 BF16 and they
+// outrun FMA (host::bf16x2_pays; KFA_HOST_BF16_PAIRS forces it), else widened to float tiles
+// as half always is.
 BENCHMARK_TEMPLATE(BM_forward, kfa::bf16)->Apply(shapes);
 BENCHMARK_TEMPLATE(BM_forward, kfa::half)->Apply(shapes);
 

@@ -126,6 +126,15 @@ inline int run_main(int argc, char** argv) {
     benchmark::AddCustomContext("kokkos_version", std::to_string(KOKKOS_VERSION));
     benchmark::AddCustomContext("kokkos_execution_space", Exec::name());
     benchmark::AddCustomContext("kokkos_configuration", cfg.str());
+#ifdef KFA_HOST_AVX512_BF16
+    // The host bf16 forward's products (host::bf16x2_pays) and, from a fresh probe, the
+    // VDPBF16PS / FMA FLOP ratio that decides them where KFA_HOST_BF16_PAIRS does not.
+    benchmark::AddCustomContext("kfa_host_bf16_products", kfa::backends::host::bf16x2_pays()
+                                                              ? "pairs (VDPBF16PS)"
+                                                              : "float (widened tiles)");
+    benchmark::AddCustomContext("kfa_host_dpbf16_over_fma",
+                                std::to_string(kfa::backends::host::dpbf16_over_fma()));
+#endif
     benchmark::Initialize(&argc, argv);
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();

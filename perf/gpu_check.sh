@@ -57,6 +57,9 @@ export PYTHONUNBUFFERED=1
 say "== GPU ($(date -u +%FT%TZ))"
 timeout 30 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv \
   2>&1 | tee -a "$SUMMARY"
+# Which kernels the build holds (KFA_CUDA_WARP_TILES, KFA_CUDA_WARP_BACKWARD, KFA_CUDA_TF32).
+say "build options: $(grep -E '^KFA_CUDA_[A-Z0-9_]+:' "$BUILD/CMakeCache.txt" 2>/dev/null |
+  tr '\n' ' ')"
 
 say "== tests on the device ($(left) s left)"
 # Each suite its own process (a crash ends one suite, not the step), 8 at a time on one GPU;

@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -204,6 +206,20 @@ TEST(NarrowPairs, Bf16MatchesFloatOnTheSameValues) {
         worst = std::max(worst, std::abs(narrow.o.data()[e] - wide.o.data()[e]));
       EXPECT_LE(worst, 3 * std::ldexp(vmax, -9));
     }
+}
+
+// The environment's choice of the bf16 path (KFA_HOST_BF16_PAIRS, host::bf16x2_pays) is the
+// one taken: ctest runs this suite with it forced both ways, and a forcing that were ignored
+// would leave one path untested while every case passed.
+TEST(NarrowPairs, ForcedPathIsTaken) {
+  using Ops = kfa::backends::TileOps<Exec, bf16>;
+  const char* force = std::getenv("KFA_HOST_BF16_PAIRS");
+  if (!kfa::backends::TileTraits<Exec, bf16>::bf16x2_products ||
+      !Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible)
+    GTEST_SKIP() << "no pair products in this build";
+  if (!force || (std::string(force) != "0" && std::string(force) != "1"))
+    GTEST_SKIP() << "KFA_HOST_BF16_PAIRS not set: the probe decides";
+  EXPECT_EQ(Ops::bf16x2_pays(), std::string(force) == "1");
 }
 
 }  // namespace

@@ -627,19 +627,26 @@ struct WarpKeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
           return static_cast<float>(delta_v(b, h0 + h, i));
         }
       } stats{kk.t.lse, kk.delta, b, h0};
+      // The gradients' views by value too (base::store's rule: one rounding, added when
+      // accumulating).
       struct Grads {
-        const WarpKeyValueKernel* kk;
+        decltype(Views::dq) dq_v;
+        decltype(Views::dk) dk_v;
+        decltype(Views::dv) dv_v;
         int b, hk, h0;
+        bool accumulate;
         KOKKOS_INLINE_FUNCTION void dq(int h, int i, int c, float x) const {
-          Kokkos::atomic_add(&kk->t.dq(b, h0 + h, i, c), x);
+          Kokkos::atomic_add(&dq_v(b, h0 + h, i, c), x);
         }
         KOKKOS_INLINE_FUNCTION void dk(int j, int c, float x) const {
-          kk->store(kk->t.dk(b, hk, j, c), x);
+          auto& out = dk_v(b, hk, j, c);
+          out = std::remove_reference_t<decltype(out)>(accumulate ? float(out) + x : x);
         }
         KOKKOS_INLINE_FUNCTION void dv(int j, int c, float x) const {
-          kk->store(kk->t.dv(b, hk, j, c), x);
+          auto& out = dv_v(b, hk, j, c);
+          out = std::remove_reference_t<decltype(out)>(accumulate ? float(out) + x : x);
         }
-      } grads{&kk, b, hk, h0};
+      } grads{kk.t.dq, kk.t.dk, kk.t.dv, b, hk, h0, kk.accumulate};
       ops::template warp_backward<HeadDim>(team, k0, nc, kk.group, kk.seqlen_q,
                                            static_cast<float>(kk.score.scale), k_row, v_row, q_row,
                                            do_row, stats, kk.mask, grads);

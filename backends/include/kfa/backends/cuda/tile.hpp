@@ -194,8 +194,8 @@ struct TileOps<Kokkos::Cuda, T, void> : PortableTileOps<accum_t<T>> {
 #endif
   }
 
-  /// Query rows per tile step of warp_backward at head dim d: 64 at 64, 32 at 128, where the
-  /// dK and dV accumulators take twice the registers and K_j twice the shared memory.
+  /// Query rows per tile step of warp_backward at head dim d: 64 at 64, 16 at 128, where the
+  /// dK and dV accumulators take twice the registers (32 rows spilled at sm_80).
   static constexpr int warp_backward_rows(int d) {
     return d <= 64 ? 64 : 16;
   }
@@ -223,6 +223,7 @@ struct TileOps<Kokkos::Cuda, T, void> : PortableTileOps<accum_t<T>> {
     using Kernel =
         cuda::WarpBackward<cuda::CudaWarp<Tag>, Tag, HeadDim, warp_backward_rows(HeadDim)>;
     static_assert(Kernel::shared_bytes() + 128 == warp_backward_scratch_bytes(HeadDim));
+    static_assert(Kernel::keys == warp_keys, "core cuts the key tiles by warp_keys");
     auto* smem = static_cast<std::uint16_t*>(
         team.team_scratch(0).get_shmem_aligned(Kernel::shared_bytes(), 128));
     Kernel::run(smem, k0, nc, heads, seqlen_q, scale, k_row, v_row, q_row, do_row, stats, mask,

@@ -39,26 +39,19 @@
 namespace kfa::backends::host {
 
 #ifdef KFA_HOST_AVX512_BF16
-/// FLOP/s of VDPBF16PS over FMA on this core (zmm, 12 independent chains each, the best of
-/// three short runs of both): about 2 on AMD Zen 4 (both instructions one a cycle, a
-/// VDPBF16PS two products a lane), 0.5 on the Intel Xeon this was measured on (VDPBF16PS one
-/// every two cycles, FMA two a cycle): 117 against 233 GFLOP/s.
+/// FLOP/s of VDPBF16PS over FMA on this core (zmm, 12 independent chains each; after an
+/// untimed warm-up of both, rounds alternate and the fastest of five counts): about 2 where
+/// both issue every cycle and a VDPBF16PS does two products a lane (the AVX-512 EPYC of the
+/// earlier pages ran bf16 1.3-2.1x float), 0.5 on the Intel Xeon of
+/// perf/results/2026-11-26-bf16-path-probe.md (117 against 233 GFLOP/s).
 inline double dpbf16_over_fma() {
-  const auto best_seconds = [](auto&& body) {
-    double best = 1e30;
-    for (int round = 0; round < 3; ++round) {
-      const auto t0 = std::chrono::steady_clock::now();
-      body();
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      best = s < best ? s : best;
-    }
-    return best;
-  };
   constexpr int steps = 4096;  // 49152 instructions a run: tens of microseconds
   volatile float sink = 0.0f;
-  const double fma = best_seconds([&] {
+  volatile float one = 1.0f, tiny = 0x1p-20f;  // opaque operands: nothing folds
+  const float a_value = one, b_value = tiny;
+  const auto run_fma = [&] {
     __m512 c[12];
-    const __m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(0x1p-20f);
+    const __m512 a = _mm512_set1_ps(a_value), b = _mm512_set1_ps(b_value);
 #pragma GCC unroll 12
     for (int i = 0; i < 12; ++i)
       c[i] = _mm512_set1_ps(float(i));
@@ -74,10 +67,11 @@ inline double dpbf16_over_fma() {
     alignas(64) float lanes[16];
     _mm512_store_ps(lanes, t);
     sink = sink + lanes[0];
-  });
-  const double dp = best_seconds([&] {
+  };
+  const auto run_dp = [&] {
     __m512 c[12];
-    const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3580);
+    const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(a_value), _mm512_set1_ps(a_value));
+    const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(b_value), _mm512_set1_ps(b_value));
 #pragma GCC unroll 12
     for (int i = 0; i < 12; ++i)
       c[i] = _mm512_set1_ps(float(i));
@@ -93,30 +87,42 @@ inline double dpbf16_over_fma() {
     alignas(64) float lanes[16];
     _mm512_store_ps(lanes, t);
     sink = sink + lanes[0];
-  });
+  };
+  const auto seconds = [](auto&& body) {
+    const auto t0 = std::chrono::steady_clock::now();
+    body();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  run_fma();  // warm-up: 512-bit units and clocks settle before anything is timed
+  run_dp();
+  double fma = 1e30, dp = 1e30;
+  for (int round = 0; round < 5; ++round) {
+    const double f = seconds(run_fma), d = seconds(run_dp);
+    fma = f < fma ? f : fma;
+    dp = d < dp ? d : dp;
+  }
   // Per instruction FMA does 16 products, VDPBF16PS 32.
   return (32.0 / dp) / (16.0 / fma);
 }
-#endif
 
 /// Whether the bfloat16 forward multiplies its inputs in pairs on VDPBF16PS
 /// (TileTraits::bf16x2_products) rather than widening them to float tiles for the FMA
-/// products: where the CPU has the instruction and it runs at least as many FLOPs as FMA
-/// (dpbf16_over_fma >= 1; on the Xeon it ran at half, and the bf16 forward at 0.62x the float
-/// one). Decided once per process; KFA_HOST_BF16_PAIRS=1 or 0 in the environment forces it
-/// (tests run both paths so).
+/// products: where VDPBF16PS runs at least as many FLOPs as FMA (dpbf16_over_fma >= 1; on
+/// the Xeon it ran at half, and the bf16 forward at 0.62x the float one). Decided once per
+/// process, the same for every call after; KFA_HOST_BF16_PAIRS=1 or 0 in the environment
+/// forces it (the tests run both paths so), any other value leaves it to the probe. The two
+/// paths round differently (P to bfloat16, or not), so results are bitwise repeatable for a
+/// given choice: pin it with the variable where runs on other machines must match.
 inline bool bf16x2_pays() {
-#ifdef KFA_HOST_AVX512_BF16
   static const bool pays = [] {
     const char* force = std::getenv("KFA_HOST_BF16_PAIRS");
-    if (force && *force) return std::strcmp(force, "0") != 0;
+    if (force && std::strcmp(force, "1") == 0) return true;
+    if (force && std::strcmp(force, "0") == 0) return false;
     return dpbf16_over_fma() >= 1.0;
   }();
   return pays;
-#else
-  return false;
-#endif
 }
+#endif
 
 /// Bytes of the widest vector register the compiler may use for this translation unit.
 constexpr int widest_vector_bytes() {
@@ -459,8 +465,15 @@ struct TileOps<
   static_assert(TileTraits<ExecSpace, T>::team_size == 1,
                 "host TileOps assume one-thread teams (host/traits.hpp)");
 
-  /// Whether gemm_bf16x2's pair products outrun the float ones on this CPU (host::bf16x2_pays).
-  static bool bf16x2_pays() { return host::bf16x2_pays(); }
+  /// Whether gemm_bf16x2's pair products outrun the float ones on this CPU (host::bf16x2_pays;
+  /// false where the build has no AVX-512 BF16).
+  static bool bf16x2_pays() {
+#ifdef KFA_HOST_AVX512_BF16
+    return host::bf16x2_pays();
+#else
+    return false;
+#endif
+  }
 
   /// f(r, c) over a rows x cols tile as two loops: no division per element, and unit-stride
   /// inner loops the compiler vectorises where f allows.
