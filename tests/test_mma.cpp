@@ -1276,6 +1276,34 @@ struct SimWarp {
   }
 };
 
+// Runs `body(tile)` on one simulated team: 128 threads as 4 warps of 32 lanes, each with its
+// ids set, and `tile` a 128-byte aligned shared memory of `bytes`. Returns the copies the lanes
+// left in flight (issued and never committed or waited for).
+template <class Body>
+int run_simulated_team(int bytes, const Body& body) {
+  SimTeam team;
+  std::vector<std::uint16_t> smem(std::size_t(bytes) / 2 + 64);
+  std::uint16_t* tile = smem.data();
+  while (reinterpret_cast<std::uintptr_t>(tile) % 128 != 0)
+    ++tile;
+  std::vector<std::thread> lanes;
+  std::atomic<int> in_flight{0};
+  for (int w = 0; w < 4; ++w)
+    for (int l = 0; l < 32; ++l)
+      lanes.emplace_back([&, w, l] {
+        sim_team = &team;
+        sim_warp = w;
+        sim_lane = l;
+        body(tile);
+        in_flight += int(sim_uncommitted.size() + sim_committed.size());
+        sim_uncommitted.clear();
+        sim_committed.clear();
+      });
+  for (auto& th : lanes)
+    th.join();
+  return in_flight.load();
+}
+
 // One team of the kernel on the simulator: 50 query rows against 150 keys (three key tiles,
 // the last partial). Masks: `band`, a band with a row that sees nothing, whose last tile is
 // hidden from every row and must be skipped; `lower`, the same without the band's upper edge
@@ -1358,31 +1386,14 @@ void check_simulated_team(SimMask mask, bool late) {
     void lse(int i, float x) { lse_data[i] = x; }
   } out{o.data(), lse.data()};
 
-  SimTeam team;
   sim_copies_late = late;
-  std::vector<std::uint16_t> smem(Kernel::shared_bytes() / 2 + 64);
-  std::uint16_t* tile = smem.data();
-  while (reinterpret_cast<std::uintptr_t>(tile) % 128 != 0)
-    ++tile;
-  std::vector<std::thread> lanes;
-  std::atomic<int> left_in_flight{0};
-  for (int w = 0; w < 4; ++w)
-    for (int l = 0; l < 32; ++l)
-      lanes.emplace_back([&, w, l] {
-        sim_team = &team;
-        sim_warp = w;
-        sim_lane = l;
-        Kernel::run(
-            tile, 0, nq, 0, nk, [&](int i) { return qb.data() + std::size_t(i) * D; },
-            [&](int j) { return kb.data() + std::size_t(j) * D; },
-            [&](int j) { return vb.data() + std::size_t(j) * D; }, score, out);
-        left_in_flight += int(sim_uncommitted.size() + sim_committed.size());
-        sim_uncommitted.clear();
-        sim_committed.clear();
-      });
-  for (auto& th : lanes)
-    th.join();
-  EXPECT_EQ(left_in_flight.load(), 0) << "copies never waited for";
+  const int left_in_flight = run_simulated_team(Kernel::shared_bytes(), [&](std::uint16_t* tile) {
+    Kernel::run(
+        tile, 0, nq, 0, nk, [&](int i) { return qb.data() + std::size_t(i) * D; },
+        [&](int j) { return kb.data() + std::size_t(j) * D; },
+        [&](int j) { return vb.data() + std::size_t(j) * D; }, score, out);
+  });
+  EXPECT_EQ(left_in_flight, 0) << "copies never waited for";
 
   for (int i = 0; i < nq; ++i) {
     std::vector<double> z(nk, -INFINITY);
@@ -1564,32 +1575,14 @@ void check_simulated_backward(SimMask mask, bool late) {
   int left_in_flight = 0;
   for (int k0 = 0; k0 < nk; k0 += Kernel::keys) {
     const int nc = std::min(Kernel::keys, nk - k0);
-    SimTeam team;
-    std::vector<std::uint16_t> smem(Kernel::shared_bytes() / 2 + 64);
-    std::uint16_t* tile = smem.data();
-    while (reinterpret_cast<std::uintptr_t>(tile) % 128 != 0)
-      ++tile;
-    std::vector<std::thread> lanes;
-    std::atomic<int> in_flight{0};
-    for (int w = 0; w < 4; ++w)
-      for (int l = 0; l < 32; ++l)
-        lanes.emplace_back([&, w, l] {
-          sim_team = &team;
-          sim_warp = w;
-          sim_lane = l;
-          Kernel::run(
-              tile, k0, nc, heads, nq, float(scale),
-              [&](int j) { return kb.data() + std::size_t(j) * D; },
-              [&](int j) { return vb.data() + std::size_t(j) * D; },
-              [&](int h, int i) { return qb.data() + at(h, i) * D; },
-              [&](int h, int i) { return dob.data() + at(h, i) * D; }, stats, masks, grads);
-          in_flight += int(sim_uncommitted.size() + sim_committed.size());
-          sim_uncommitted.clear();
-          sim_committed.clear();
-        });
-    for (auto& th : lanes)
-      th.join();
-    left_in_flight += in_flight.load();
+    left_in_flight += run_simulated_team(Kernel::shared_bytes(), [&](std::uint16_t* tile) {
+      Kernel::run(
+          tile, k0, nc, heads, nq, float(scale),
+          [&](int j) { return kb.data() + std::size_t(j) * D; },
+          [&](int j) { return vb.data() + std::size_t(j) * D; },
+          [&](int h, int i) { return qb.data() + at(h, i) * D; },
+          [&](int h, int i) { return dob.data() + at(h, i) * D; }, stats, masks, grads);
+    });
   }
   EXPECT_EQ(left_in_flight, 0) << "copies never waited for";
 
