@@ -9,15 +9,16 @@
 # can come from a machine without a GPU: nvcc compiles for the GPU's architecture
 # (Kokkos_ARCH_HOPPER90 / AMPERE80) without one. SECONDS (default 540) bounds the whole run;
 # each step gets its own share and is cut at it, so one slow step leaves the others their time.
-# COMPARE: "all" (default) or "forward" (step 5's forward comparison only).
+# COMPARE: "all" (default), "forward" (step 5's forward comparison only) or "backward" (its
+# backward and forward + backward comparison only, bf16 and half).
 #
 # Steps, each writing under RESULTS (logs/ and results/, then tarred as logs.tar.gz and
 # results.tar.gz after every step, so a run cut short still leaves what it finished):
 # 1. the GPU and its driver (nvidia-smi);
 # 2. every test suite on the device, 8 at a time (the float64 oracle runs on the host), with
 #    a pass/fail line each in summary.txt;
-# 3. compute-sanitizer racecheck and memcheck on one 16-bit forward and backward suite case
-#    (the register path and the tile path);
+# 3. compute-sanitizer racecheck and memcheck on one 16-bit forward suite case and two backward
+#    ones (the register kernels' shapes, then head dims that take the tile kernels too);
 # 4. the kernels' resources (cuobjdump --dump-resource-usage) and the SASS instruction mix per
 #    kernel (HMMA, LDSM, LDGSTS, LDS, STS, BAR, MUFU, all);
 # 5. perf/compare_gpu.py against PyTorch's SDPA: the forward (bf16, half, float) first, then
@@ -27,7 +28,7 @@
 # arguments.
 set -u
 usage() {
-  echo "usage: $0 BUILD RESULTS [SECONDS [all|forward]]" >&2
+  echo "usage: $0 BUILD RESULTS [SECONDS [all|forward|backward]]" >&2
   exit 2
 }
 [ $# -ge 2 ] || usage
@@ -36,7 +37,7 @@ OUT=$2
 BUDGET=${3:-540}
 COMPARE=${4:-all}
 case $BUDGET in '' | *[!0-9]*) usage ;; esac
-case $COMPARE in all | forward) ;; *) usage ;; esac
+case $COMPARE in all | forward | backward) ;; *) usage ;; esac
 [ -x "$BUILD/perf/bench_gpu" ] || { echo "gpu_check: no $BUILD/perf/bench_gpu" >&2; exit 2; }
 HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$OUT/logs" "$OUT/results" || exit 2
@@ -83,10 +84,11 @@ grep -h '^\[  FAILED  \]' "$OUT"/logs/test_*.log 2>/dev/null | sort -u | head -4
 pack
 
 say "== compute-sanitizer ($(left) s left)"
-san_cap=$(cap $(( BUDGET * 16 / 100 / 4 )))
+san_cap=$(cap $(( BUDGET * 30 / 100 / 6 )))
 if command -v compute-sanitizer >/dev/null && [ -x "$BUILD/tests/test_narrow_cuda" ]; then
   for tool in racecheck memcheck; do
-    for f in 'NarrowTest/0.ForwardHeadDimsAndSeqlens' 'NarrowTest/0.BackwardHeadDims'; do
+    for f in 'NarrowTest/0.ForwardHeadDimsAndSeqlens' 'NarrowTest/0.BackwardRegisterShapes' \
+      'NarrowTest/0.BackwardHeadDims'; do
       log=$OUT/logs/sanitizer-$tool-${f//[^A-Za-z0-9]/_}.log
       timeout -k 5 "$san_cap" compute-sanitizer --tool "$tool" --print-limit 20 \
         "$BUILD/tests/test_narrow_cuda" --gtest_filter="$f" >"$log" 2>&1
@@ -134,6 +136,8 @@ compare() {  # NAME CAP compare_gpu.py args...
 }
 if [ "$COMPARE" = forward ]; then
   compare gpu-forward $(( $(left) - 10 )) --passes fwd --types bf16,half,float
+elif [ "$COMPARE" = backward ]; then
+  compare gpu-backward $(( $(left) - 10 )) --passes bwd,fwd_bwd --types bf16,half
 else
   compare gpu-forward $(( $(left) * 40 / 100 )) --passes fwd --types bf16,half,float
   compare gpu-backward $(( $(left) - 10 )) --passes bwd,fwd_bwd --types bf16,float

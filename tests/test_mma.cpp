@@ -1274,6 +1274,21 @@ struct SimWarp {
   static float quad_sum(float v) {
     return quad(v, [](float a, float b) { return a + b; });
   }
+  static float lane_pair(float v) {
+    SimTeam::Exchange& x = exchange();
+    x.value[std::size_t(sim_lane)] = v;
+    warp_sync();
+    const float r = x.value[std::size_t(sim_lane ^ 1)];
+    warp_sync();
+    return r;
+  }
+  // The device's red.global.add.v4.f32 needs 16 bytes; the team's lanes add to distinct
+  // elements (teams run one at a time), so plain adds are its emulation.
+  static void add4(float* p, const float (&x)[4]) {
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 16, 0u) << "add4 off 16 bytes";
+    for (int e = 0; e < 4; ++e)
+      p[e] += x[e];
+  }
 };
 
 // Runs `body(tile)` on one simulated team: 128 threads as 4 warps of 32 lanes, each with its
@@ -1560,7 +1575,7 @@ void check_simulated_backward(SimMask mask, bool late) {
     float* dv_data;
     int* dk_count;
     int* dv_count;
-    void dq(int h, int i, int c, float x) { dq_data[(std::size_t(h) * nq + i) * D + c] += x; }
+    float* dq_row(int h, int i) const { return dq_data + (std::size_t(h) * nq + i) * D; }
     void dk(int j, int c, float x) {
       dk_data[std::size_t(j) * D + c] = x;
       ++dk_count[std::size_t(j) * D + c];

@@ -92,6 +92,19 @@ TYPED_TEST(NarrowTest, BackwardHeadDims) {
   check_backward_case<T>({1, 1, 1, 1023, 1024, 64}, deterministic({}));
 }
 
+// The shapes of the register-resident backward (CUDA, 16-bit, head dims 64 and 128, atomic dQ)
+// with GQA, causal and not, small enough for compute-sanitizer's racecheck; elsewhere the tile
+// kernels run them.
+TYPED_TEST(NarrowTest, BackwardRegisterShapes) {
+  using T = TypeParam;
+  kfa::Params causal;
+  causal.causal = true;
+  for (int d : {64, 128}) {
+    check_backward_case<T>({1, 2, 1, 100, 150, d}, kfa::Params{});
+    check_backward_case<T>({1, 2, 1, 150, 100, d}, causal);
+  }
+}
+
 // Split-KV and dropout go through the same conversions.
 TYPED_TEST(NarrowTest, SplitsAndDropout) {
   using T = TypeParam;

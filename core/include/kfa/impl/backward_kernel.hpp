@@ -562,7 +562,7 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
 /// head, tile of TileOps::warp_keys keys) walks the query heads of its group and the query
 /// tiles the mask leaves visible, as KeyValueKernel does with atomic dQ. Taken (`takes`) for
 /// softmax attention at the head dims it has with Dv = D, dQ into a float accumulator, every
-/// row of q, k, v and dout on 16 bytes, and neither dropout, softcap nor an additive term; the
+/// row of q, k, v, dout and dq on 16 bytes, and neither dropout, softcap nor an additive term; the
 /// tile kernels run everything else.
 template <class ExecSpace, class T, class Views, class Rule = SoftmaxRule>
 struct WarpKeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
@@ -588,7 +588,8 @@ struct WarpKeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
     if constexpr (possible)
       return ops::warp_head_dim(c.head_dim) && c.head_dim_v == c.head_dim && !c.dropout.enabled &&
              c.score.identity() && base::rows_on_16_bytes(c.t.q) && base::rows_on_16_bytes(c.t.k) &&
-             base::rows_on_16_bytes(c.t.v) && base::rows_on_16_bytes(c.t.dout);
+             base::rows_on_16_bytes(c.t.v) && base::rows_on_16_bytes(c.t.dout) &&
+             base::rows_on_16_bytes(c.t.dq);
     (void)c;
     return false;
   }
@@ -635,9 +636,7 @@ struct WarpKeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
         decltype(Views::dv) dv_v;
         int b, hk, h0;
         bool accumulate;
-        KOKKOS_INLINE_FUNCTION void dq(int h, int i, int c, float x) const {
-          Kokkos::atomic_add(&dq_v(b, h0 + h, i, c), x);
-        }
+        KOKKOS_INLINE_FUNCTION float* dq_row(int h, int i) const { return &dq_v(b, h0 + h, i, 0); }
         KOKKOS_INLINE_FUNCTION void dk(int j, int c, float x) const {
           auto& out = dk_v(b, hk, j, c);
           out = std::remove_reference_t<decltype(out)>(accumulate ? float(out) + x : x);

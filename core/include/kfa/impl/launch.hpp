@@ -70,12 +70,14 @@ struct TeamKernel {
     });
   }
 
-  /// Whether every row of a view of 16-bit elements starts on 16 bytes (unit stride inside a
-  /// row is checked by validation): the register-resident kernels copy rows in 16-byte pieces.
+  /// Whether every row of a rank-4 view starts on 16 bytes (unit stride inside a row is
+  /// checked by validation): the register-resident kernels copy 16-bit rows in 16-byte pieces
+  /// and add float dQ four columns at a time.
   template <class View>
   static bool rows_on_16_bytes(const View& x) {
-    return reinterpret_cast<std::uintptr_t>(x.data()) % 16 == 0 && x.stride(0) % 8 == 0 &&
-           x.stride(1) % 8 == 0 && x.stride(2) % 8 == 0;
+    constexpr std::size_t size = sizeof(typename View::value_type);
+    return reinterpret_cast<std::uintptr_t>(x.data()) % 16 == 0 && x.stride(0) * size % 16 == 0 &&
+           x.stride(1) * size % 16 == 0 && x.stride(2) * size % 16 == 0;
   }
 
   /// Runs `kernel` (named `label`) over `league` teams of traits::team_size threads (AUTO

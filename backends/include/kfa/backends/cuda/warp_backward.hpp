@@ -81,8 +81,9 @@ struct WarpBackward {
   /// `q_row(h, i)`, `do_row(h, i)`: query i's of head h (h in [0, heads)); `stats.lse(h, i)`
   /// (natural units, -inf for a row that saw no key) and `stats.delta(h, i)` (rowsum(dO O));
   /// `mask.tile_visible(q0, n, k0, nc)`, `mask.tile_inside(q0, n, k0, nc)` (every row sees every
-  /// key) and `mask.visible(i, j)`, the same for every head; `grads.dq(h, i, c, x)` adds x to
-  /// dQ (atomically: other teams add to the same rows), `grads.dk(j, c, x)` and
+  /// key) and `mask.visible(i, j)`, the same for every head; `grads.dq_row(h, i)`: query i's
+  /// float dQ row, 16-byte aligned, which the team adds to by W::add4 (atomically: other teams
+  /// add to the same rows), `grads.dk(j, c, x)` and
   /// `grads.dv(j, c, x)` receive the team's sums over its heads, keys below k0 + nc only.
   /// Scores are scale q.k. `smem` holds shared_bytes(); run ends without a barrier.
   template <class KRow, class VRow, class QRow, class DoRow, class Stats, class Mask, class Grads>
@@ -109,15 +110,24 @@ struct WarpBackward {
       }
       return s;
     };
-    // Q_i, dO_i by copies (committed by the caller) and LSE (base 2), delta by loads.
+    // Q_i, dO_i by copies (committed by the caller) and LSE, delta by loads into registers
+    // (thread t < QR: row t's LSE; 64 <= t < 64 + QR: row t - 64's delta), which put_stats
+    // stores in shared memory at the top of the step, not at once: the load's latency then
+    // hides behind the dQ products instead of stalling the warp before them.
+    const int stat_row = t < 64 ? t : t - 64;
+    const bool stat_thread = stat_row < QR;
+    bool stat_valid = false;
+    float stat = 0.0f;
     const auto stage_step = [&](int s) {
       const int h = s / q_tiles, q0 = s % q_tiles * QR, nq = tile_rows(q0);
       Stager::template stage<QR>(qs, q0, nq, [&](int i) { return q_row(h, i); });
       Stager::template stage<QR>(dos, q0, nq, [&](int i) { return do_row(h, i); });
-      if (t < QR)
-        lse_s[t] = t < nq ? stats.lse(h, q0 + t) * log2e : -INFINITY;  // P = 0 past the rows
-      else if (t >= 64 && t - 64 < QR)
-        delta_s[t - 64] = t - 64 < nq ? stats.delta(h, q0 + t - 64) : 0.0f;
+      stat_valid = stat_thread && stat_row < nq;
+      if (stat_valid) stat = t < 64 ? stats.lse(h, q0 + stat_row) : stats.delta(h, q0 + stat_row);
+    };
+    const auto put_stats = [&] {  // LSE in base 2, -inf past the rows (P = 0 there)
+      if (stat_thread && t < 64) lse_s[stat_row] = stat_valid ? stat * log2e : -INFINITY;
+      if (stat_thread && t >= 64) delta_s[stat_row] = stat_valid ? stat : 0.0f;
     };
 
     // K_j, and V_j through the Q and dO buffers, v_rows keys at a time; this warp's A
@@ -160,6 +170,7 @@ struct WarpBackward {
     }
     while (s < heads * q_tiles) {
       const int h = s / q_tiles, q0 = s % q_tiles * QR, nq = tile_rows(q0);
+      put_stats();
       W::cp_async_wait_all();  // Q_i, dO_i
       W::barrier();            // ... seen by all, with LSE and delta; dS^T of the last step read
 
@@ -273,13 +284,20 @@ struct WarpBackward {
           W::mma(dq[n0 / 8 + 1], a, FragB<Tag>{{b[2], b[3]}});
         }
       }
+      // Four columns of one row a lane, added by one W::add4: lanes 2u and 2u + 1 swap half
+      // their fragment, the even lane taking row g's columns 4u..4u+3 of the n8 block and the
+      // odd lane row g + 8's.
+      const bool odd = lane & 1;
+      const int i = q0 + 16 * rb + group_id(lane) + (odd ? 8 : 0);
+      const int col = c0 + 4 * (thread_in_group(lane) >> 1);
+      float* const dq_row = i < q0 + nq ? grads.dq_row(h, i) : nullptr;
       KFA_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int i = q0 + 16 * rb + c_coord(lane, e).row;
-        if (i >= q0 + nq) continue;
-        KFA_UNROLL
-        for (int n = 0; n < part_cols / 8; ++n)
-          grads.dq(h, i, c0 + 8 * n + c_coord(lane, e).col, scale * dq[n].x[e]);
+      for (int n = 0; n < part_cols / 8; ++n) {
+        const float* x = dq[n].x;
+        const float r0 = W::lane_pair(odd ? x[0] : x[2]), r1 = W::lane_pair(odd ? x[1] : x[3]);
+        const float sum[4] = {scale * (odd ? r0 : x[0]), scale * (odd ? r1 : x[1]),
+                              scale * (odd ? x[2] : r0), scale * (odd ? x[3] : r1)};
+        if (dq_row) W::add4(dq_row + col + 8 * n, sum);
       }
       s = s1;
     }

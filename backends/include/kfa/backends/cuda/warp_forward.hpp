@@ -285,6 +285,21 @@ struct CudaWarp {
   __device__ static float quad_max(float v) { return cuda::quad_max(v); }
   /// The quad's sum.
   __device__ static float quad_sum(float v) { return cuda::quad_sum(v); }
+  /// v of the lane whose id differs from this lane's in bit 0.
+  __device__ static float lane_pair(float v) { return __shfl_xor_sync(0xffffffffu, v, 1); }
+  /// p[0..3] += x[0..3] in global memory, atomically per element; p on 16 bytes. One
+  /// red.global.add.v4.f32 on sm_90 and newer (a quarter of the memory instructions), four
+  /// atomicAdd before.
+  __device__ static void add4(float* p, const float (&x)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(__cvta_generic_to_global(p)),
+                 "f"(x[0]), "f"(x[1]), "f"(x[2]), "f"(x[3])
+                 : "memory");
+#else
+    for (int e = 0; e < 4; ++e)
+      atomicAdd(p + e, x[e]);
+#endif
+  }
 };
 #endif  // __CUDACC__
 

@@ -26,6 +26,20 @@ namespace kfa::backends::cuda {
 /// log2(e): scores are multiplied by it once so that exp(x - m) = exp2(x' - m').
 inline constexpr float log2e = 1.4426950408889634f;
 
+/// 2^x. On the device one ex2.approx.ftz.f32 (MUFU.EX2: about 2 ulp, results below 2^-126
+/// flushed to zero, exp2(-inf) = 0), where exp2f adds a range test and two multiplies to each
+/// call for subnormal results, which P, rounded to 16 bits next, does not need; std::exp2 on
+/// the host, whose simulator checks layouts and indices against double, not this rounding.
+KFA_MMA_FUNCTION float fast_exp2(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return std::exp2(x);
+#endif
+}
+
 /// Two finite floats rounded to bfloat16 in one register, lo in the low half: the rounding
 /// of pack2 (nearest, ties to even), by one cvt.rn.bf16x2.f32 on sm_80 and newer instead of
 /// integer arithmetic. The two differ only in the payload of a NaN.
@@ -99,13 +113,13 @@ KFA_MMA_FUNCTION void softmax_update(FragC (&s)[NB], RowState& rows, const float
   for (int h = 0; h < 2; ++h) {
     const float m_new = fmaxf(rows.m[h], tile_max[h]);
     const float base = m_new == -INFINITY ? 0.0f : m_new;
-    alpha[h] = exp2f(rows.m[h] - base);
+    alpha[h] = fast_exp2(rows.m[h] - base);
     float sum = 0.0f;
     KFA_UNROLL
     for (int nb = 0; nb < NB; ++nb) {
       KFA_UNROLL
       for (int e = 2 * h; e < 2 * h + 2; ++e) {
-        s[nb].x[e] = exp2f(s[nb].x[e] - base);
+        s[nb].x[e] = fast_exp2(s[nb].x[e] - base);
         sum += s[nb].x[e];
       }
     }
@@ -162,7 +176,7 @@ KFA_MMA_FUNCTION void probabilities(FragC (&st)[NB], const float (&lse)[NB][2]) 
     KFA_UNROLL
     for (int e = 0; e < 4; ++e) {
       const float l = lse[nb][e & 1];
-      st[nb].x[e] = l == -INFINITY ? 0.0f : exp2f(st[nb].x[e] - l);
+      st[nb].x[e] = l == -INFINITY ? 0.0f : fast_exp2(st[nb].x[e] - l);
     }
   }
 }
