@@ -9,8 +9,8 @@
 # can come from a machine without a GPU: nvcc compiles for the GPU's architecture
 # (Kokkos_ARCH_HOPPER90 / AMPERE80) without one. SECONDS (default 540) bounds the whole run;
 # each step gets its own share and is cut at it, so one slow step leaves the others their time.
-# COMPARE: "all" (default), "forward" (step 5's forward comparison only) or "backward" (its
-# backward and forward + backward comparison only, bf16 and half).
+# COMPARE: "all" (default), "forward" (step 5's forward comparison only) or "narrow" (bf16 and
+# half only: the forward, then the backward and forward + backward).
 #
 # Steps, each writing under RESULTS (logs/ and results/, then tarred as logs.tar.gz and
 # results.tar.gz after every step, so a run cut short still leaves what it finished):
@@ -18,17 +18,21 @@
 # 2. every test suite on the device, 8 at a time (the float64 oracle runs on the host), with
 #    a pass/fail line each in summary.txt;
 # 3. compute-sanitizer racecheck and memcheck on one 16-bit forward suite case and two backward
-#    ones (the register kernels' shapes, then head dims that take the tile kernels too);
+#    ones (the register kernels' shapes, then head dims that take the tile kernels too), each
+#    run cut at its share;
 # 4. the kernels' resources (cuobjdump --dump-resource-usage) and the SASS instruction mix per
 #    kernel (HMMA, LDSM, LDGSTS, LDS, STS, BAR, MUFU, all);
 # 5. perf/compare_gpu.py against PyTorch's SDPA: the forward (bf16, half, float) first, then
 #    the backward and forward + backward (bf16, float), N = 1024, 4096, 16384, D = 64, 128,
 #    causal and not, 16k tokens x 16 heads.
+# With KFA_GPU_CHECK_ARCHIVES_ONLY=1 the run ends by removing logs/ and results/, leaving
+# summary.txt, logs.tar.gz and results.tar.gz (for a way back from the GPU machine that carries
+# only a few files).
 # Exit status: 0 when every suite passed and no step failed or was cut, 1 otherwise, 2 on bad
 # arguments.
 set -u
 usage() {
-  echo "usage: $0 BUILD RESULTS [SECONDS [all|forward|backward]]" >&2
+  echo "usage: $0 BUILD RESULTS [SECONDS [all|forward|narrow]]" >&2
   exit 2
 }
 [ $# -ge 2 ] || usage
@@ -37,7 +41,7 @@ OUT=$2
 BUDGET=${3:-540}
 COMPARE=${4:-all}
 case $BUDGET in '' | *[!0-9]*) usage ;; esac
-case $COMPARE in all | forward | backward) ;; *) usage ;; esac
+case $COMPARE in all | forward | narrow) ;; *) usage ;; esac
 [ -x "$BUILD/perf/bench_gpu" ] || { echo "gpu_check: no $BUILD/perf/bench_gpu" >&2; exit 2; }
 HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$OUT/logs" "$OUT/results" || exit 2
@@ -84,18 +88,23 @@ grep -h '^\[  FAILED  \]' "$OUT"/logs/test_*.log 2>/dev/null | sort -u | head -4
 pack
 
 say "== compute-sanitizer ($(left) s left)"
-san_cap=$(cap $(( BUDGET * 30 / 100 / 6 )))
+# 30 % of the budget over six runs, each given an equal share of what the earlier ones left;
+# the register kernels first, the tile path's slower backward case last.
+san_end=$(( $(date +%s) + BUDGET * 30 / 100 ))
+runs=(racecheck:BackwardRegisterShapes racecheck:ForwardHeadDimsAndSeqlens
+  memcheck:BackwardRegisterShapes memcheck:ForwardHeadDimsAndSeqlens
+  racecheck:BackwardHeadDims memcheck:BackwardHeadDims)
 if command -v compute-sanitizer >/dev/null && [ -x "$BUILD/tests/test_narrow_cuda" ]; then
-  for tool in racecheck memcheck; do
-    for f in 'NarrowTest/0.ForwardHeadDimsAndSeqlens' 'NarrowTest/0.BackwardRegisterShapes' \
-      'NarrowTest/0.BackwardHeadDims'; do
-      log=$OUT/logs/sanitizer-$tool-${f//[^A-Za-z0-9]/_}.log
-      timeout -k 5 "$san_cap" compute-sanitizer --tool "$tool" --print-limit 20 \
-        "$BUILD/tests/test_narrow_cuda" --gtest_filter="$f" >"$log" 2>&1
-      rc=$?
-      [ $rc -eq 0 ] || status=1
-      say "$tool $f rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$log" | tr '\n' ' ')"
-    done
+  for i in "${!runs[@]}"; do
+    tool=${runs[$i]%%:*}
+    f=NarrowTest/0.${runs[$i]#*:}
+    san_cap=$(cap $(( (san_end - $(date +%s)) / (${#runs[@]} - i) )))
+    log=$OUT/logs/sanitizer-$tool-${f//[^A-Za-z0-9]/_}.log
+    timeout -k 5 "$san_cap" compute-sanitizer --tool "$tool" --print-limit 20 \
+      "$BUILD/tests/test_narrow_cuda" --gtest_filter="$f" >"$log" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] || status=1
+    say "$tool $f rc=$rc (${san_cap} s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$log" | tr '\n' ' ')"
   done
 else
   say "no compute-sanitizer or no test_narrow_cuda: skipped"
@@ -136,7 +145,8 @@ compare() {  # NAME CAP compare_gpu.py args...
 }
 if [ "$COMPARE" = forward ]; then
   compare gpu-forward $(( $(left) - 10 )) --passes fwd --types bf16,half,float
-elif [ "$COMPARE" = backward ]; then
+elif [ "$COMPARE" = narrow ]; then
+  compare gpu-forward $(( $(left) * 35 / 100 )) --passes fwd --types bf16,half
   compare gpu-backward $(( $(left) - 10 )) --passes bwd,fwd_bwd --types bf16,half
 else
   compare gpu-forward $(( $(left) * 40 / 100 )) --passes fwd --types bf16,half,float
@@ -144,4 +154,5 @@ else
 fi
 say "== done ($(left) s left, status $status)"
 pack
+[ "${KFA_GPU_CHECK_ARCHIVES_ONLY:-0}" = 1 ] && rm -rf "$OUT/logs" "$OUT/results"
 exit $status

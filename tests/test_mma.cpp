@@ -1035,7 +1035,7 @@ void check_warp_backward() {
         float& x = st[lane][n].x[e];
         x = visible(i, j) ? x * float(scale) * kc::log2e : -INFINITY;
       }
-    kc::probabilities(st[lane], lse2);
+    kc::probabilities<true>(st[lane], lse2);
     kc::score_gradients(dpt[lane], st[lane], dl);
   }
   // dV_j = P^T dO_i and dK_j = dS^T Q_i (times scale): A from the accumulators, B by .trans.
@@ -1189,7 +1189,9 @@ std::array<std::array<std::pair<int, int>, Cols>, Rows> invert(const Entry* tabl
   return at;
 }
 
-template <class Tag>
+// Sm90: the warp stands for sm_90 and newer (W::sm90: dQ four columns at once, LSE and delta
+// held in registers) or for sm_80.
+template <class Tag, bool Sm90 = true>
 struct SimWarp {
   static int lane() { return sim_lane; }
   static int warp() { return sim_warp; }
@@ -1282,9 +1284,15 @@ struct SimWarp {
     warp_sync();
     return r;
   }
-  // The device's red.global.add.v4.f32 needs 16 bytes; the team's lanes add to distinct
-  // elements (teams run one at a time), so plain adds are its emulation.
+  // The team's lanes add to distinct elements (teams run one at a time), so plain adds emulate
+  // the device's atomics; its red.global.add.v4.f32 needs 16 bytes.
+  static constexpr bool sm90 = Sm90;
+  static void add(float* p, float x) {
+    EXPECT_FALSE(Sm90) << "dQ by elements on sm_90";
+    *p += x;
+  }
   static void add4(float* p, const float (&x)[4]) {
+    EXPECT_TRUE(Sm90) << "dQ by fours before sm_90";
     EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 16, 0u) << "add4 off 16 bytes";
     for (int e = 0; e < 4; ++e)
       p[e] += x[e];
@@ -1469,12 +1477,13 @@ TEST(WarpForward, SimulatedTeamF16D128) {
 // visit no query tile and must write zero dK and dV; row 7 sees no key). dQ, dK and dV against
 // the gradients of softmax attention in double on the same 16-bit inputs, with the LSE and
 // delta = rowsum(dO O) of that reference passed in as the device gets the forward's.
-template <class Tag, int D, int QR>
+template <class Tag, int D, int QR, bool Sm90 = true>
 void check_simulated_backward(SimMask mask, bool late) {
   SCOPED_TRACE(std::string(Type<Tag>::name) + ", D = " + std::to_string(D) +
                ", QR = " + std::to_string(QR) + ", mask " + std::to_string(int(mask)) +
-               (late ? ", copies late" : ", copies at once"));
-  using Kernel = kc::WarpBackward<SimWarp<Tag>, Tag, D, QR>;
+               (late ? ", copies late" : ", copies at once") +
+               (Sm90 ? ", as on sm_90" : ", as on sm_80"));
+  using Kernel = kc::WarpBackward<SimWarp<Tag, Sm90>, Tag, D, QR>;
   constexpr int heads = 2, nq = 70, nk = 150;
   const double u = unit_roundoff<Tag>;
   const double scale = 1.0 / std::sqrt(double(D));
@@ -1642,6 +1651,10 @@ TEST(WarpBackward, SimulatedTeamBf16D64) {
 }
 TEST(WarpBackward, SimulatedTeamBf16D64Rows32) {  // a tile size the device does not run today
   check_simulated_backward<kc::bf16_tag, 64, 32>(SimMask::band, true);
+}
+TEST(WarpBackward, SimulatedTeamSm80) {  // dQ by elements, LSE and delta stored at once
+  check_simulated_backward<kc::bf16_tag, 64, 64, false>(SimMask::band, true);
+  check_simulated_backward<kc::f16_tag, 128, 16, false>(SimMask::lower, false);
 }
 TEST(WarpBackward, SimulatedTeamF16D128) {
   // Copies late with two masks, at once with the other two (each mode fails its mutant).

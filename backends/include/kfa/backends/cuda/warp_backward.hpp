@@ -64,6 +64,19 @@ struct WarpBackward {
 
   using Stager = WarpForward<W, Tag, D>;  ///< the 16-byte copies of rows into swizzled tiles
 
+  /// dQ added four columns of a row a lane (W::add4, one red.global.add.v4.f32 on sm_90): 1.03-
+  /// 1.19x on an H100. Before sm_90 add4 is four atomics, and gathering the columns costs
+  /// shuffles and registers for nothing: there each lane adds its own elements (W::add).
+  static constexpr bool dq_by_fours = W::sm90;
+  /// LSE and delta loaded into registers with the tile's copies and stored to shared memory at
+  /// the next step's top, their latency hidden behind the dQ products (on an H100, with P by
+  /// fast_exp2: 1.02-1.16x); at sm_80 the two registers held across the loop made the kernel
+  /// spill (12 bytes at D = 64), so there they are stored as they arrive.
+  static constexpr bool stats_held = W::sm90;
+  /// P by fast_exp2 (one ex2.approx.ftz) on sm_90 and newer; by exp2f before, where the
+  /// instructions fast_exp2 saves would cost a spill (12 bytes at D = 64 on sm_80).
+  static constexpr bool fast_p = W::sm90;
+
   /// Offsets (16-bit elements) in shared memory: K_j,
   static constexpr int k_at = 0;
   /// Q_i,
@@ -82,8 +95,8 @@ struct WarpBackward {
   /// (natural units, -inf for a row that saw no key) and `stats.delta(h, i)` (rowsum(dO O));
   /// `mask.tile_visible(q0, n, k0, nc)`, `mask.tile_inside(q0, n, k0, nc)` (every row sees every
   /// key) and `mask.visible(i, j)`, the same for every head; `grads.dq_row(h, i)`: query i's
-  /// float dQ row, 16-byte aligned, which the team adds to by W::add4 (atomically: other teams
-  /// add to the same rows), `grads.dk(j, c, x)` and
+  /// float dQ row, 16-byte aligned, which the team adds to by W::add4 or W::add (atomically:
+  /// other teams add to the same rows), `grads.dk(j, c, x)` and
   /// `grads.dv(j, c, x)` receive the team's sums over its heads, keys below k0 + nc only.
   /// Scores are scale q.k. `smem` holds shared_bytes(); run ends without a barrier.
   template <class KRow, class VRow, class QRow, class DoRow, class Stats, class Mask, class Grads>
@@ -110,24 +123,31 @@ struct WarpBackward {
       }
       return s;
     };
-    // Q_i, dO_i by copies (committed by the caller) and LSE, delta by loads into registers
-    // (thread t < QR: row t's LSE; 64 <= t < 64 + QR: row t - 64's delta), which put_stats
-    // stores in shared memory at the top of the step, not at once: the load's latency then
-    // hides behind the dQ products instead of stalling the warp before them.
+    // Q_i, dO_i by copies (committed by the caller) and LSE, delta by loads (thread t < QR:
+    // row t's LSE in base 2, -inf past the rows so that P = 0 there; 64 <= t < 64 + QR: row
+    // t - 64's delta), stored in shared memory at once or, stats_held, by put_stats at the top
+    // of the step.
     const int stat_row = t < 64 ? t : t - 64;
     const bool stat_thread = stat_row < QR;
     bool stat_valid = false;
     float stat = 0.0f;
+    const auto put_stats = [&] {
+      if (stat_thread && t < 64) lse_s[stat_row] = stat_valid ? stat * log2e : -INFINITY;
+      if (stat_thread && t >= 64) delta_s[stat_row] = stat_valid ? stat : 0.0f;
+    };
     const auto stage_step = [&](int s) {
       const int h = s / q_tiles, q0 = s % q_tiles * QR, nq = tile_rows(q0);
       Stager::template stage<QR>(qs, q0, nq, [&](int i) { return q_row(h, i); });
       Stager::template stage<QR>(dos, q0, nq, [&](int i) { return do_row(h, i); });
-      stat_valid = stat_thread && stat_row < nq;
-      if (stat_valid) stat = t < 64 ? stats.lse(h, q0 + stat_row) : stats.delta(h, q0 + stat_row);
-    };
-    const auto put_stats = [&] {  // LSE in base 2, -inf past the rows (P = 0 there)
-      if (stat_thread && t < 64) lse_s[stat_row] = stat_valid ? stat * log2e : -INFINITY;
-      if (stat_thread && t >= 64) delta_s[stat_row] = stat_valid ? stat : 0.0f;
+      if constexpr (stats_held) {
+        stat_valid = stat_thread && stat_row < nq;
+        if (stat_valid)
+          stat = t < 64 ? stats.lse(h, q0 + stat_row) : stats.delta(h, q0 + stat_row);
+      } else if (t < QR) {
+        lse_s[t] = t < nq ? stats.lse(h, q0 + t) * log2e : -INFINITY;
+      } else if (t >= 64 && t - 64 < QR) {
+        delta_s[t - 64] = t - 64 < nq ? stats.delta(h, q0 + t - 64) : 0.0f;
+      }
     };
 
     // K_j, and V_j through the Q and dO buffers, v_rows keys at a time; this warp's A
@@ -170,7 +190,7 @@ struct WarpBackward {
     }
     while (s < heads * q_tiles) {
       const int h = s / q_tiles, q0 = s % q_tiles * QR, nq = tile_rows(q0);
-      put_stats();
+      if constexpr (stats_held) put_stats();
       W::cp_async_wait_all();  // Q_i, dO_i
       W::barrier();            // ... seen by all, with LSE and delta; dS^T of the last step read
 
@@ -224,7 +244,7 @@ struct WarpBackward {
           }
         }
       }
-      probabilities(st, lse);
+      probabilities<fast_p>(st, lse);
       score_gradients(dpt, st, delta);
 
       // dV_w += P^T dO_i and dK_w += dS^T Q_i: 16 queries a step, B by ldmatrix.x4.trans.
@@ -284,20 +304,31 @@ struct WarpBackward {
           W::mma(dq[n0 / 8 + 1], a, FragB<Tag>{{b[2], b[3]}});
         }
       }
-      // Four columns of one row a lane, added by one W::add4: lanes 2u and 2u + 1 swap half
-      // their fragment, the even lane taking row g's columns 4u..4u+3 of the n8 block and the
-      // odd lane row g + 8's.
-      const bool odd = lane & 1;
-      const int i = q0 + 16 * rb + group_id(lane) + (odd ? 8 : 0);
-      const int col = c0 + 4 * (thread_in_group(lane) >> 1);
-      float* const dq_row = i < q0 + nq ? grads.dq_row(h, i) : nullptr;
-      KFA_UNROLL
-      for (int n = 0; n < part_cols / 8; ++n) {
-        const float* x = dq[n].x;
-        const float r0 = W::lane_pair(odd ? x[0] : x[2]), r1 = W::lane_pair(odd ? x[1] : x[3]);
-        const float sum[4] = {scale * (odd ? r0 : x[0]), scale * (odd ? r1 : x[1]),
-                              scale * (odd ? x[2] : r0), scale * (odd ? x[3] : r1)};
-        if (dq_row) W::add4(dq_row + col + 8 * n, sum);
+      if constexpr (dq_by_fours) {
+        // Four columns of one row a lane, added by one W::add4: lanes 2u and 2u + 1 swap half
+        // their fragment, the even lane taking row g's columns 4u..4u+3 of the n8 block and
+        // the odd lane row g + 8's.
+        const bool odd = lane & 1;
+        const int i = q0 + 16 * rb + group_id(lane) + (odd ? 8 : 0);
+        const int col = c0 + 4 * (thread_in_group(lane) >> 1);
+        float* const dq_row = i < q0 + nq ? grads.dq_row(h, i) : nullptr;
+        KFA_UNROLL
+        for (int n = 0; n < part_cols / 8; ++n) {
+          const float* x = dq[n].x;
+          const float r0 = W::lane_pair(odd ? x[0] : x[2]), r1 = W::lane_pair(odd ? x[1] : x[3]);
+          const float sum[4] = {scale * (odd ? r0 : x[0]), scale * (odd ? r1 : x[1]),
+                                scale * (odd ? x[2] : r0), scale * (odd ? x[3] : r1)};
+          if (dq_row) W::add4(dq_row + col + 8 * n, sum);
+        }
+      } else {
+        KFA_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const int i = q0 + 16 * rb + c_coord(lane, e).row;
+          if (i >= q0 + nq) continue;
+          KFA_UNROLL
+          for (int n = 0; n < part_cols / 8; ++n)
+            W::add(&grads.dq_row(h, i)[c0 + 8 * n + c_coord(lane, e).col], scale * dq[n].x[e]);
+        }
       }
       s = s1;
     }

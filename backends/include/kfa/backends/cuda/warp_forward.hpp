@@ -287,9 +287,18 @@ struct CudaWarp {
   __device__ static float quad_sum(float v) { return cuda::quad_sum(v); }
   /// v of the lane whose id differs from this lane's in bit 0.
   __device__ static float lane_pair(float v) { return __shfl_xor_sync(0xffffffffu, v, 1); }
+  /// *p += x in global memory, atomically.
+  __device__ static void add(float* p, float x) { atomicAdd(p, x); }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  /// Whether the code runs on sm_90 or newer (the device pass decides; the host pass, which
+  /// never runs it, says false): add4 is one instruction there, and the kernels' choices that
+  /// were measured on an H100 but spill at sm_80 key on it.
+  static constexpr bool sm90 = true;
+#else
+  static constexpr bool sm90 = false;
+#endif
   /// p[0..3] += x[0..3] in global memory, atomically per element; p on 16 bytes. One
-  /// red.global.add.v4.f32 on sm_90 and newer (a quarter of the memory instructions), four
-  /// atomicAdd before.
+  /// red.global.add.v4.f32 on sm_90 and newer, four atomicAdd before.
   __device__ static void add4(float* p, const float (&x)[4]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(__cvta_generic_to_global(p)),

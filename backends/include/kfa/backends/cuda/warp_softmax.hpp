@@ -168,15 +168,15 @@ KFA_MMA_FUNCTION void finish_rows(FragC (&o)[DB], const RowState& rows, const fl
 
 /// P^T = exp2(S^T - lse) in place, with S^T scaled by scale * log2(e) and masked (-inf) and
 /// `lse` the columns' log-sum-exp in the same base-2 units. A query row with no visible key
-/// (LSE = -inf) gets P = 0.
-template <int NB>
+/// (LSE = -inf) gets P = 0. Fast: exp2 by fast_exp2, else by exp2f.
+template <bool Fast, int NB>
 KFA_MMA_FUNCTION void probabilities(FragC (&st)[NB], const float (&lse)[NB][2]) {
   KFA_UNROLL
   for (int nb = 0; nb < NB; ++nb) {
     KFA_UNROLL
     for (int e = 0; e < 4; ++e) {
-      const float l = lse[nb][e & 1];
-      st[nb].x[e] = l == -INFINITY ? 0.0f : fast_exp2(st[nb].x[e] - l);
+      const float l = lse[nb][e & 1], x = st[nb].x[e] - l;
+      st[nb].x[e] = l == -INFINITY ? 0.0f : Fast ? fast_exp2(x) : exp2f(x);
     }
   }
 }
