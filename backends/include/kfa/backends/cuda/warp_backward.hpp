@@ -141,8 +141,7 @@ struct WarpBackward {
       Stager::template stage<QR>(dos, q0, nq, [&](int i) { return do_row(h, i); });
       if constexpr (stats_held) {
         stat_valid = stat_thread && stat_row < nq;
-        if (stat_valid)
-          stat = t < 64 ? stats.lse(h, q0 + stat_row) : stats.delta(h, q0 + stat_row);
+        if (stat_valid) stat = t < 64 ? stats.lse(h, q0 + stat_row) : stats.delta(h, q0 + stat_row);
       } else if (t < QR) {
         lse_s[t] = t < nq ? stats.lse(h, q0 + t) * log2e : -INFINITY;
       } else if (t >= 64 && t - 64 < QR) {
