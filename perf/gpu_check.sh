@@ -52,9 +52,9 @@ left() { echo $(( BUDGET - ($(date +%s) - start) )); }
 # A step's limit in seconds, at least 1 (timeout 0 would mean no limit).
 cap() { local c=$1; [ "$c" -ge 1 ] && echo "$c" || echo 1; }
 say() { echo "$*" | tee -a "$SUMMARY"; }
-pack() {
-  tar -C "$OUT" -czf "$OUT/logs.tar.gz" logs 2>/dev/null
-  tar -C "$OUT" -czf "$OUT/results.tar.gz" results 2>/dev/null
+pack() {  # fails when either archive could not be written
+  tar -C "$OUT" -czf "$OUT/logs.tar.gz" logs 2>/dev/null &&
+    tar -C "$OUT" -czf "$OUT/results.tar.gz" results 2>/dev/null
 }
 export LD_LIBRARY_PATH=$BUILD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONUNBUFFERED=1
@@ -153,6 +153,10 @@ else
   compare gpu-backward $(( $(left) - 10 )) --passes bwd,fwd_bwd --types bf16,float
 fi
 say "== done ($(left) s left, status $status)"
-pack
-[ "${KFA_GPU_CHECK_ARCHIVES_ONLY:-0}" = 1 ] && rm -rf "$OUT/logs" "$OUT/results"
+if pack; then
+  [ "${KFA_GPU_CHECK_ARCHIVES_ONLY:-0}" = 1 ] && rm -rf "$OUT/logs" "$OUT/results"
+else
+  say "the archives could not be written: logs/ and results/ kept"
+  status=1
+fi
 exit $status

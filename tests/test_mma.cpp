@@ -1575,8 +1575,13 @@ void check_simulated_backward(SimMask mask, bool late) {
     bool visible(int i, int j) const { return visible_fn(i, j); }
   } masks{+visible};
   // dQ sums over the teams (one at a time here); dK and dV are written once per element.
-  std::vector<float> dq(std::size_t(heads) * nq * D, 0.0f), dk(std::size_t(nk) * D, std::nanf("")),
-      dv(dk.size(), std::nanf(""));
+  // dQ on 16 bytes as the device's (Kokkos allocations are aligned; add4 checks it).
+  std::vector<std::array<float, 4>> dq_store(std::size_t(heads) * nq * D / 4 + 1);
+  float* dq = dq_store[0].data();
+  while (reinterpret_cast<std::uintptr_t>(dq) % 16 != 0)
+    ++dq;
+  std::fill(dq, dq + std::size_t(heads) * nq * D, 0.0f);
+  std::vector<float> dk(std::size_t(nk) * D, std::nanf("")), dv(dk.size(), std::nanf(""));
   std::vector<int> dk_writes(dk.size(), 0), dv_writes(dk.size(), 0);
   struct Grads {
     float* dq_data;
@@ -1593,7 +1598,7 @@ void check_simulated_backward(SimMask mask, bool late) {
       dv_data[std::size_t(j) * D + c] = x;
       ++dv_count[std::size_t(j) * D + c];
     }
-  } grads{dq.data(), dk.data(), dv.data(), dk_writes.data(), dv_writes.data()};
+  } grads{dq, dk.data(), dv.data(), dk_writes.data(), dv_writes.data()};
 
   sim_copies_late = late;
   int left_in_flight = 0;

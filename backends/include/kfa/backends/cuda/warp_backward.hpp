@@ -64,9 +64,10 @@ struct WarpBackward {
 
   using Stager = WarpForward<W, Tag, D>;  ///< the 16-byte copies of rows into swizzled tiles
 
-  /// dQ added four columns of a row a lane (W::add4, one red.global.add.v4.f32 on sm_90): 1.03-
-  /// 1.19x on an H100. Before sm_90 add4 is four atomics, and gathering the columns costs
-  /// shuffles and registers for nothing: there each lane adds its own elements (W::add).
+  /// dQ added four columns of a row a lane (W::add4, one red.global.add.v4.f32 on sm_90): 1.11-
+  /// 1.19x on an H100 from N = 4096 on (1.03-1.12x at 1024). Before sm_90 add4 is four
+  /// atomics, and gathering the columns costs shuffles and registers for nothing (at sm_80 the
+  /// kernel spilled with it): there each lane adds its own elements (W::add).
   static constexpr bool dq_by_fours = W::sm90;
   /// LSE and delta loaded into registers with the tile's copies and stored to shared memory at
   /// the next step's top, their latency hidden behind the dQ products (on an H100, with P by

@@ -249,6 +249,12 @@ struct WarpForward {
   }
 };
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && \
+    (__CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 1))
+/// Device pass for sm_90 or newer by a compiler with PTX ISA 8.1 (CUDA 12.1): CudaWarp::sm90.
+#define KFA_CUDA_SM90_FORMS
+#endif
+
 #if defined(__CUDACC__)
 /// The warp policy on the device: a Kokkos CUDA team with vector length 32 is the block
 /// dim3(32, team_size), so the lane is threadIdx.x and the warp threadIdx.y; the team
@@ -289,18 +295,19 @@ struct CudaWarp {
   __device__ static float lane_pair(float v) { return __shfl_xor_sync(0xffffffffu, v, 1); }
   /// *p += x in global memory, atomically.
   __device__ static void add(float* p, float x) { atomicAdd(p, x); }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  /// Whether the code runs on sm_90 or newer (the device pass decides; the host pass, which
-  /// never runs it, says false): add4 is one instruction there, and the kernels' choices that
-  /// were measured on an H100 but spill at sm_80 key on it.
+#if defined(KFA_CUDA_SM90_FORMS)
+  /// Whether the code runs on sm_90 or newer, compiled by CUDA 12.1 or newer (the device pass
+  /// decides; the host pass, which never runs it, says false): add4 is one instruction there
+  /// (vector red needs PTX ISA 8.1), and the kernels' choices that were measured on an H100
+  /// but spill at sm_80 key on it.
   static constexpr bool sm90 = true;
 #else
   static constexpr bool sm90 = false;
 #endif
   /// p[0..3] += x[0..3] in global memory, atomically per element; p on 16 bytes. One
-  /// red.global.add.v4.f32 on sm_90 and newer, four atomicAdd before.
+  /// red.global.add.v4.f32 where sm90, four atomicAdd elsewhere.
   __device__ static void add4(float* p, const float (&x)[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(KFA_CUDA_SM90_FORMS)
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(__cvta_generic_to_global(p)),
                  "f"(x[0]), "f"(x[1]), "f"(x[2]), "f"(x[3])
                  : "memory");
