@@ -318,7 +318,7 @@ struct WarpBackward {
           const float r0 = W::lane_pair(odd ? x[0] : x[2]), r1 = W::lane_pair(odd ? x[1] : x[3]);
           const float sum[4] = {scale * (odd ? r0 : x[0]), scale * (odd ? r1 : x[1]),
                                 scale * (odd ? x[2] : r0), scale * (odd ? x[3] : r1)};
-          if (dq_row) W::add4(dq_row + col + 8 * n, sum);
+          if (dq_row) W::add4(dq_row + (col + 8 * n), sum);
         }
       } else {
         KFA_UNROLL
