@@ -126,6 +126,11 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
   /// summed in acc_t, not in 16 bits).
   template <class Out>
   KOKKOS_INLINE_FUNCTION void store(Out& out, acc_t x) const {
+    store(out, x, accumulate);
+  }
+  /// The same rule for a caller that holds `accumulate` itself (a kernel's by-value state).
+  template <class Out>
+  static KOKKOS_INLINE_FUNCTION void store(Out& out, acc_t x, bool accumulate) {
     out = Out(accumulate ? static_cast<acc_t>(out) + x : x);
   }
 
@@ -638,12 +643,10 @@ struct WarpKeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
         bool accumulate;
         KOKKOS_INLINE_FUNCTION float* dq_row(int h, int i) const { return &dq_v(b, h0 + h, i, 0); }
         KOKKOS_INLINE_FUNCTION void dk(int j, int c, float x) const {
-          auto& out = dk_v(b, hk, j, c);
-          out = std::remove_reference_t<decltype(out)>(accumulate ? float(out) + x : x);
+          base::store(dk_v(b, hk, j, c), x, accumulate);
         }
         KOKKOS_INLINE_FUNCTION void dv(int j, int c, float x) const {
-          auto& out = dv_v(b, hk, j, c);
-          out = std::remove_reference_t<decltype(out)>(accumulate ? float(out) + x : x);
+          base::store(dv_v(b, hk, j, c), x, accumulate);
         }
       } grads{kk.t.dq, kk.t.dk, kk.t.dv, b, hk, h0, kk.accumulate};
       ops::template warp_backward<HeadDim>(team, k0, nc, kk.group, kk.seqlen_q,
