@@ -127,11 +127,14 @@ inline int run_main(int argc, char** argv) {
     benchmark::AddCustomContext("kokkos_execution_space", Exec::name());
     benchmark::AddCustomContext("kokkos_configuration", cfg.str());
 #ifdef KFA_HOST_AVX512_BF16
-    // The host bf16 forward's products (host::bf16x2_pays) and, from a fresh probe, the
-    // VDPBF16PS / FMA FLOP ratio that decides them where KFA_HOST_BF16_PAIRS does not.
-    benchmark::AddCustomContext("kfa_host_bf16_products", kfa::backends::host::bf16x2_pays()
-                                                              ? "pairs (VDPBF16PS)"
-                                                              : "float (widened tiles)");
+    // The host bf16 forward's products (host::bf16x2_pays, on AMX tiles where
+    // TileOps::bf16x2_tiles) and, from a fresh probe, the VDPBF16PS / FMA FLOP ratio that
+    // decides them where neither KFA_HOST_BF16_PAIRS nor the tiles do.
+    const bool tiles = kfa::backends::TileOps<Exec, kfa::bf16>::bf16x2_tiles();
+    benchmark::AddCustomContext("kfa_host_bf16_products", !kfa::backends::host::bf16x2_pays()
+                                                              ? "float (widened tiles)"
+                                                          : tiles ? "pairs (AMX tiles)"
+                                                                  : "pairs (VDPBF16PS)");
     benchmark::AddCustomContext("kfa_host_dpbf16_over_fma",
                                 std::to_string(kfa::backends::host::dpbf16_over_fma()));
 #endif

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -233,6 +234,27 @@ TEST(NarrowPairs, ForcedPathIsTaken) {
   if (!force || (std::string(force) != "0" && std::string(force) != "1"))
     GTEST_SKIP() << "KFA_HOST_BF16_PAIRS not set: the probe decides";
   EXPECT_EQ(Ops::bf16x2_pays(), std::string(force) == "1");
+}
+
+// The AMX tiles are taken where the CPU lists them (/proc/cpuinfo's amx_bf16, read here, not
+// by the code under test) unless KFA_HOST_AMX=0 says not to: ctest runs the pair cases both
+// ways, so a tiles path that were never entered, or one the variable did not switch off, shows.
+TEST(NarrowPairs, TilesWhereTheCpuHasThem) {
+  using Ops = kfa::backends::TileOps<Exec, bf16>;
+  if (!Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible)
+    GTEST_SKIP() << "not a host space";
+#ifndef KFA_HOST_AMX
+  EXPECT_FALSE(Ops::bf16x2_tiles());
+  GTEST_SKIP() << "this build has no AMX tile products (it does not target AMX-BF16)";
+#else
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  bool listed = false;
+  while (!listed && std::getline(cpuinfo, line))
+    listed = line.rfind("flags", 0) == 0 && (line + " ").find(" amx_bf16 ") != std::string::npos;
+  const char* off = std::getenv("KFA_HOST_AMX");
+  EXPECT_EQ(Ops::bf16x2_tiles(), listed && !(off && std::string(off) == "0"));
+#endif
 }
 
 }  // namespace

@@ -407,12 +407,15 @@ std::uint16_t random_bf16(std::mt19937& gen) {
   return kfa::backends::bf16_round(u(gen));
 }
 
+// `tiles`: inside a PairScope, where the host's products run on AMX tiles (A by rows).
 template <class Ops>
-void check_gemm_bf16x2(const Shape& sh, bool transposed_a, bool accumulate, bool threads) {
+void check_gemm_bf16x2(const Shape& sh, bool transposed_a, bool accumulate, bool threads,
+                       bool tiles = false, float scale = 0.37f) {
   using namespace kfa::backends;
   const int m = sh.m, n = sh.n, k2 = sh.k;
   SCOPED_TRACE(::testing::Message() << m << " x " << n << " x 2*" << k2
-                                    << (transposed_a ? " A^T" : "") << (accumulate ? " +=" : ""));
+                                    << (transposed_a ? " A^T" : "") << (accumulate ? " +=" : "")
+                                    << (tiles ? " in a pair scope" : "") << " scale " << scale);
   std::mt19937 gen(unsigned(m * 131 + n * 7 + k2));
   // A as m x k2 words (row stride k2 + 3) or as its transpose k2 x m (row stride m + 5).
   const int a_ld = transposed_a ? m + 5 : k2 + 3;
@@ -426,9 +429,9 @@ void check_gemm_bf16x2(const Shape& sh, bool transposed_a, bool accumulate, bool
     w = bf16x2_pack(random_bf16(gen), random_bf16(gen));
   auto c = random_values<float>(std::size_t(m) * ldc + 1, 3);
   const auto c0 = c;
-  const float scale = 0.37f;
   on_one_team(
       [&](const Member& team) {
+        const typename Ops::PairScope scope(tiles);
         Ops::gemm_bf16x2(team, m, n, k2, a.data(), a_rs, a_cs, b.data(), ldb, c.data(), ldc, scale,
                          accumulate);
       },
@@ -461,7 +464,8 @@ void check_gemm_bf16x2(const Shape& sh, bool transposed_a, bool accumulate, bool
 template <class Ops>
 void check_bf16x2_packing(bool threads) {
   using namespace kfa::backends;
-  for (const auto& shape : {std::pair{64, 64}, {7, 37}, {1, 16}, {2, 5}, {33, 96}, {0, 8}}) {
+  for (const auto& shape :
+       {std::pair{64, 64}, {7, 37}, {1, 16}, {2, 5}, {33, 96}, {0, 8}, {128, 64}, {95, 50}}) {
     const int rows = shape.first, n = shape.second, lds = n + 3, ldo = n + 1;
     SCOPED_TRACE(::testing::Message() << rows << " rows x " << n);
     std::mt19937 gen(unsigned(rows * 17 + n));
@@ -474,12 +478,30 @@ void check_bf16x2_packing(bool threads) {
     }
     const std::size_t words = std::size_t((rows + 1) / 2) * ldo + 1;
     std::vector<std::uint32_t> packed(words, 0xdeadbeefu), interleaved(words, 0xdeadbeefu);
+    // The columns' form: row c of `columns` (ldt words apart) holds what column c of `packed`
+    // holds.
+    const int ldt = (rows + 1) / 2 + 2;
+    std::vector<std::uint32_t> columns(std::size_t(n) * ldt + 1, 0xdeadbeefu);
     on_one_team(
         [&](const Member& team) {
           Ops::pack_bf16x2_rows(team, s.data(), lds, rows, n, packed.data(), ldo);
           Ops::interleave_bf16x2_rows(team, v.data(), lds, rows, n, interleaved.data(), ldo);
+          Ops::pack_bf16x2_columns(team, s.data(), lds, rows, n, columns.data(), ldt);
         },
         threads);
+    for (int c = 0; c < n; ++c)
+      for (int r = 0; r < ldt; ++r) {
+        const std::uint32_t got = columns[std::size_t(c) * ldt + r];
+        if (r >= (rows + 1) / 2)
+          ASSERT_EQ(got, 0xdeadbeefu) << "outside the columns is not touched";
+        else
+          ASSERT_EQ(
+              got,
+              bf16x2_pack(bf16_round(s[std::size_t(2 * r) * lds + c]),
+                          2 * r + 1 < rows ? bf16_round(s[std::size_t(2 * r + 1) * lds + c]) : 0))
+              << "column " << c << " word " << r;
+      }
+    ASSERT_EQ(columns.back(), 0xdeadbeefu);
     for (int r = 0; r < (rows + 1) / 2; ++r)
       for (int c = 0; c < ldo; ++c) {
         const std::size_t w = std::size_t(r) * ldo + c;
@@ -505,6 +527,21 @@ TEST(Tiles, HostBf16x2) {
       for (bool accumulate : {false, true})
         check_gemm_bf16x2<HostOps>(sh, transposed, accumulate, false);
   check_bf16x2_packing<HostOps>(false);
+}
+// The same in a pair scope: on AMX tiles where this machine has them (A by rows; A by columns
+// still takes the vector products), every block shape (2 x 2, 2 x 1, 1 x 2, 1 x 1 tiles) and
+// the edges around them, C loaded by the tiles (accumulate, scale 1), scaled after them, or
+// finished from a buffer (accumulate with a scale).
+TEST(Tiles, HostBf16x2Tiles) {
+  const Shape shapes[] = {{64, 64, 32}, {128, 64, 32}, {64, 128, 64}, {16, 16, 16},
+                          {48, 80, 40}, {33, 17, 16},  {96, 48, 20},  {17, 33, 15},
+                          {15, 64, 32}, {64, 15, 32},  {150, 22, 32}, {22, 64, 64}};
+  for (const Shape& sh : shapes)
+    for (bool transposed : {false, true})
+      for (bool accumulate : {false, true})
+        for (float scale : {0.37f, 1.0f})
+          check_gemm_bf16x2<HostOps>(sh, transposed, accumulate, false, true, scale);
+  if (!HostOps::bf16x2_tiles()) GTEST_SKIP() << "no AMX tiles here: the vector products ran";
 }
 TEST(Tiles, PortableBf16x2) {
   using Ops = kfa::backends::PortableTileOps<float>;

@@ -516,6 +516,12 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       vp = base::carve(scr, std::size_t(Bc + 1) / 2 * ldo);
     }
     const bool pair_mode = pairs_type && pairs;  // the branches below compile only for pairs_type
+    // Products on tiles that load A by rows (TileOps::bf16x2_tiles: the host's AMX) take P as
+    // rows of pair words, one per query (ldp words apart); the others read it by columns.
+    // PairScope sets the thread up for them for the whole sweep (host/amx.hpp).
+    [[maybe_unused]] const bool p_rows = pair_mode && ops::bf16x2_tiles();
+    [[maybe_unused]] const int ldp = (Bc + 1) / 2;  // nr x ldp words fit in pp's (Bc + 1) / 2 x ldq
+    const typename ops::PairScope products(pair_mode);
     // A boolean mask's tile as bit words for col_softmax (mask_words): Bc words (keys) for
     // each 16 query rows.
     std::uint16_t* words = nullptr;
@@ -701,13 +707,16 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
         });
       if (pair_mode) {  // P rounded to bfloat16 once, as FlashAttention-2 rounds it to 16 bits
         if constexpr (pairs_type) {
-          ops::pack_bf16x2_rows(team, st + static_cast<std::ptrdiff_t>(cb) * ldq, ldq, ce - cb, nr,
-                                pp, ldq);
+          const acc_t* pt = st + static_cast<std::ptrdiff_t>(cb) * ldq;
+          if (p_rows)
+            ops::pack_bf16x2_columns(team, pt, ldq, ce - cb, nr, pp, ldp);
+          else
+            ops::pack_bf16x2_rows(team, pt, ldq, ce - cb, nr, pp, ldq);
           ops::interleave_bf16x2_rows(team, &v(b, hk, k0 + cb, 0), v.stride(2), ce - cb, Dv, vp,
                                       ldo);
           team.team_barrier();
-          ops::gemm_bf16x2(team, nr, Dv, (ce - cb + 1) / 2, pp, 1, ldq, vp, ldo, os, ldo, 1.0f,
-                           true);
+          ops::gemm_bf16x2(team, nr, Dv, (ce - cb + 1) / 2, pp, p_rows ? ldp : 1, p_rows ? 1 : ldq,
+                           vp, ldo, os, ldo, 1.0f, true);
         }
       } else {
         team.team_barrier();

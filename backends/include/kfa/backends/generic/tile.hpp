@@ -252,9 +252,39 @@ struct PortableTileOps {
     });
   }
 
+  /// pack_bf16x2_rows with out transposed, by the whole team: word (c, r) of out (row stride
+  /// ldo words) packs s[2r][c] (low) and s[2r + 1][c] (high), for 2r < rows and c < n; the
+  /// high halves of word r = rows / 2 are 0 when rows is odd. A of a product reduced over s's
+  /// rows (P V from S^T) with unit column stride, as products on tiles that load A by rows want
+  /// it (bf16x2_tiles).
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void pack_bf16x2_columns(const Member& team, const float* s,
+                                                         int lds, int rows, int n, void* out,
+                                                         int ldo) {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](int c) {
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, (rows + 1) / 2), [&](int r) {
+        const float* s0 = s + static_cast<std::ptrdiff_t>(2 * r) * lds + c;
+        const std::uint16_t hi = 2 * r + 1 < rows ? bf16_round(s0[lds]) : std::uint16_t(0);
+        bf16x2_store(out, static_cast<std::ptrdiff_t>(c) * ldo + r,
+                     bf16x2_pack(bf16_round(s0[0]), hi));
+      });
+    });
+  }
+
   /// Whether a key-major forward with TileTraits::bf16x2_products takes the pair products
   /// (gemm_bf16x2) on this machine; the portable ones are taken wherever the traits ask.
   static bool bf16x2_pays() { return true; }
+
+  /// Whether gemm_bf16x2 wants A with unit column stride (pack_bf16x2_columns); the portable
+  /// loops take either.
+  static bool bf16x2_tiles() { return false; }
+
+  /// Opened around a run of gemm_bf16x2 calls on one thread (a query tile's sweep), for
+  /// products that need the thread set up first (the host's AMX tiles); nothing here.
+  struct PairScope {
+    /// Sets up when `wanted`; here nothing.
+    KOKKOS_INLINE_FUNCTION explicit PairScope(bool /*wanted*/) {}
+  };
 
   /// pack_bf16x2_rows for rows of bfloat16 values (element row stride ldv of v, any storage),
   /// which need no rounding: word (r, c) of out packs v[2r][c] and v[2r + 1][c].

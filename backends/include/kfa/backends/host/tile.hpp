@@ -17,6 +17,7 @@
 /// Build with -march=native (the KFA_NATIVE option) to let the compiler use AVX2/AVX-512.
 
 #include <kfa/backends/generic/tile.hpp>
+#include <kfa/backends/host/amx.hpp>
 #include <kfa/backends/host/traits.hpp>
 
 #include <chrono>
@@ -105,19 +106,24 @@ inline double dpbf16_over_fma() {
   return (32.0 / dp) / (16.0 / fma);
 }
 
-/// Whether the bfloat16 forward multiplies its inputs in pairs on VDPBF16PS
-/// (TileTraits::bf16x2_products) rather than widening them to float tiles for the FMA
-/// products: where VDPBF16PS runs at least as many FLOPs as FMA (dpbf16_over_fma >= 1; on
-/// the Xeon it ran at half, and the bf16 forward at 0.62x the float one). Decided once per
-/// process, the same for every call after; KFA_HOST_BF16_PAIRS=1 or 0 in the environment
-/// forces it (the tests run both paths so), any other value leaves it to the probe. The two
-/// paths round differently (P to bfloat16, or not), so results are bitwise repeatable for a
-/// given choice: pin it with the variable where runs on other machines must match.
+/// Whether the bfloat16 forward multiplies its inputs in pairs (TileTraits::bf16x2_products,
+/// on AMX tiles or VDPBF16PS) rather than widening them to float tiles for the FMA products:
+/// where the AMX tiles are available (amx.hpp), or where VDPBF16PS runs at least as many FLOPs
+/// as FMA (dpbf16_over_fma >= 1; on a Xeon without the tiles in use it ran at half, and the
+/// bf16 forward at 0.62x the float one). Decided once per process, the same for every call
+/// after; KFA_HOST_BF16_PAIRS=1 or 0 in the environment forces it (the tests run both paths
+/// so), any other value leaves it to the CPU. The paths round differently (P to bfloat16, or
+/// not; the tiles and VDPBF16PS sum the pairs in their own orders), so results are bitwise
+/// repeatable for a given choice: pin it with the variables (and KFA_HOST_AMX) where runs on
+/// other machines must match.
 inline bool bf16x2_pays() {
   static const bool pays = [] {
     const char* force = std::getenv("KFA_HOST_BF16_PAIRS");
     if (force && std::strcmp(force, "1") == 0) return true;
     if (force && std::strcmp(force, "0") == 0) return false;
+#ifdef KFA_HOST_AMX
+    if (amx::available()) return true;  // the tiles run 15x FMA's FLOPs: no probe needed
+#endif
     return dpbf16_over_fma() >= 1.0;
   }();
   return pays;
@@ -413,6 +419,41 @@ inline void transpose8(__m256 (&x)[8]) {
 }
 #endif
 
+#ifdef KFA_HOST_AVX512
+/// Transposes the 16 x 16 matrix of 32-bit words whose rows are x[0..15] in place: pairs of
+/// words, then of quadwords, unpacked within 128-bit lanes, then two rounds of lane shuffles
+/// (64 register operations for 256 words).
+inline void transpose16(__m512i (&x)[16]) {
+  // The masked forms with full masks: the plain ones pass GCC 12 an undefined operand that it
+  // then reports as maybe uninitialised (as max16's).
+  const __mmask16 all16 = 0xFFFF;
+  const __mmask8 all8 = 0xFF;
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {  // t[i], t[i + 1]: rows i, i + 1 in word pairs
+    t[i] = _mm512_maskz_unpacklo_epi32(all16, x[i], x[i + 1]);
+    t[i + 1] = _mm512_maskz_unpackhi_epi32(all16, x[i], x[i + 1]);
+  }
+  for (int g = 0; g < 16; g += 4) {  // x[g + e]: rows g..g+3 of column e of each lane
+    x[g] = _mm512_maskz_unpacklo_epi64(all8, t[g], t[g + 2]);
+    x[g + 1] = _mm512_maskz_unpackhi_epi64(all8, t[g], t[g + 2]);
+    x[g + 2] = _mm512_maskz_unpacklo_epi64(all8, t[g + 1], t[g + 3]);
+    x[g + 3] = _mm512_maskz_unpackhi_epi64(all8, t[g + 1], t[g + 3]);
+  }
+  for (int e = 0; e < 4; ++e) {  // lanes 0 and 2, then 1 and 3, of rows 0-7 and 8-15
+    const __m512i v0 = _mm512_maskz_shuffle_i32x4(all16, x[e], x[4 + e], 0x88);
+    const __m512i v1 = _mm512_maskz_shuffle_i32x4(all16, x[e], x[4 + e], 0xdd);
+    const __m512i v2 = _mm512_maskz_shuffle_i32x4(all16, x[8 + e], x[12 + e], 0x88);
+    const __m512i v3 = _mm512_maskz_shuffle_i32x4(all16, x[8 + e], x[12 + e], 0xdd);
+    t[e] = _mm512_maskz_shuffle_i32x4(all16, v0, v2, 0x88);       // column e: lane 0 of each
+    t[8 + e] = _mm512_maskz_shuffle_i32x4(all16, v0, v2, 0xdd);   // column 8 + e: lane 2
+    t[4 + e] = _mm512_maskz_shuffle_i32x4(all16, v1, v3, 0x88);   // column 4 + e: lane 1
+    t[12 + e] = _mm512_maskz_shuffle_i32x4(all16, v1, v3, 0xdd);  // column 12 + e: lane 3
+  }
+  for (int i = 0; i < 16; ++i)
+    x[i] = t[i];
+}
+#endif
+
 /// f(rows, i0) for the row blocks of a column block m rows tall: blocks of MR rows, then one
 /// of the m % MR rows left; `rows` is a std::integral_constant, so that f can instantiate the
 /// micro-kernel of exactly that many rows.
@@ -475,6 +516,25 @@ struct TileOps<
 #endif
   }
 
+  /// Whether gemm_bf16x2 runs on AMX tiles in a PairScope (host/amx.hpp): then it wants A with
+  /// unit column stride (the tiles load rows), and callers lay A out so
+  /// (pack_bf16x2_columns).
+  static bool bf16x2_tiles() {
+#if defined(KFA_HOST_AMX) && defined(KFA_HOST_AVX512_BF16)
+    return host::amx::available();
+#else
+    return false;
+#endif
+  }
+
+#if defined(KFA_HOST_AMX) && defined(KFA_HOST_AVX512_BF16)
+  /// Opened around a run of gemm_bf16x2 calls on one thread (a query tile's sweep): configures
+  /// the AMX tiles when constructed with true and they are available, releases them at its end.
+  using PairScope = host::amx::Scope;
+#else
+  using PairScope = typename PortableTileOps<float>::PairScope;  ///< nothing to configure
+#endif
+
   /// f(r, c) over a rows x cols tile as two loops: no division per element, and unit-stride
   /// inner loops the compiler vectorises where f allows.
   template <class Member, class F>
@@ -503,13 +563,47 @@ struct TileOps<
       host::edge_kernel(m, n - j_end, k, a, a_rs, a_cs, b + j_end, ldb, c + j_end, ldc, accumulate);
   }
 
-  /// PortableTileOps::gemm_bf16x2, on VDPBF16PS where the CPU has it (the blocking of gemm);
-  /// the last n % 16 columns, and CPUs without it, take the portable loops.
+  /// PortableTileOps::gemm_bf16x2: inside a PairScope that configured the AMX tiles and for A
+  /// with unit column stride, the first m - m % 16 rows and n - n % 16 columns to depth
+  /// k2 - k2 % 16 on the tiles (host/amx.hpp), the rest as below; otherwise on VDPBF16PS where
+  /// the CPU has it (the blocking of gemm), the last n % 16 columns, and CPUs without it, on the
+  /// portable loops.
   template <class Member>
   static KOKKOS_INLINE_FUNCTION void gemm_bf16x2(const Member& team, int m, int n, int k2,
                                                  const void* a, int a_rs, int a_cs, const void* b,
                                                  int ldb, float* c, int ldc, float scale,
                                                  bool accumulate) {
+#if defined(KFA_HOST_AMX) && defined(KFA_HOST_AVX512_BF16)
+    const int m16 = m - m % 16, n16 = n - n % 16, k16 = k2 - k2 % 16;
+    if (a_cs == 1 && m16 > 0 && n16 > 0 && k16 > 0 && host::amx::active()) {
+      const auto* ab = static_cast<const unsigned char*>(a);
+      const auto* bb = static_cast<const unsigned char*>(b);
+      host::amx::gemm(m16, n16, k16, a, a_rs, b, ldb, c, ldc, scale, accumulate);
+      if (k16 < k2)  // the depth the tiles left, added to their block
+        gemm_bf16x2_vector(team, m16, n16, k2 - k16, ab + static_cast<std::ptrdiff_t>(4) * k16,
+                           a_rs, 1, bb + static_cast<std::ptrdiff_t>(4) * k16 * ldb, ldb, c, ldc,
+                           scale, true);
+      if (n16 < n)
+        gemm_bf16x2_vector(team, m16, n - n16, k2, a, a_rs, 1,
+                           bb + static_cast<std::ptrdiff_t>(4) * n16, ldb, c + n16, ldc, scale,
+                           accumulate);
+      if (m16 < m)
+        gemm_bf16x2_vector(team, m - m16, n, k2, ab + static_cast<std::ptrdiff_t>(4) * m16 * a_rs,
+                           a_rs, 1, b, ldb, c + static_cast<std::ptrdiff_t>(m16) * ldc, ldc, scale,
+                           accumulate);
+      return;
+    }
+#endif
+    gemm_bf16x2_vector(team, m, n, k2, a, a_rs, a_cs, b, ldb, c, ldc, scale, accumulate);
+  }
+
+  /// gemm_bf16x2 on VDPBF16PS where the CPU has it (the blocking of gemm); the last n % 16
+  /// columns, and CPUs without it, on the portable loops.
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void gemm_bf16x2_vector(const Member& team, int m, int n, int k2,
+                                                        const void* a, int a_rs, int a_cs,
+                                                        const void* b, int ldb, float* c, int ldc,
+                                                        float scale, bool accumulate) {
     int j_end = 0;
 #ifdef KFA_HOST_AVX512_BF16
     const auto* ab = static_cast<const unsigned char*>(a);
@@ -560,6 +654,44 @@ struct TileOps<
       PortableTileOps<float>::pack_bf16x2_rows(
           team, s + c_end, lds, rows, n - c_end,
           static_cast<unsigned char*>(out) + static_cast<std::ptrdiff_t>(4) * c_end, ldo);
+  }
+
+  /// PortableTileOps::pack_bf16x2_columns: on AVX-512 BF16, blocks of 32 rows (16 pair words)
+  /// by 16 columns: each row pair rounded and interleaved as in pack_bf16x2_rows, the 16 x 16
+  /// words then transposed in registers (host::transpose16); the edges on the portable loops.
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void pack_bf16x2_columns(const Member& team, const float* s,
+                                                         int lds, int rows, int n, void* out,
+                                                         int ldo) {
+    int w_end = 0, c_end = 0;  // pair words and columns the blocks cover
+#ifdef KFA_HOST_AVX512_BF16
+    w_end = rows / 32 * 16;
+    c_end = n - n % 16;
+    const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    auto* o = static_cast<unsigned char*>(out);
+    for (int w0 = 0; w0 < w_end; w0 += 16)
+      for (int c = 0; c < c_end; c += 16) {
+        __m512i x[16];  // x[i]: pair word w0 + i of columns c..c+15
+        for (int i = 0; i < 16; ++i) {
+          const float* s0 = s + static_cast<std::ptrdiff_t>(2 * (w0 + i)) * lds + c;
+          x[i] = _mm512_permutexvar_epi16(
+              zip, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(s0 + lds), _mm512_loadu_ps(s0)));
+        }
+        host::transpose16(x);  // x[i]: words w0..w0+15 of column c + i
+        for (int i = 0; i < 16; ++i)
+          _mm512_storeu_si512(o + 4 * (static_cast<std::ptrdiff_t>(c + i) * ldo + w0), x[i]);
+      }
+#endif
+    const auto rest = [&](int r0, int c0, int c1) {  // rows [r0, rows) of columns [c0, c1)
+      if (r0 < rows && c0 < c1)
+        PortableTileOps<float>::pack_bf16x2_columns(
+            team, s + static_cast<std::ptrdiff_t>(r0) * lds + c0, lds, rows - r0, c1 - c0,
+            static_cast<unsigned char*>(out) + 4 * (static_cast<std::ptrdiff_t>(c0) * ldo + r0 / 2),
+            ldo);
+    };
+    rest(2 * w_end, 0, c_end);
+    rest(0, c_end, n);
   }
 
   /// PortableTileOps::interleave_bf16x2_rows: on AVX-512 BF16 (with BW), 32 columns of two
