@@ -1068,10 +1068,21 @@ struct TileOps<
           else
             return static_cast<__mmask16>(0xFFFF);
         };
-        for (int j = j0; j < j1; ++j) {
+        // Four chains of maxima, merged at the end: one chain waits for each VMAXPS (4
+        // cycles) and was the sweep's hottest loop with the products on AMX tiles. The same
+        // maximum whatever the order (a NaN score is skipped in every chain alike).
+        __m512 tops[4] = {top, minus_inf, minus_inf, minus_inf};
+        const auto take = [&](__m512& t, int j) {
           const __m512 x = _mm512_loadu_ps(s + static_cast<std::ptrdiff_t>(j) * lds + c0);
-          top = _mm512_mask_mov_ps(top, visible(j), host::max16(x, top));
-        }
+          t = _mm512_mask_mov_ps(t, visible(j), host::max16(x, t));
+        };
+        int j = j0;
+        for (; j + 4 <= j1; j += 4)
+          for (int u = 0; u < 4; ++u)
+            take(tops[u], j + u);
+        for (; j < j1; ++j)
+          take(tops[0], j);
+        top = host::max16(host::max16(tops[0], tops[1]), host::max16(tops[2], tops[3]));
         // In base 2, 2^((x - m') log2(e)): x - m' first (exact near the maximum), so that the
         // argument's error is relative to x - m', as in exp's own reduction, not to m' (a
         // rounded m' log2(e) would put |m'| 2^-24 into every P and the LSE).
