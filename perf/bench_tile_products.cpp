@@ -12,12 +12,18 @@
 // peak probe (12 independent chains of vector FMAs) in the same binary gives the ceiling the
 // GFLOP/s are quoted against (docs/performance.md; perf/tile_engines_table.py makes the table).
 //
+// The bfloat16 forward's two products (type bf16: bfloat16 inputs, float accumulation and
+// C) are compared the same way, in the pair layout it hands kfa's TileOps::gemm_bf16x2 on AMX
+// tiles and VDPBF16PS, against a oneDNN bf16 matmul primitive on plain row-major bfloat16 (see
+// Bf16Problem below).
+//
 // Engines absent at configure time are not compiled in; the context line "absent_engines"
 // names them. Run single-threaded and pinned:
 //   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 taskset -c 0 ./bench_tile_products
 #include <benchmark/benchmark.h>
 #include <Kokkos_Core.hpp>
 
+#include <kfa/backends/bf16x2.hpp>
 #include <kfa/backends/host/tile.hpp>
 
 #ifdef KFA_BENCH_HAVE_OPENBLAS
@@ -38,6 +44,7 @@ char* openblas_get_config(void);
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <new>
@@ -106,16 +113,20 @@ class Arena {
   std::vector<std::size_t> counts_, starts_;
 };
 
-/// Uniform values in [-1, 1) from a hash of the index (as perf/common.hpp's fill_hash).
+/// A uniform value in [-1, 1) from a hash of the index e (as perf/common.hpp's fill_hash).
+double hash_value(std::size_t e, unsigned salt) {
+  std::uint64_t x = (e + 1) * 0x9E3779B97F4A7C15ULL ^ salt;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ULL;
+  x ^= x >> 29;
+  return double(x >> 11) * 0x1.0p-52 - 1.0;
+}
+
+/// Uniform values in [-1, 1) from a hash of the index.
 template <class T>
 void fill_hash(const Span<T>& buf, unsigned salt) {
-  for (std::size_t e = 0; e < buf.n; ++e) {
-    std::uint64_t x = (e + 1) * 0x9E3779B97F4A7C15ULL ^ salt;
-    x ^= x >> 31;
-    x *= 0xBF58476D1CE4E5B9ULL;
-    x ^= x >> 29;
-    buf[e] = static_cast<T>(double(x >> 11) * 0x1.0p-52 - 1.0);
-  }
+  for (std::size_t e = 0; e < buf.n; ++e)
+    buf[e] = static_cast<T>(hash_value(e, salt));
 }
 
 enum class Product { scores, output };
@@ -191,9 +202,105 @@ struct Problem {
   }
 };
 
+/// The bfloat16 forward's products on pair words (TileOps::gemm_bf16x2, backends/bf16x2.hpp)
+/// in the layout it gives the AMX tiles: A with unit column stride, B as pair words.
+///
+///   scores: A = K_j (Bc x D bfloat16, row-major, so rows of D/2 pair words), B = Q^T as pair
+///           words (D/2 rows of Br words), C = scale (A B) (float, ld Br), scale 0.125;
+///   output: A = P (Br x Bc bfloat16, row-major: rows of Bc/2 pair words), B = V_j interleaved
+///           into pair words (Bc/2 rows of D words), C += A B (float, ld D).
+///
+/// B also lies in plain row-major bfloat16 (k x n, ld n): the same values in the layout oneDNN
+/// takes. A is the same memory for both (a row of bfloat16 is a row of pair words). The arena
+/// holds A, B (pairs), C, C0 and B (plain), bytes; staggered placement puts plain B where the
+/// pairs' B is, 1344 bytes past its 4 KiB boundary.
+struct Bf16Problem {
+  int m, n, k, ldc;  ///< k: bfloat16 elements of the reduction (k / 2 pair words)
+  bool accumulate;
+  float scale;
+  Arena<unsigned char> arena;
+  Span<unsigned char> a, b, c, c0, b_plain;  ///< b: B as pair words; c, c0: float
+
+  Bf16Problem(Product product, Placement placement, int br, int bc, int d)
+      : m(product == Product::scores ? bc : br),
+        n(product == Product::scores ? br : d),
+        k(product == Product::scores ? d : bc),
+        ldc(n),
+        accumulate(product == Product::output),
+        scale(product == Product::scores ? 0.125f : 1.0f),
+        arena({std::size_t(m) * k * 2, std::size_t(k) * n * 2, std::size_t(m) * n * 4,
+               std::size_t(m) * n * 4, std::size_t(k) * n * 2},
+              placement == Placement::page ? std::vector<std::size_t>{0, 0, 0, 0, 0}
+                                           : std::vector<std::size_t>{0, 1344, 2752, 0, 1344}),
+        a(arena[0]),
+        b(arena[1]),
+        c(arena[2]),
+        c0(arena[3]),
+        b_plain(arena[4]) {
+    using kfa::backends::bf16_round;
+    for (std::size_t e = 0; e < std::size_t(m) * k; ++e)
+      store_bf16(a.data(), e, bf16_round(float(hash_value(e, 1))));
+    for (std::size_t e = 0; e < std::size_t(k) * n; ++e)
+      store_bf16(b_plain.data(), e, bf16_round(float(hash_value(e, 2))));
+    for (int p = 0; p < k / 2; ++p)
+      for (int j = 0; j < n; ++j)
+        kfa::backends::bf16x2_store(
+            b.data(), std::ptrdiff_t(p) * n + j,
+            kfa::backends::bf16x2_pack(
+                kfa::backends::bf16_load(b_plain.data(), (2 * p) * n + j),
+                kfa::backends::bf16_load(b_plain.data(), (2 * p + 1) * n + j)));
+    for (std::size_t e = 0; e < std::size_t(m) * n; ++e)
+      c0_float()[e] = float(hash_value(e, 3));
+    reset();
+  }
+  static void store_bf16(void* p, std::size_t i, std::uint16_t h) {
+    std::memcpy(static_cast<unsigned char*>(p) + 2 * i, &h, sizeof h);
+  }
+  float* c_float() const { return reinterpret_cast<float*>(c.data()); }
+  float* c0_float() const { return reinterpret_cast<float*>(c0.data()); }
+  double a_at(int i, int p) const {
+    return kfa::backends::bf16_widen(kfa::backends::bf16_load(a.data(), std::ptrdiff_t(i) * k + p));
+  }
+  double b_at(int p, int j) const {
+    return kfa::backends::bf16_widen(
+        kfa::backends::bf16_load(b_plain.data(), std::ptrdiff_t(p) * n + j));
+  }
+  /// C back to its initial values (those the accumulating product adds to).
+  void reset() const { std::memcpy(c.data(), c0.data(), c.n); }
+  double flops() const { return 2.0 * m * n * k; }
+
+  /// Empty when C matches the double-precision product of the bfloat16 values within the
+  /// worst-case rounding bound of a float sum of k + 1 terms (products of two bfloat16 are
+  /// exact in float) and the scaling: |c - ref| <= (k + 2) eps_float (|c0| + |scale| sum_p
+  /// |A(i,p) B(p,j)|); otherwise the first bad entry.
+  std::string check() const {
+    const double eps = std::numeric_limits<float>::epsilon();
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) {
+        const double init = accumulate ? double(c0_float()[std::size_t(i) * ldc + j]) : 0.0;
+        double sum = 0.0, mag = 0.0;
+        for (int p = 0; p < k; ++p) {
+          const double t = a_at(i, p) * b_at(p, j);
+          sum += t;
+          mag += std::abs(t);
+        }
+        const double ref = init + double(scale) * sum;
+        const double bound = (k + 2) * eps * (std::abs(init) + std::abs(double(scale)) * mag);
+        const double got = c_float()[std::size_t(i) * ldc + j];
+        if (!(std::abs(got - ref) <= bound)) {
+          std::ostringstream msg;
+          msg << "C(" << i << "," << j << ") = " << got << ", double reference " << ref
+              << " (bound " << bound << ")";
+          return msg.str();
+        }
+      }
+    return {};
+  }
+};
+
 /// Checks one call of `call` against the reference, then times one call per iteration.
-template <class T, class Call>
-void run_checked(benchmark::State& state, const Problem<T>& pr, const Call& call) {
+template <class Pr, class Call>
+void run_checked(benchmark::State& state, const Pr& pr, const Call& call) {
   pr.reset();
   call();
   if (const std::string err = pr.check(); !err.empty()) {
@@ -249,6 +356,49 @@ void BM_kfa(benchmark::State& state, Product product, Placement placement, int b
   state.SetLabel("MR=" + std::to_string(kfa::backends::host::micro_rows(regs)) +
                  " NR=" + std::to_string(regs * kfa::backends::host::lanes<T>));
 }
+
+#ifdef KFA_HOST_AVX512_BF16
+/// The host TileOps (the same for every value type; the bfloat16 forward's is
+/// TileOps<Host, bf16>) and its team member: gemm_bf16x2's portable edge loops take a real one.
+using HostOps = kfa::backends::TileOps<Kokkos::DefaultHostExecutionSpace, float>;
+using HostMember = Kokkos::TeamPolicy<Kokkos::DefaultHostExecutionSpace>::member_type;
+
+/// kfa's host TileOps::gemm_bf16x2 compiled as a function of its own, as kfa_gemm_standalone.
+[[gnu::noinline]] void kfa_gemm_bf16x2_standalone(const HostMember& team, int m, int n, int k2,
+                                                  const void* a, int a_rs, const void* b, int ldb,
+                                                  float* c, int ldc, float scale, bool accumulate) {
+  HostOps::gemm_bf16x2(team, m, n, k2, a, a_rs, 1, b, ldb, c, ldc, scale, accumulate);
+}
+
+/// kfa's pair products: inside a PairScope opened once before the check and the timed loop, as
+/// the forward opens one for a query tile's sweep (kfa_amx: the AMX tiles, TDPBF16PS), or
+/// without one (kfa_dpbf16: AVX-512 VDPBF16PS), on the same operands. The check and the timed
+/// loop run inside one team of one thread (a host team runs on the calling thread).
+template <bool tiles>
+void BM_kfa_bf16x2(benchmark::State& state, Product product, Placement placement, int br, int bc,
+                   int d) {
+  const Bf16Problem pr(product, placement, br, bc, d);
+  if (tiles && !HostOps::bf16x2_tiles()) {
+    state.SkipWithError("no AMX tiles here (CPU, kernel or KFA_HOST_AMX=0)");
+    return;
+  }
+  Kokkos::parallel_for(
+      Kokkos::TeamPolicy<Kokkos::DefaultHostExecutionSpace>(1, 1), [&](const HostMember& team) {
+        const typename HostOps::PairScope scope(tiles);
+        run_checked(state, pr, [&] {
+          kfa_gemm_bf16x2_standalone(team, pr.m, pr.n, pr.k / 2, pr.a.data(), pr.k / 2, pr.b.data(),
+                                     pr.n, pr.c_float(), pr.ldc, pr.scale, pr.accumulate);
+        });
+      });
+  if constexpr (tiles) {
+    state.SetLabel("AMX TDPBF16PS, 2 x 2 tiles of 16 x 16");
+  } else {
+    constexpr int regs = kfa::backends::host::wide_blocks ? 4 : 2;
+    state.SetLabel("VDPBF16PS MR=" + std::to_string(kfa::backends::host::micro_rows(regs)) +
+                   " NR=" + std::to_string(regs * 16));
+  }
+}
+#endif
 
 #ifdef KFA_BENCH_HAVE_OPENBLAS
 /// OpenBLAS cblas_?gemm, row-major, A transposed when it is stored column-major.
@@ -345,6 +495,58 @@ void BM_dnnl_matmul(benchmark::State& state, Product product, Placement placemen
     state.SkipWithError(e.what());
   }
 }
+
+/// A dnnl::matmul primitive on bfloat16 src and weights with float dst, created once as
+/// BM_dnnl_matmul's: src is A (row-major, as kfa's), the scale an output scale, beta = 1 a sum
+/// post-op; labelled with the implementation oneDNN chose. oneDNN takes no pair words: the
+/// weights are B in plain row-major bfloat16 (dnnl_matmul_bf16: its natural layout, not the
+/// forward's, which the primitive must rearrange for the tiles on every call), or, `packed`
+/// (dnnl_matmul_bf16_packed), in the layout the primitive asks for (format any), reordered
+/// from the plain B once outside the timed loop: the product alone, as where B is reused.
+template <bool packed>
+void BM_dnnl_matmul_bf16(benchmark::State& state, Product product, Placement placement, int br,
+                         int bc, int d) {
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  const Bf16Problem pr(product, placement, br, bc, d);
+  try {
+    dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    dnnl::stream strm(eng);
+    const dnnl::memory::desc a_md(dims{pr.m, pr.k}, dt::bf16, dims{pr.k, 1});
+    const dnnl::memory::desc plain_md(dims{pr.k, pr.n}, dt::bf16, dims{pr.n, 1});
+    const dnnl::memory::desc b_md =
+        packed ? dnnl::memory::desc(dims{pr.k, pr.n}, dt::bf16, dnnl::memory::format_tag::any)
+               : plain_md;
+    const dnnl::memory::desc c_md(dims{pr.m, pr.n}, dt::f32, dims{pr.ldc, 1});
+    dnnl::primitive_attr attr;
+    if (pr.scale != 1.0f) attr.set_output_scales(0, {pr.scale});
+    if (pr.accumulate) {
+      dnnl::post_ops ops;
+      ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+    }
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, eng);
+    const dnnl::matmul prim(pd);
+    dnnl::memory plain(plain_md, eng, pr.b_plain.data());
+    dnnl::memory weights = plain;
+    if (packed) {
+      weights = dnnl::memory(pd.weights_desc(), eng);
+      dnnl::reorder(plain, weights).execute(strm, plain, weights);
+      strm.wait();
+    }
+    const std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, dnnl::memory(a_md, eng, pr.a.data())},
+        {DNNL_ARG_WEIGHTS, weights},
+        {DNNL_ARG_DST, dnnl::memory(c_md, eng, pr.c.data())}};
+    run_checked(state, pr, [&] {
+      prim.execute(strm, args);
+      strm.wait();
+    });
+    state.SetLabel(pd.impl_info_str());
+  } catch (const dnnl::error& e) {
+    state.SkipWithError(e.what());
+  }
+}
 #endif
 
 // ---- FMA peak probe -------------------------------------------------------------------------
@@ -357,9 +559,12 @@ void BM_fma_peak(benchmark::State& state) {
   using vec [[gnu::vector_size(64)]] = T;
   constexpr int chains = 12, lanes = 64 / sizeof(T);
   constexpr long steps = 1 << 12;
-  T mul_s = T(0.999), add_s = T(1e-3);  // converges to 1, no overflow or subnormals
-  benchmark::DoNotOptimize(mul_s);      // opaque: nothing folds
-  benchmark::DoNotOptimize(add_s);
+  // Converges to 1, no overflow or subnormals; read through volatile, so nothing folds. Not
+  // benchmark::DoNotOptimize (1.7.1's "+m,r" asm): with it GCC 12 dropped the two scalars'
+  // initial stores, the loop ran on two stack slots never written, and on some runs on this
+  // Xeon at 1/260 of the peak.
+  const volatile T mul_v = T(0.999), add_v = T(1e-3);
+  const T mul_s = mul_v, add_s = add_v;
   const vec mul = vec{} + mul_s, add = vec{} + add_s;
   vec acc[chains];
   for (int c = 0; c < chains; ++c)
@@ -426,6 +631,33 @@ void register_all() {
           }
 }
 
+/// The bfloat16 products (Bf16Problem) at the host forward's tiles: Br = 64, Bc = 128 up to
+/// D = 64 and 64 at D = 128 (host/traits.hpp), and the other Bc of each D.
+void register_bf16() {
+  std::vector<std::pair<const char*, BenchFn>> engines;
+#if defined(KFA_HOST_AMX) && defined(KFA_HOST_AVX512_BF16)
+  engines.emplace_back("kfa_amx", BM_kfa_bf16x2<true>);
+#endif
+#ifdef KFA_HOST_AVX512_BF16
+  engines.emplace_back("kfa_dpbf16", BM_kfa_bf16x2<false>);
+#endif
+#ifdef KFA_BENCH_HAVE_DNNL
+  engines.emplace_back("dnnl_matmul_bf16", BM_dnnl_matmul_bf16<false>);
+  engines.emplace_back("dnnl_matmul_bf16_packed", BM_dnnl_matmul_bf16<true>);
+#endif
+  const int br = 64;
+  for (Placement placement : {Placement::page, Placement::staggered})
+    for (Product product : {Product::scores, Product::output})
+      for (int d : {64, 128})
+        for (int bc : {64, 128})
+          for (const auto& [engine, fn] : engines) {
+            std::ostringstream name;
+            name << name_of(product) << "/bf16/Br:" << br << "/Bc:" << bc << "/D:" << d << '/'
+                 << (placement == Placement::page ? "page" : "staggered") << '/' << engine;
+            benchmark::RegisterBenchmark(name.str().c_str(), fn, product, placement, br, bc, d);
+          }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -459,12 +691,22 @@ int main(int argc, char** argv) {
 #else
     absent += "onednn ";
 #endif
+#if !defined(KFA_HOST_AMX) || !defined(KFA_HOST_AVX512_BF16)
+    absent += "kfa_amx ";
+#endif
+#ifndef KFA_HOST_AVX512_BF16
+    absent += "kfa_dpbf16 ";
+#else
+    benchmark::AddCustomContext("kfa_amx_tiles",
+                                HostOps::bf16x2_tiles() ? "available" : "not available");
+#endif
     benchmark::AddCustomContext("absent_engines", absent.empty() ? "none" : absent);
     benchmark::AddCustomContext("kfa_git_revision", KFA_GIT_REVISION);
     benchmark::AddCustomContext("kokkos_version", std::to_string(KOKKOS_VERSION));
     benchmark::AddCustomContext("kokkos_host_space", Kokkos::DefaultHostExecutionSpace::name());
     register_all<float>();
     register_all<double>();
+    register_bf16();
     benchmark::Initialize(&argc, argv);
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();

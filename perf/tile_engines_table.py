@@ -8,19 +8,25 @@ FMA peak of the same type measured in the same file (fma_peak/float or fma_peak/
 file given as FILE:SUFFIX adds its engines as extra columns named ENGINE-SUFFIX (a second run
 of some engines under other settings, with its own peak probe). One table per type and
 placement; the last column is the best engine other than kfa's over kfa (TileOps::gemm as its
-own function). Rates are Google Benchmark's, per CPU time; the lines under the tables give the
-largest coefficient of variation over the repetitions and the median wall/CPU time ratio,
-which is 1.00 when nothing else ran on the core.
+own function), or, in the bf16 tables (no float gemm), over kfa_amx (TileOps::gemm_bf16x2 on
+AMX tiles); types without a peak probe (bf16) show GFLOP/s alone. A Bc column appears where a
+table has more than one Bc. Rates are Google Benchmark's, per CPU time; the lines under the
+tables give the largest coefficient of variation over the repetitions and the median wall/CPU
+time ratio, which is 1.00 when nothing else ran on the core.
 """
 import json
 import statistics
 import sys
 
-ENGINE_ORDER = ["kfa", "kfa_inline", "libxsmm", "dnnl_sgemm", "dnnl_matmul", "openblas"]
+ENGINE_ORDER = ["kfa", "kfa_inline", "libxsmm", "dnnl_sgemm", "dnnl_matmul", "openblas",
+                "kfa_amx", "kfa_dpbf16", "dnnl_matmul_bf16", "dnnl_matmul_bf16_packed"]
+BASE_ENGINES = ["kfa", "kfa_amx"]  # the first one a row has is the ratio's denominator
 
 
 def load(path, suffix):
-    """(rows, peaks, cvs, walls) of one file: rows[(type, placement, product, D, Br)][engine]."""
+    """(rows, peaks, cvs, walls) of one file.
+
+    rows[(type, placement, product, D, Br, Bc)][engine]."""
     with open(path) as f:
         data = json.load(f)
     runs = data["benchmarks"]
@@ -31,7 +37,8 @@ def load(path, suffix):
         # product/type/Br:x/Bc:y/D:z/placement/engine, or fma_peak/type
         key = None
         if parts[0] != "fma_peak":
-            key = (parts[1], parts[5], parts[0], int(parts[4][2:]), int(parts[2][3:]))
+            key = (parts[1], parts[5], parts[0], int(parts[4][2:]), int(parts[2][3:]),
+                   int(parts[3][3:]))
         if b.get("error_occurred"):
             if key:
                 rows.setdefault(key, {})[parts[6] + suffix] = "error"
@@ -75,12 +82,16 @@ def main(argv):
     tables = sorted({k[:2] for k in rows}, key=lambda t: (t[0] != "float", t[1] != "page"))
     for dtype, placement in tables:
         keys = sorted((k for k in rows if k[:2] == (dtype, placement)),
-                      key=lambda k: (order.get(k[2], 9), k[3], k[4]))
+                      key=lambda k: (order.get(k[2], 9), k[3], k[4], k[5]))
         used = [e for e in engines if any(e in rows[k] for k in keys)]
-        print(f"\n**{dtype}, {placement} placement**; FMA peak GFLOP/s " +
-              ", ".join(peaks.get(dtype, [])) + "\n")
-        print("| product | D | Br | " + " | ".join(used) + " | best other / kfa |")
-        print("|---|---:|---:|" + "---:|" * len(used) + "---|")
+        base_engine = next((e for e in BASE_ENGINES if e in used), "kfa")
+        with_bc = len({k[5] for k in keys}) > 1
+        peak = ("FMA peak GFLOP/s " + ", ".join(peaks[dtype]) if dtype in peaks else
+                "GFLOP/s (no peak probe of this type)")
+        print(f"\n**{dtype}, {placement} placement**; {peak}\n")
+        print("| product | D | Br | " + ("Bc | " if with_bc else "") + " | ".join(used) +
+              f" | best other / {base_engine} |")
+        print("|---|---:|---:|" + ("---:|" if with_bc else "") + "---:|" * len(used) + "---|")
         for key in keys:
             cells, best = [], None
             for e in used:
@@ -93,9 +104,10 @@ def main(argv):
                     cells.append(f"{value:.0f} ({value / peak:.2f})" if peak else f"{value:.0f}")
                     if not e.startswith("kfa") and (best is None or value > best[0]):
                         best = (value, e)
-            kfa = rows[key].get("kfa", (None,))[0]
+            kfa = rows[key].get(base_engine, (None,))[0]
             ratio = f"{best[1]} {best[0] / kfa:.2f}x" if best and isinstance(kfa, float) else ""
-            print(f"| {key[2]} | {key[3]} | {key[4]} | " + " | ".join(cells) + f" | {ratio} |")
+            bc = f"{key[5]} | " if with_bc else ""
+            print(f"| {key[2]} | {key[3]} | {key[4]} | {bc}" + " | ".join(cells) + f" | {ratio} |")
     if cvs:
         worst = max(cvs)
         print(f"\nLargest coefficient of variation of FLOP/s over the repetitions: "
