@@ -15,6 +15,11 @@
 #include <tuple>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "problem.hpp"
 
 namespace {
@@ -236,14 +241,17 @@ TEST(NarrowPairs, ForcedPathIsTaken) {
   EXPECT_EQ(Ops::bf16x2_pays(), std::string(force) == "1");
 }
 
-// The AMX tiles are taken where the CPU lists them (/proc/cpuinfo's amx_bf16, read here, not
-// by the code under test) unless KFA_HOST_AMX=0 says not to: ctest runs the pair cases both
-// ways, so a tiles path that were never entered, or one the variable did not switch off, shows.
+// The AMX tiles are taken where the CPU lists them (/proc/cpuinfo's amx_bf16 and amx_tile,
+// read here, not by the code under test) and the kernel grants the tile state (asked here
+// too), unless KFA_HOST_AMX=0 says not to; and a bf16 forward then runs its products on them
+// (host::amx::products counts the calls on the calling thread, which runs teams of the
+// forward on Serial and as OpenMP's thread 0). ctest runs the pair cases both ways, so a tiles
+// path never entered, or one the variable did not switch off, shows.
 TEST(NarrowPairs, TilesWhereTheCpuHasThem) {
   using Ops = kfa::backends::TileOps<Exec, bf16>;
   if (!Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible)
     GTEST_SKIP() << "not a host space";
-#ifndef KFA_HOST_AMX
+#if !defined(KFA_HOST_AMX) || !defined(KFA_HOST_AVX512_BF16)
   EXPECT_FALSE(Ops::bf16x2_tiles());
   GTEST_SKIP() << "this build has no AMX tile products (it does not target AMX-BF16)";
 #else
@@ -251,9 +259,20 @@ TEST(NarrowPairs, TilesWhereTheCpuHasThem) {
   std::string line;
   bool listed = false;
   while (!listed && std::getline(cpuinfo, line))
-    listed = line.rfind("flags", 0) == 0 && (line + " ").find(" amx_bf16 ") != std::string::npos;
+    listed = line.rfind("flags", 0) == 0 && (line + " ").find(" amx_bf16 ") != std::string::npos &&
+             (line + " ").find(" amx_tile ") != std::string::npos;
+  if (listed && syscall(SYS_arch_prctl, 0x1023, 18) != 0)  // ARCH_REQ_XCOMP_PERM, XTILEDATA
+    GTEST_SKIP() << "the kernel does not grant the AMX tile state to this process";
   const char* off = std::getenv("KFA_HOST_AMX");
-  EXPECT_EQ(Ops::bf16x2_tiles(), listed && !(off && std::string(off) == "0"));
+  const bool want = listed && !(off && std::string(off) == "0");
+  EXPECT_EQ(Ops::bf16x2_tiles(), want);
+  const char* pairs = std::getenv("KFA_HOST_BF16_PAIRS");
+  if (!Ops::bf16x2_pays() || (pairs && std::string(pairs) == "0")) return;
+  Problem pb(Shape{1, 2, 1, 300, 300, 64, 64}, 5, 1.0);
+  pb.rounded<bf16>();
+  const long before = kfa::backends::host::amx::products;
+  run_forward<bf16>(pb, kfa::Params{});
+  EXPECT_EQ(kfa::backends::host::amx::products > before, want);
 #endif
 }
 

@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -429,14 +430,31 @@ void check_gemm_bf16x2(const Shape& sh, bool transposed_a, bool accumulate, bool
     w = bf16x2_pack(random_bf16(gen), random_bf16(gen));
   auto c = random_values<float>(std::size_t(m) * ldc + 1, 3);
   const auto c0 = c;
+  [[maybe_unused]] long tile_calls = 0;  // the AMX products this call made, where it has them
   on_one_team(
       [&](const Member& team) {
         const typename Ops::PairScope scope(tiles);
+#ifdef KFA_HOST_AMX
+        tile_calls = -kfa::backends::host::amx::products;
+#endif
         Ops::gemm_bf16x2(team, m, n, k2, a.data(), a_rs, a_cs, b.data(), ldb, c.data(), ldc, scale,
                          accumulate);
+#ifdef KFA_HOST_AMX
+        tile_calls += kfa::backends::host::amx::products;
+#endif
       },
       threads);
+#ifdef KFA_HOST_AMX
+  // The tiles are taken exactly where they should be: in a scope, on a CPU that has them, for A
+  // by rows, and with a block of 16 x 16 x 32 to do.
+  if constexpr (std::is_same_v<Ops, HostOps>) {
+    const bool want =
+        tiles && Ops::bf16x2_tiles() && !transposed_a && m >= 16 && n >= 16 && k2 >= 16;
+    EXPECT_EQ(tile_calls, want ? 1 : 0);
+  }
+#endif
   const double eps = std::numeric_limits<float>::epsilon();
+  ASSERT_EQ(c.back(), c0.back()) << "past C's last row is not touched";
   for (int i = 0; i < m; ++i)
     for (int j = 0; j < ldc; ++j) {
       const std::size_t e = std::size_t(i) * ldc + j;
@@ -543,6 +561,46 @@ TEST(Tiles, HostBf16x2Tiles) {
           check_gemm_bf16x2<HostOps>(sh, transposed, accumulate, false, true, scale);
   if (!HostOps::bf16x2_tiles()) GTEST_SKIP() << "no AMX tiles here: the vector products ran";
 }
+// A pair scope gives the thread back the tile configuration it found: another library's (here
+// one of its own shapes, loaded before), which may count on it staying loaded, or none.
+TEST(Tiles, AmxScopeGivesBackTheConfiguration) {
+#ifdef KFA_HOST_AMX
+  using kfa::backends::host::amx::Config;
+  if (!kfa::backends::host::amx::available()) GTEST_SKIP() << "no AMX tiles here";
+  Config theirs{};
+  theirs.palette = 1;
+  theirs.colsb[0] = 32;
+  theirs.rows[0] = 5;
+  // GCC 12's configuration intrinsics tell the compiler they touch 8 bytes: barriers make it
+  // write all 64 before a load and read all 64 after a store.
+  const auto current = [] {
+    Config c{};
+    _tile_storeconfig(&c);
+    asm volatile("" ::: "memory");
+    return c;
+  };
+  const auto scope_then_current = [&] {
+    {
+      const HostOps::PairScope scope(true);
+      EXPECT_TRUE(kfa::backends::host::amx::active());
+      const Config ours = current();
+      EXPECT_EQ(ours.colsb[7], 64);
+      EXPECT_EQ(ours.rows[7], 16);
+    }
+    return current();
+  };
+  asm volatile("" ::: "memory");
+  _tile_loadconfig(&theirs);
+  const Config after = scope_then_current();
+  EXPECT_EQ(std::memcmp(&after, &theirs, sizeof(Config)), 0) << "their configuration is back";
+  _tile_release();
+  const Config none = scope_then_current();
+  EXPECT_EQ(none.palette, 0) << "no configuration found, none left";
+#else
+  GTEST_SKIP() << "this build has no AMX tile products";
+#endif
+}
+
 TEST(Tiles, PortableBf16x2) {
   using Ops = kfa::backends::PortableTileOps<float>;
   for (const Shape& sh : {Shape{13, 37, 5}, Shape{64, 64, 32}, Shape{1, 1, 1}})

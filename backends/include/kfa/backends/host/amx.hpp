@@ -10,10 +10,11 @@
 /// were measured on, against 0.23 for AVX-512 FMA in float.
 ///
 /// The tiles' shapes are set per thread by LDTILECFG (about 70 ns), too slow to pay once per
-/// product of a 64 x 64 tile; a Scope sets them once for a whole sweep of a query tile and
-/// releases them at its end, so that no tile state outlives the kernel on the thread (another
-/// library's tiles, or none, may be configured there between calls). gemm_bf16x2 takes the
-/// tiles only inside a Scope.
+/// product of a 64 x 64 tile; a Scope sets them once for a whole sweep of a query tile and at
+/// its end gives the thread back the configuration it found (STTILECFG at the start): another
+/// library's, which may count on it staying loaded across calls, or none (then the tiles are
+/// released). The tile data is not kept, as the ABI lets callees clobber it. gemm_bf16x2 takes
+/// the tiles only inside a Scope.
 ///
 /// Linux hands out the tile data state on request, per process (arch_prctl
 /// ARCH_REQ_XCOMP_PERM, kernel 5.16 and later); available() asks once and says no where it is
@@ -64,8 +65,12 @@ struct alignas(64) Config {
 inline constexpr Config config = {
     1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
 
-/// Scopes open on this thread (they nest; the outermost configures and releases).
+/// Scopes open on this thread (they nest; the outermost configures and restores).
 inline thread_local int open_scopes = 0;
+/// The configuration the outermost Scope found on this thread (palette 0: none).
+inline thread_local Config found{};
+/// Calls of gemm on this thread: the tests read it to see that the tiles were taken.
+inline thread_local long products = 0;
 
 /// Whether the calling thread is inside a Scope that configured the tiles.
 inline bool active() {
@@ -80,10 +85,19 @@ class Scope {
   explicit Scope(bool wanted) : on_(wanted && available()) {
     // A constant in static storage: GCC 12's _tile_loadconfig tells the compiler it reads 8
     // bytes, and stores to a local configuration beyond them were dropped (a crash).
-    if (on_ && open_scopes++ == 0) _tile_loadconfig(&config);
+    if (on_ && open_scopes++ == 0) {
+      _tile_storeconfig(&found);  // 64 bytes, where GCC 12's asm names 8: the barrier
+      asm volatile("" ::: "memory");
+      _tile_loadconfig(&config);
+    }
   }
   ~Scope() {
-    if (on_ && --open_scopes == 0) _tile_release();
+    if (on_ && --open_scopes == 0) {
+      if (found.palette != 0)
+        _tile_loadconfig(&found);
+      else
+        _tile_release();
+    }
   }
   Scope(const Scope&) = delete;
   Scope& operator=(const Scope&) = delete;
@@ -139,6 +153,7 @@ inline void block(int k16, const unsigned char* a, std::ptrdiff_t a_ld, const un
 /// the stack and vector code finishes.
 inline void gemm(int m16, int n16, int k16, const void* a, int a_rs, const void* b, int ldb,
                  float* c, int ldc, float scale, bool accumulate) {
+  ++products;
   const bool load = accumulate && scale == 1.0f;  // the tiles add to C themselves
   const bool buffered = accumulate && !load;
   alignas(64) float buffer[32 * 32];
