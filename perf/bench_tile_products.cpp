@@ -460,32 +460,30 @@ void BM_dnnl_sgemm(benchmark::State& state, Product product, Placement placement
   });
 }
 
-/// A dnnl::matmul primitive created once for the shape and strides (A's strides describe its
-/// storage, beta = 1 as a sum post-op); each iteration is one execute on a CPU stream and its
-/// wait, with the argument map built once. oneDNN 2.6 has no f64 data type, so float only.
-void BM_dnnl_matmul(benchmark::State& state, Product product, Placement placement, int br, int bc,
-                    int d) {
-  using dt = dnnl::memory::data_type;
-  using dims = dnnl::memory::dims;
-  const Problem<float> pr(product, placement, br, bc, d);
+/// Times one dnnl::matmul primitive on pr, created once outside the timed loop for src a_md
+/// (at a), weights w_md and dst c_md (at c): the scale an output scale where it is not 1,
+/// beta = 1 a sum post-op where pr accumulates. Each iteration is one execute on a CPU stream and
+/// its wait, the argument map built once, the result checked first; the benchmark is labelled
+/// with the implementation oneDNN chose. weights(pd, eng, strm) gives the weights' memory.
+template <class Pr, class Weights>
+void time_dnnl_matmul(benchmark::State& state, const Pr& pr, const dnnl::memory::desc& a_md,
+                      void* a, const dnnl::memory::desc& w_md, const dnnl::memory::desc& c_md,
+                      float* c, float scale, const Weights& weights) {
   try {
     dnnl::engine eng(dnnl::engine::kind::cpu, 0);
     dnnl::stream strm(eng);
-    const dnnl::memory::desc a_md(dims{pr.m, pr.k}, dt::f32, dims{pr.a_rs(), pr.a_cs()});
-    const dnnl::memory::desc b_md(dims{pr.k, pr.n}, dt::f32, dims{pr.ldb, 1});
-    const dnnl::memory::desc c_md(dims{pr.m, pr.n}, dt::f32, dims{pr.ldc, 1});
     dnnl::primitive_attr attr;
+    if (scale != 1.0f) attr.set_output_scales(0, {scale});
     if (pr.accumulate) {
       dnnl::post_ops ops;
       ops.append_sum(1.0f);
       attr.set_post_ops(ops);
     }
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, eng);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, w_md, c_md), attr, eng);
     const dnnl::matmul prim(pd);
-    const std::unordered_map<int, dnnl::memory> args{
-        {DNNL_ARG_SRC, dnnl::memory(a_md, eng, pr.a.data())},
-        {DNNL_ARG_WEIGHTS, dnnl::memory(b_md, eng, pr.b.data())},
-        {DNNL_ARG_DST, dnnl::memory(c_md, eng, pr.c.data())}};
+    const std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(a_md, eng, a)},
+                                                     {DNNL_ARG_WEIGHTS, weights(pd, eng, strm)},
+                                                     {DNNL_ARG_DST, dnnl::memory(c_md, eng, c)}};
     run_checked(state, pr, [&] {
       prim.execute(strm, args);
       strm.wait();
@@ -496,56 +494,50 @@ void BM_dnnl_matmul(benchmark::State& state, Product product, Placement placemen
   }
 }
 
-/// A dnnl::matmul primitive on bfloat16 src and weights with float dst, created once as
-/// BM_dnnl_matmul's: src is A (row-major, as kfa's), the scale an output scale, beta = 1 a sum
-/// post-op; labelled with the implementation oneDNN chose. oneDNN takes no pair words: the
-/// weights are B in plain row-major bfloat16 (dnnl_matmul_bf16: its natural layout, not the
-/// forward's, which the primitive must rearrange for the tiles on every call), or, `packed`
-/// (dnnl_matmul_bf16_packed), in the layout the primitive asks for (format any), reordered
-/// from the plain B once outside the timed loop: the product alone, as where B is reused.
+/// A dnnl::matmul on float (time_dnnl_matmul), A's strides describing its storage. oneDNN 2.6
+/// has no f64 data type, so float only.
+void BM_dnnl_matmul(benchmark::State& state, Product product, Placement placement, int br, int bc,
+                    int d) {
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  const Problem<float> pr(product, placement, br, bc, d);
+  const dnnl::memory::desc a_md(dims{pr.m, pr.k}, dt::f32, dims{pr.a_rs(), pr.a_cs()});
+  const dnnl::memory::desc b_md(dims{pr.k, pr.n}, dt::f32, dims{pr.ldb, 1});
+  const dnnl::memory::desc c_md(dims{pr.m, pr.n}, dt::f32, dims{pr.ldc, 1});
+  time_dnnl_matmul(state, pr, a_md, pr.a.data(), b_md, c_md, pr.c.data(), 1.0f,
+                   [&](const auto&, const dnnl::engine& eng, dnnl::stream&) {
+                     return dnnl::memory(b_md, eng, pr.b.data());
+                   });
+}
+
+/// A dnnl::matmul on bfloat16 src and weights with float dst (time_dnnl_matmul): src is A
+/// (row-major, as kfa's). oneDNN takes no pair words: the weights are B in plain row-major
+/// bfloat16 (dnnl_matmul_bf16: its natural layout, not the forward's, which the primitive must
+/// rearrange for the tiles on every call), or, `packed` (dnnl_matmul_bf16_packed), in the layout
+/// the primitive asks for (format any), reordered from the plain B once outside the timed loop:
+/// the product alone, as where B is reused.
 template <bool packed>
 void BM_dnnl_matmul_bf16(benchmark::State& state, Product product, Placement placement, int br,
                          int bc, int d) {
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
   const Bf16Problem pr(product, placement, br, bc, d);
-  try {
-    dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-    dnnl::stream strm(eng);
-    const dnnl::memory::desc a_md(dims{pr.m, pr.k}, dt::bf16, dims{pr.k, 1});
-    const dnnl::memory::desc plain_md(dims{pr.k, pr.n}, dt::bf16, dims{pr.n, 1});
-    const dnnl::memory::desc b_md =
-        packed ? dnnl::memory::desc(dims{pr.k, pr.n}, dt::bf16, dnnl::memory::format_tag::any)
-               : plain_md;
-    const dnnl::memory::desc c_md(dims{pr.m, pr.n}, dt::f32, dims{pr.ldc, 1});
-    dnnl::primitive_attr attr;
-    if (pr.scale != 1.0f) attr.set_output_scales(0, {pr.scale});
-    if (pr.accumulate) {
-      dnnl::post_ops ops;
-      ops.append_sum(1.0f);
-      attr.set_post_ops(ops);
-    }
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, eng);
-    const dnnl::matmul prim(pd);
-    dnnl::memory plain(plain_md, eng, pr.b_plain.data());
-    dnnl::memory weights = plain;
-    if (packed) {
-      weights = dnnl::memory(pd.weights_desc(), eng);
-      dnnl::reorder(plain, weights).execute(strm, plain, weights);
-      strm.wait();
-    }
-    const std::unordered_map<int, dnnl::memory> args{
-        {DNNL_ARG_SRC, dnnl::memory(a_md, eng, pr.a.data())},
-        {DNNL_ARG_WEIGHTS, weights},
-        {DNNL_ARG_DST, dnnl::memory(c_md, eng, pr.c.data())}};
-    run_checked(state, pr, [&] {
-      prim.execute(strm, args);
-      strm.wait();
-    });
-    state.SetLabel(pd.impl_info_str());
-  } catch (const dnnl::error& e) {
-    state.SkipWithError(e.what());
-  }
+  const dnnl::memory::desc a_md(dims{pr.m, pr.k}, dt::bf16, dims{pr.k, 1});
+  const dnnl::memory::desc plain_md(dims{pr.k, pr.n}, dt::bf16, dims{pr.n, 1});
+  const dnnl::memory::desc b_md =
+      packed ? dnnl::memory::desc(dims{pr.k, pr.n}, dt::bf16, dnnl::memory::format_tag::any)
+             : plain_md;
+  const dnnl::memory::desc c_md(dims{pr.m, pr.n}, dt::f32, dims{pr.ldc, 1});
+  time_dnnl_matmul(
+      state, pr, a_md, pr.a.data(), b_md, c_md, pr.c_float(), pr.scale,
+      [&](const dnnl::matmul::primitive_desc& pd, const dnnl::engine& eng, dnnl::stream& strm) {
+        dnnl::memory plain(plain_md, eng, pr.b_plain.data());
+        if (!packed) return plain;
+        dnnl::memory weights(pd.weights_desc(), eng);
+        dnnl::reorder(plain, weights).execute(strm, plain, weights);
+        strm.wait();
+        return weights;
+      });
 }
 #endif
 
@@ -586,6 +578,54 @@ void BM_fma_peak(benchmark::State& state) {
   state.SkipWithError("the FMA probe needs GCC/Clang with AVX-512 (build with KFA_NATIVE)");
 #endif
 }
+
+#ifdef KFA_HOST_AMX
+/// The core's AMX peak for bfloat16 pairs: TDPBF16PS on four independent C tiles from A and B
+/// tiles already loaded, 16 x 16 x 32 x 2 FLOPs each, inside a PairScope (the tiles'
+/// configuration of the pair products). The ceiling the kfa_amx rates are read against.
+void BM_amx_peak(benchmark::State& state) {
+  if (!kfa::backends::host::amx::available()) {
+    state.SkipWithError("no AMX tiles here (CPU, kernel or KFA_HOST_AMX=0)");
+    return;
+  }
+  constexpr long steps = 1 << 12;
+  alignas(64) std::uint16_t ones[16 * 32];
+  for (auto& w : ones)
+    w = 0x3f80;  // bfloat16 1
+  const kfa::backends::host::amx::Scope scope(true);
+  asm volatile("" ::: "memory");  // the stores above before the tile loads (amx.hpp)
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, ones, 64);
+  _tile_loadd(5, ones, 64);
+  _tile_loadd(6, ones, 64);
+  _tile_loadd(7, ones, 64);
+  for (auto _ : state)
+    for (long s = 0; s < steps; ++s) {
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  state.counters["FLOP/s"] = flop_rate(4.0 * 16 * 16 * 32 * 2 * steps);
+}
+
+/// What a PairScope costs, opened and closed once per iteration on a thread with no tiles
+/// configured: STTILECFG, LDTILECFG of the pair products' shapes, TILERELEASE (the forward opens
+/// one per query tile's sweep).
+void BM_amx_scope(benchmark::State& state) {
+  if (!kfa::backends::host::amx::available()) {
+    state.SkipWithError("no AMX tiles here (CPU, kernel or KFA_HOST_AMX=0)");
+    return;
+  }
+  for (auto _ : state) {
+    const kfa::backends::host::amx::Scope scope(true);
+    benchmark::ClobberMemory();
+  }
+}
+#endif
 
 // ---- registration and main ------------------------------------------------------------------
 
@@ -634,8 +674,12 @@ void register_all() {
 /// The bfloat16 products (Bf16Problem) at the host forward's tiles: Br = 64, Bc = 128 up to
 /// D = 64 and 64 at D = 128 (host/traits.hpp), and the other Bc of each D.
 void register_bf16() {
+#ifdef KFA_HOST_AMX
+  benchmark::RegisterBenchmark("amx_peak/bf16", BM_amx_peak);
+  benchmark::RegisterBenchmark("amx_scope/bf16", BM_amx_scope);
+#endif
   std::vector<std::pair<const char*, BenchFn>> engines;
-#if defined(KFA_HOST_AMX) && defined(KFA_HOST_AVX512_BF16)
+#ifdef KFA_HOST_AMX
   engines.emplace_back("kfa_amx", BM_kfa_bf16x2<true>);
 #endif
 #ifdef KFA_HOST_AVX512_BF16
@@ -691,7 +735,7 @@ int main(int argc, char** argv) {
 #else
     absent += "onednn ";
 #endif
-#if !defined(KFA_HOST_AMX) || !defined(KFA_HOST_AVX512_BF16)
+#ifndef KFA_HOST_AMX
     absent += "kfa_amx ";
 #endif
 #ifndef KFA_HOST_AVX512_BF16

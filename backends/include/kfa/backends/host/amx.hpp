@@ -6,12 +6,14 @@
 ///
 /// A TDPBF16PS multiplies a 16 x 32 bfloat16 tile of A by a 32 x 16 one of B (as 16 rows of
 /// 16 pair words: the pair layout of bf16x2.hpp) into a 16 x 16 float tile of C, float
-/// accumulation: 16384 FLOPs an instruction, 3.5 TFLOP/s on one core of the Xeon these pages
-/// were measured on, against 0.23 for AVX-512 FMA in float.
+/// accumulation: 16384 FLOPs an instruction, 3.0-3.4 TFLOP/s on one core of the Xeon these
+/// pages were measured on, against 0.23 for AVX-512 FMA in float (bench_tile_products'
+/// amx_peak and fma_peak, perf/results/2026-11-27-tile-engines-bf16.md).
 ///
-/// The tiles' shapes are set per thread by LDTILECFG (about 70 ns), too slow to pay once per
-/// product of a 64 x 64 tile; a Scope sets them once for a whole sweep of a query tile and at
-/// its end gives the thread back the configuration it found (STTILECFG at the start): another
+/// The tiles' shapes are set per thread by LDTILECFG; a Scope (STTILECFG, LDTILECFG, then
+/// TILERELEASE: about 55 ns, amx_scope on the same page) would add 7-10 % to each of the
+/// forward's products (0.53-0.80 us there), so a Scope sets them once for a whole sweep of a
+/// query tile and at its end gives the thread back the configuration it found: another
 /// library's, which may count on it staying loaded across calls, or none (then the tiles are
 /// released). The tile data is not kept, as the ABI lets callees clobber it. gemm_bf16x2 takes
 /// the tiles only inside a Scope.
@@ -20,10 +22,13 @@
 /// ARCH_REQ_XCOMP_PERM, kernel 5.16 and later); available() asks once and says no where it is
 /// refused, as where the CPU lacks AMX-BF16: the other paths then run.
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) &&                 \
-    defined(__linux__) && defined(__GNUC__) && !defined(__CUDACC__) && !defined(__HIPCC__) && \
-    !defined(__SYCL_DEVICE_ONLY__)
-/// Defined where this header has AMX tile products.
+// With AVX-512 BF16 and BW as well, which the pair products' packings and edges use (the
+// conditions of KFA_HOST_AVX512_BF16, host/traits.hpp; every AMX-BF16 CPU has them), so that
+// this one macro says whether the host's pair products have the tiles.
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) &&                \
+    defined(__AVX512BW__) && defined(__linux__) && defined(__GNUC__) && !defined(__CUDACC__) && \
+    !defined(__HIPCC__) && !defined(__SYCL_DEVICE_ONLY__)
+/// Defined where this header has AMX tile products (and the pair products take them).
 #define KFA_HOST_AMX 1
 #include <cpuid.h>
 #include <immintrin.h>

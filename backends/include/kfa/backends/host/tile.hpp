@@ -122,7 +122,7 @@ inline bool bf16x2_pays() {
     if (force && std::strcmp(force, "1") == 0) return true;
     if (force && std::strcmp(force, "0") == 0) return false;
 #ifdef KFA_HOST_AMX
-    if (amx::available()) return true;  // the tiles run 15x FMA's FLOPs: no probe needed
+    if (amx::available()) return true;  // 13-15x FMA's FLOPs (amx_peak): no probe needed
 #endif
     return dpbf16_over_fma() >= 1.0;
   }();
@@ -281,6 +281,15 @@ inline __m512 exp2_16(__m512 y, __mmask16 lanes = 0xFFFF) {
 #endif
 
 #ifdef KFA_HOST_AVX512_BF16
+/// The pair words of 16 columns of two rows: lane c packs lo[c] (low half) and hi[c], each
+/// rounded by VCVTNE2PS2BF16 (ties to even, as bf16_round; denormals flush to 0). The
+/// conversion gives lo's words in 0..15 and hi's in 16..31; one word permute interleaves them.
+inline __m512i bf16x2_round(__m512 lo, __m512 hi) {
+  const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                       23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(zip, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
 /// One MR x 16 V block of the pair products (TileOps::gemm_bf16x2) on VDPBF16PS: each step
 /// broadcasts a pair word of A per row and loads V vectors of pair words of B; each
 /// instruction does 16 x 2 products with float accumulation. Offsets are in 4-byte words.
@@ -520,14 +529,14 @@ struct TileOps<
   /// unit column stride (the tiles load rows), and callers lay A out so
   /// (pack_bf16x2_columns).
   static bool bf16x2_tiles() {
-#if defined(KFA_HOST_AMX) && defined(KFA_HOST_AVX512_BF16)
+#ifdef KFA_HOST_AMX
     return host::amx::available();
 #else
     return false;
 #endif
   }
 
-#if defined(KFA_HOST_AMX) && defined(KFA_HOST_AVX512_BF16)
+#ifdef KFA_HOST_AMX
   /// Opened around a run of gemm_bf16x2 calls on one thread (a query tile's sweep): configures
   /// the AMX tiles when constructed with true and they are available, releases them at its end.
   using PairScope = host::amx::Scope;
@@ -573,7 +582,7 @@ struct TileOps<
                                                  const void* a, int a_rs, int a_cs, const void* b,
                                                  int ldb, float* c, int ldc, float scale,
                                                  bool accumulate) {
-#if defined(KFA_HOST_AMX) && defined(KFA_HOST_AVX512_BF16)
+#ifdef KFA_HOST_AMX
     const int m16 = m - m % 16, n16 = n - n % 16, k16 = k2 - k2 % 16;
     if (a_cs == 1 && m16 > 0 && n16 > 0 && k16 > 0 && host::amx::active()) {
       const auto* ab = static_cast<const unsigned char*>(a);
@@ -625,28 +634,22 @@ struct TileOps<
           c + j_end, ldc, scale, accumulate);
   }
 
-  /// PortableTileOps::pack_bf16x2_rows: on AVX-512 BF16, 16 columns of two rows at a time,
-  /// rounded by VCVTNE2PS2BF16 (ties to even, as bf16_round; denormals flush to 0) and
-  /// interleaved by one word permute.
+  /// PortableTileOps::pack_bf16x2_rows: on AVX-512 BF16, 16 columns of two rows at a time
+  /// (host::bf16x2_round).
   template <class Member>
   static KOKKOS_INLINE_FUNCTION void pack_bf16x2_rows(const Member& team, const float* s, int lds,
                                                       int rows, int n, void* out, int ldo) {
     int c_end = 0;
 #ifdef KFA_HOST_AVX512_BF16
     c_end = n - n % 16;
-    // Words 0..15 of the conversion are row 2r's, 16..31 row 2r+1's: lane 2c takes c, 2c+1
-    // takes 16 + c.
-    const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
-                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     auto* o = static_cast<unsigned char*>(out);
     for (int r = 0; 2 * r < rows; ++r) {
       const float* s0 = s + static_cast<std::ptrdiff_t>(2 * r) * lds;
       const bool pair = 2 * r + 1 < rows;
       for (int c = 0; c < c_end; c += 16) {
         const __m512 hi = pair ? _mm512_loadu_ps(s0 + lds + c) : _mm512_setzero_ps();
-        const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(hi, _mm512_loadu_ps(s0 + c));
         _mm512_storeu_si512(o + 4 * (static_cast<std::ptrdiff_t>(r) * ldo + c),
-                            _mm512_permutexvar_epi16(zip, w));
+                            host::bf16x2_round(_mm512_loadu_ps(s0 + c), hi));
       }
     }
 #endif
@@ -657,8 +660,8 @@ struct TileOps<
   }
 
   /// PortableTileOps::pack_bf16x2_columns: on AVX-512 BF16, blocks of 32 rows (16 pair words)
-  /// by 16 columns: each row pair rounded and interleaved as in pack_bf16x2_rows, the 16 x 16
-  /// words then transposed in registers (host::transpose16); the edges on the portable loops.
+  /// by 16 columns: each row pair to pair words (host::bf16x2_round), the 16 x 16 words then
+  /// transposed in registers (host::transpose16); the edges on the portable loops.
   template <class Member>
   static KOKKOS_INLINE_FUNCTION void pack_bf16x2_columns(const Member& team, const float* s,
                                                          int lds, int rows, int n, void* out,
@@ -667,16 +670,13 @@ struct TileOps<
 #ifdef KFA_HOST_AVX512_BF16
     w_end = rows / 32 * 16;
     c_end = n - n % 16;
-    const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
-                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     auto* o = static_cast<unsigned char*>(out);
     for (int w0 = 0; w0 < w_end; w0 += 16)
       for (int c = 0; c < c_end; c += 16) {
         __m512i x[16];  // x[i]: pair word w0 + i of columns c..c+15
         for (int i = 0; i < 16; ++i) {
           const float* s0 = s + static_cast<std::ptrdiff_t>(2 * (w0 + i)) * lds + c;
-          x[i] = _mm512_permutexvar_epi16(
-              zip, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(s0 + lds), _mm512_loadu_ps(s0)));
+          x[i] = host::bf16x2_round(_mm512_loadu_ps(s0), _mm512_loadu_ps(s0 + lds));
         }
         host::transpose16(x);  // x[i]: words w0..w0+15 of column c + i
         for (int i = 0; i < 16; ++i)
