@@ -4,9 +4,13 @@
   perf/tables.py decode   RESULT.json [RESULT2.json ...] [--plot OUT.png]
   perf/tables.py backward RESULT.json [RESULT2.json ...] [--plot OUT.png]
   perf/tables.py dropout  RESULT.json [RESULT2.json ...]
+  perf/tables.py ab       BEFORE.json[,BEFORE2.json ...] AFTER.json[,AFTER2.json ...]
 
 decode: the split-KV decode table (BM_decode); backward: dQ strategies and forward+backward
-(BM_backward, BM_forward_backward); dropout: each pass with p = 0.1 against p = 0 (BM_dropout).
+(BM_backward, BM_forward_backward); dropout: each pass with p = 0.1 against p = 0 (BM_dropout);
+ab: two builds of one benchmark run alternately (comma-separated JSON files of each, in the
+order they ran), the median time of each case over the runs of each build, their ratio, and
+the GFLOP/s as a fraction of the FMA peak of the runs of the same build.
 With --benchmark_repetitions the median of the repetitions is used. Each table quotes the times
 side by side from one run and the GFLOP/s as a fraction of the core's FMA peak (BM_fma_peak,
 perf/fma_peak.hpp) and of the sgemm rate, both measured in the same run (docs/performance.md);
@@ -141,6 +145,52 @@ def dropout(path):
                       f"{of(off['FLOP/s'], peak)} | {of(off['FLOP/s'], sgemm)} |")
 
 
+def ab(before, after):
+    """Before and after, each a list of JSON files of alternated runs of the same benchmark."""
+    def runs(paths):
+        times, rates, peaks, ctx = {}, {}, [], None
+        for path in paths:
+            rows, _, ctx = load(path)
+            peak = fma_peaks(rows).get("float")
+            if peak:
+                peaks.append(peak)
+            for (name, fields), b in rows.items():
+                if name.startswith("BM_fma_peak") or b.get("error_occurred"):
+                    continue
+                key = name + "/" + "/".join(f"{k}:{v}" for k, v in fields)
+                times.setdefault(key, []).append(ms(b))
+                if "FLOP/s" in b:
+                    rates.setdefault(key, []).append(b["FLOP/s"])
+        return times, rates, peaks, ctx
+
+    def median(xs):
+        xs = sorted(xs)
+        n = len(xs)
+        return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+    tb, rb, pb, cb = runs(before)
+    ta, ra, pa, ca = runs(after)
+    for label, paths, peaks, ctx in (("before", before, pb, cb), ("after", after, pa, ca)):
+        print(f"- {label}: {', '.join(f'`{p}`' for p in paths)} (revision "
+              f"{ctx.get('kfa_git_revision', '?')}; float FMA peak "
+              + (f"{median(peaks) / 1e9:.1f} GFLOP/s, median of {len(peaks)} runs)"
+                 if peaks else "not measured)"))
+    print()
+    print("| benchmark | before ms | after ms | after/before | before GFLOP/s (of peak) | "
+          "after GFLOP/s (of peak) |")
+    print("|:---|---:|---:|---:|---:|---:|")
+    for key in sorted(set(tb) & set(ta)):
+        b_ms, a_ms = median(tb[key]), median(ta[key])
+
+        def rate(r, peaks):
+            if key not in r:
+                return "-"
+            g = median(r[key])
+            return f"{g / 1e9:.1f} ({of(g, median(peaks) if peaks else None)})"
+        print(f"| {key} | {b_ms:.2f} | {a_ms:.2f} | {a_ms / b_ms:.3f} | {rate(rb, pb)} | "
+              f"{rate(ra, pa)} |")
+
+
 def plot(kind, paths, out):
     import matplotlib
     matplotlib.use("Agg")
@@ -195,6 +245,9 @@ if __name__ == "__main__":
         i = args.index("--plot")
         out = args[i + 1]
         del args[i:i + 2]
+    if args and args[0] == "ab" and len(args) == 3 and not out:
+        ab(args[1].split(","), args[2].split(","))
+        sys.exit(0)
     if len(args) < 2 or args[0] not in ("decode", "backward", "dropout") or \
             (out and args[0] == "dropout"):
         sys.exit(__doc__)

@@ -52,6 +52,101 @@ TEST(Dropout, PhiloxKnownAnswers) {
   }
 }
 
+// The batched generator (TileOps::philox16: AVX-512 lanes on such a host, a loop elsewhere)
+// against one block at a time, on counters and keys that vary in every word, the all-ones
+// words among them; and the portable form. Its words as weights (TileOps::weights64) against
+// the threshold rule.
+TEST(Dropout, PhiloxSixteenAtATimeMatchesOneAtATime) {
+  using Host = kfa::backends::TileOps<Kokkos::DefaultHostExecutionSpace, float>;
+  using Portable = kfa::backends::PortableTileOps<float>;
+  std::uint32_t x = 12345u;
+  const auto next = [&x] { return x = x * 1664525u + 1013904223u; };  // Numerical Recipes' LCG
+  for (int trial = 0; trial < 64; ++trial) {
+    const std::uint32_t k0 = trial == 0 ? 0xFFFFFFFFu : next(),
+                        k1 = trial == 0 ? 0xFFFFFFFFu : next();
+    std::uint32_t host[4][16], portable[4][16], counter[4][16];
+    for (int e = 0; e < 4; ++e)
+      for (int l = 0; l < 16; ++l)
+        host[e][l] = portable[e][l] = counter[e][l] = trial == 0 ? 0xFFFFFFFFu : next();
+    Host::philox16(host, k0, k1);
+    Portable::philox16(portable, k0, k1);
+    // The words as weights in key order (TileOps::weights64), host and portable alike.
+    const std::uint32_t threshold = next();
+    float host_z[64], portable_z[64];
+    Host::weights64(host, threshold, 1.25f, host_z);
+    Portable::weights64(host, threshold, 1.25f, portable_z);
+    for (int q = 0; q < 64; ++q) {
+      const float expect = host[q % 4][q / 4] >= threshold ? 1.25f : 0.0f;
+      EXPECT_EQ(host_z[q], expect) << "trial " << trial << " key " << q;
+      EXPECT_EQ(portable_z[q], expect) << "trial " << trial << " key " << q;
+    }
+    for (int l = 0; l < 16; ++l) {
+      const auto one = kfa::impl::philox4x32_10(
+          {{counter[0][l], counter[1][l], counter[2][l], counter[3][l]}}, k0, k1);
+      for (int e = 0; e < 4; ++e) {
+        EXPECT_EQ(host[e][l], one.w[e]) << "trial " << trial << " lane " << l << " word " << e;
+        EXPECT_EQ(portable[e][l], one.w[e]) << "trial " << trial << " lane " << l << " word " << e;
+      }
+    }
+  }
+}
+
+// Dropout's one-thread walks (row_weights64 over runs of 64 keys, scale_key_major
+// over a key-major tile) give every element the weight of its own Philox word (words()), and
+// no other element one: windows that start and end inside a group of four keys and inside a
+// run of 64 (row_weights64 through TileOps::weights64), origins that are not multiples of four.
+TEST(Dropout, BatchedWalksWeighEachElementByItsOwnWord) {
+  using Ops = kfa::backends::TileOps<Kokkos::DefaultHostExecutionSpace, float>;
+  kfa::impl::Origin at;
+  at.q = 37;
+  at.k = 6;
+  at.b = 2;
+  const auto d = kfa::impl::make_dropout<float>(dropout(0.3, 99, 4), at);
+  const auto weight = [&](int b, int h, int i, int k) {  // local indices, as the kernels pass
+    const int j = d.k_origin + k;
+    const auto r = d.words(b, h, d.q_origin + i, j >> 2);
+    return r.w[j & 3] >= d.threshold ? d.scale : 0.0f;
+  };
+  int kept = 0, dropped = 0;
+  for (int k0 : {0, 3, 64})
+    for (auto [c0, c1] : {std::pair{0, 1}, {1, 64}, {3, 70}, {0, 128}, {5, 5}, {2, 67}})
+      for (int i : {0, 5}) {
+        std::vector<float> got(130, -1.0f);
+        for (int ca = c0; ca < c1;) {
+          float z[64];
+          const int first = d.row_weights64<Ops>(1, 3, i, k0, ca, z);
+          ASSERT_LE(first, ca);
+          ASSERT_GT(first + 64, ca);
+          ASSERT_EQ((d.k_origin + k0 + first) % 64, 0) << "run at column " << first;
+          const int cz = first + 64 < c1 ? first + 64 : c1;
+          for (int c = ca; c < cz; ++c)
+            got[c] = z[c - first];
+          ca = cz;
+        }
+        for (int c = 0; c < 130; ++c) {
+          const float expect = c >= c0 && c < c1 ? weight(1, 3, i, k0 + c) : -1.0f;
+          EXPECT_EQ(got[c], expect) << "k0 " << k0 << " row " << i << " column " << c;
+          kept += expect > 0;
+          dropped += expect == 0;
+        }
+      }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(dropped, 0);
+  for (int nr : {1, 16, 21})
+    for (auto [cb, ce] : {std::pair{0, 64}, {3, 70}, {5, 6}}) {
+      const int k0 = 10, q0 = 7, lds = nr + 3, rows = ce + 1;
+      std::vector<float> s(static_cast<std::size_t>(rows) * lds, 2.0f);
+      d.scale_key_major<Ops>(0, 1, q0, nr, k0, cb, ce, s.data(), lds);
+      for (int c = 0; c < rows; ++c)
+        for (int r = 0; r < lds; ++r) {
+          const bool inside = c >= cb && c < ce && r < nr;
+          const float expect = inside ? 2.0f * weight(0, 1, q0 + r, k0 + c) : 2.0f;
+          EXPECT_EQ(s[static_cast<std::size_t>(c) * lds + r], expect)
+              << "nr " << nr << " key " << c << " row " << r;
+        }
+    }
+}
+
 double kept_fraction(const Keep4& keep) {
   std::size_t kept = 0;
   for (std::size_t e = 0; e < keep.span(); ++e)

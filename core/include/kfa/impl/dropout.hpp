@@ -19,6 +19,7 @@
 ///  - The element is kept when that word is >= threshold = floor(p * 2^32) (so the keep
 ///    probability is 1 - p to within 2^-32), and a kept P_ij is scaled by 1 / (1 - p).
 
+#include <kfa/backends/philox.hpp>
 #include <kfa/impl/mask.hpp>
 #include <kfa/params.hpp>
 
@@ -30,26 +31,8 @@
 
 namespace kfa::impl {
 
-/// Four 32-bit words: a Philox counter or its output.
-struct PhiloxBlock {
-  std::uint32_t w[4];
-};
-
-/// Philox4x32-10 of `counter` under the key (k0, k1).
-KOKKOS_INLINE_FUNCTION PhiloxBlock philox4x32_10(PhiloxBlock c, std::uint32_t k0,
-                                                 std::uint32_t k1) {
-  constexpr std::uint32_t m0 = 0xD2511F53u, m1 = 0xCD9E8D57u;  // round multipliers
-  constexpr std::uint32_t w0 = 0x9E3779B9u, w1 = 0xBB67AE85u;  // key schedule (Weyl) increments
-  for (int round = 0; round < 10; ++round) {
-    const std::uint64_t p0 = std::uint64_t(m0) * c.w[0], p1 = std::uint64_t(m1) * c.w[2];
-    const auto hi0 = static_cast<std::uint32_t>(p0 >> 32), lo0 = static_cast<std::uint32_t>(p0);
-    const auto hi1 = static_cast<std::uint32_t>(p1 >> 32), lo1 = static_cast<std::uint32_t>(p1);
-    c = PhiloxBlock{{hi1 ^ c.w[1] ^ k0, lo1, hi0 ^ c.w[3] ^ k1, lo0}};
-    k0 += w0;
-    k1 += w1;
-  }
-  return c;
-}
+using backends::philox4x32_10;
+using backends::PhiloxBlock;
 
 /// The dropout of one pass, as the kernels use it. `Acc` is the accumulation type.
 template <class Acc>
@@ -90,6 +73,58 @@ struct Dropout {
         if (c >= c0 && c < c1) f(c, r.w[e] >= threshold ? scale : Acc(0));
       }
     });
+  }
+  /// The weights of local query row i for the 64 keys of the aligned run of 64 global keys
+  /// that holds local key k0 + c (a tile at k0, column c), by one thread: 16 Philox calls at
+  /// once (Ops::philox16) and their words as weights in key order (Ops::weights64), z[q] for
+  /// column first + q. Returns first (negative when the run starts before the tile).
+  template <class Ops>
+  KOKKOS_INLINE_FUNCTION int row_weights64(int b, int h, int i, int k0, int c, Acc (&z)[64]) const {
+    const int j0 = k_origin + k0;  // global key of column 0
+    const int g0 = ((j0 + c) >> 6) << 4;
+    std::uint32_t w[4][16];  // counters {g, i, h, b} of words(), 16 consecutive g
+    for (int l = 0; l < 16; ++l) {
+      w[0][l] = static_cast<std::uint32_t>(g0 + l);
+      w[1][l] = static_cast<std::uint32_t>(q_origin + i);
+      w[2][l] = static_cast<std::uint32_t>(h);
+      w[3][l] = static_cast<std::uint32_t>(b_origin + b);
+    }
+    Ops::philox16(w, key0, key1);
+    Ops::weights64(w, threshold, scale, z);
+    return 4 * g0 - j0;
+  }
+
+  /// A key-major score tile (TileTraits::key_major_scores) times its weights, by one thread:
+  /// s[c * lds + r] *= z for local query q0 + r, r in [0, nr), and local key k0 + c, c in
+  /// [cb, ce). 16 query rows per Ops::philox16, one vector of s per key (Ops::weigh16: a loop
+  /// with a branch per element mispredicted the dropped ones). Every element of the block is
+  /// weighted; where a row does not see a key its P is 0 and stays 0.
+  template <class Ops>
+  KOKKOS_INLINE_FUNCTION void scale_key_major(int b, int h, int q0, int nr, int k0, int cb, int ce,
+                                              Acc* s, int lds) const {
+    if (!enabled || cb >= ce) return;
+    const int j0 = k_origin + k0;
+    const int g_begin = (j0 + cb) >> 2, g_end = ((j0 + ce - 1) >> 2) + 1;
+    const std::uint32_t t = threshold;
+    const Acc z = scale;
+    for (int r0 = 0; r0 < nr; r0 += 16) {
+      const int n = nr - r0 < 16 ? nr - r0 : 16;
+      for (int g = g_begin; g < g_end; ++g) {
+        std::uint32_t w[4][16];  // counters {g, i, h, b} of words(), 16 consecutive i
+        for (int l = 0; l < 16; ++l) {
+          w[0][l] = static_cast<std::uint32_t>(g);
+          w[1][l] = static_cast<std::uint32_t>(q_origin + q0 + r0 + l);
+          w[2][l] = static_cast<std::uint32_t>(h);
+          w[3][l] = static_cast<std::uint32_t>(b_origin + b);
+        }
+        Ops::philox16(w, key0, key1);
+        for (int e = 0; e < 4; ++e) {
+          const int c = 4 * g + e - j0;
+          if (c < cb || c >= ce) continue;
+          Ops::weigh16(s + static_cast<std::ptrdiff_t>(c) * lds + r0, n, w[e], t, z);
+        }
+      }
+    }
   }
 };
 

@@ -691,11 +691,9 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       }
       if (Rule::softmax && dropout.enabled) {
         team.team_barrier();
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
-          const int i = q0 + r, lo = mask.lo(i) - k0, hi = mask.hi(i) + 1 - k0;
-          dropout.for_each(team, b, h, i, k0, lo > cb ? lo : cb, hi < ce ? hi : ce,
-                           [&](int c, acc_t z) { st[c * ldq + r] *= z; });
-        });
+        // Key-major tiles are the host's, whose teams are one thread: the weights a key at a
+        // time, 16 query rows per vector of Philox blocks (P is 0 where a row hides a key).
+        dropout.template scale_key_major<ops>(b, h, q0, nr, k0, cb, ce, st, ldq);
       }
       team.team_barrier();
       if constexpr (Rule::softmax)

@@ -7,6 +7,7 @@
 /// query tile Q_i and walks the key/value tiles K_j, V_j staged in team scratch.
 
 #include <kfa/backends/bf16x2.hpp>
+#include <kfa/backends/philox.hpp>
 #include <kfa/backends/portability.hpp>
 
 #include <cstddef>
@@ -85,6 +86,29 @@ struct Visibility {
 /// a product and its readers.
 template <class Acc>
 struct PortableTileOps {
+  /// 16 Philox4x32-10 blocks in place (philox4x32_10_x16), by one thread.
+  static KOKKOS_INLINE_FUNCTION void philox16(std::uint32_t (&w)[4][16], std::uint32_t k0,
+                                              std::uint32_t k1) {
+    philox4x32_10_x16(w, k0, k1);
+  }
+
+  /// x[l] *= (w[l] >= threshold ? scale : 0) for l < n <= 16, by one thread: dropout's weights
+  /// from 16 Philox words (impl/dropout.hpp).
+  static KOKKOS_INLINE_FUNCTION void weigh16(Acc* x, int n, const std::uint32_t (&w)[16],
+                                             std::uint32_t threshold, Acc scale) {
+    for (int l = 0; l < n; ++l)
+      x[l] *= w[l] >= threshold ? scale : Acc(0);
+  }
+
+  /// Dropout's weights of 64 keys in key order from the words of 16 Philox blocks (philox16's
+  /// layout): z[4 l + e] = (w[e][l] >= threshold ? scale : 0), by one thread.
+  static KOKKOS_INLINE_FUNCTION void weights64(const std::uint32_t (&w)[4][16],
+                                               std::uint32_t threshold, Acc scale, Acc (&z)[64]) {
+    for (int l = 0; l < 16; ++l)
+      for (int e = 0; e < 4; ++e)
+        z[4 * l + e] = w[e][l] >= threshold ? scale : Acc(0);
+  }
+
   /// f(r, c) for every element of a rows x cols tile, by the whole team: one flat range over
   /// the team's threads and lanes, so consecutive lanes take consecutive columns.
   template <class Member, class F>

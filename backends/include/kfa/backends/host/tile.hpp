@@ -544,6 +544,108 @@ struct TileOps<
   using PairScope = typename PortableTileOps<float>::PairScope;  ///< nothing to configure
 #endif
 
+  /// PortableTileOps::philox16: with AVX-512 the 16 blocks in the lanes of four registers, a
+  /// round's two 32 x 32 -> 64-bit products as VPMULUDQ on the even and the odd lanes.
+  static void philox16(std::uint32_t (&w)[4][16], std::uint32_t k0, std::uint32_t k1) {
+#ifdef KFA_HOST_AVX512
+    const __m512i m0 = _mm512_set1_epi32(static_cast<int>(0xD2511F53u));
+    const __m512i m1 = _mm512_set1_epi32(static_cast<int>(0xCD9E8D57u));
+    // hi and lo words of x * m in each 32-bit lane. The zero-masking forms with a full mask:
+    // GCC 12's plain ones pass _mm512_undefined_epi32(), reported as maybe uninitialised (as
+    // in host::max16).
+    const auto mul = [](__m512i x, __m512i m, __m512i& lo) {
+      constexpr __mmask8 all = 0xFF;
+      const __m512i even = _mm512_maskz_mul_epu32(all, x, m);
+      const __m512i odd = _mm512_maskz_mul_epu32(all, _mm512_maskz_srli_epi64(all, x, 32), m);
+      lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_maskz_slli_epi64(all, odd, 32));
+      return _mm512_mask_blend_epi32(0xAAAA, _mm512_maskz_srli_epi64(all, even, 32), odd);
+    };
+    __m512i c0 = _mm512_loadu_si512(w[0]), c1 = _mm512_loadu_si512(w[1]);
+    __m512i c2 = _mm512_loadu_si512(w[2]), c3 = _mm512_loadu_si512(w[3]);
+    for (int round = 0; round < 10; ++round) {
+      __m512i lo0, lo1;
+      const __m512i hi0 = mul(c0, m0, lo0), hi1 = mul(c2, m1, lo1);
+      // 0x96: a ^ b ^ c
+      c0 = _mm512_ternarylogic_epi32(hi1, c1, _mm512_set1_epi32(static_cast<int>(k0)), 0x96);
+      c2 = _mm512_ternarylogic_epi32(hi0, c3, _mm512_set1_epi32(static_cast<int>(k1)), 0x96);
+      c1 = lo1;
+      c3 = lo0;
+      k0 += 0x9E3779B9u;  // the key schedule of philox4x32_10
+      k1 += 0xBB67AE85u;
+    }
+    _mm512_storeu_si512(w[0], c0);
+    _mm512_storeu_si512(w[1], c1);
+    _mm512_storeu_si512(w[2], c2);
+    _mm512_storeu_si512(w[3], c3);
+#else
+    philox4x32_10_x16(w, k0, k1);
+#endif
+  }
+
+  /// PortableTileOps::weigh16: float with AVX-512 as one masked multiply (an unsigned compare
+  /// gives the kept lanes), without a branch per element.
+  static void weigh16(Acc* x, int n, const std::uint32_t (&w)[16], std::uint32_t threshold,
+                      Acc scale) {
+#ifdef KFA_HOST_AVX512
+    if constexpr (std::is_same_v<Acc, float>) {
+      const __mmask16 lanes = n >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1U << n) - 1U);
+      const __mmask16 kept = _mm512_mask_cmpge_epu32_mask(
+          lanes, _mm512_loadu_si512(w), _mm512_set1_epi32(static_cast<int>(threshold)));
+      // Dropped lanes: 0 (maskz); lanes past n are not stored.
+      const __m512 v =
+          _mm512_maskz_mul_ps(kept, _mm512_maskz_loadu_ps(lanes, x), _mm512_set1_ps(scale));
+      _mm512_mask_storeu_ps(x, lanes, v);
+      return;
+    }
+#endif
+    for (int l = 0; l < n; ++l)
+      x[l] *= w[l] >= threshold ? scale : Acc(0);
+  }
+
+  /// PortableTileOps::weights64: float with AVX-512 as four masked moves and a transpose of
+  /// the four word vectors in registers (a loop over the 64 keys was ten instructions a key:
+  /// a fifth of a backward with dropout).
+  static void weights64(const std::uint32_t (&w)[4][16], std::uint32_t threshold, Acc scale,
+                        Acc (&z)[64]) {
+#ifdef KFA_HOST_AVX512
+    if constexpr (std::is_same_v<Acc, float>) {
+      const __m512i t = _mm512_set1_epi32(static_cast<int>(threshold));
+      const __m512 s = _mm512_set1_ps(scale);
+      __m512 v[4];  // v[e][l]: the weight of key 4 l + e
+      for (int e = 0; e < 4; ++e)
+        v[e] = _mm512_maskz_mov_ps(_mm512_cmpge_epu32_mask(_mm512_loadu_si512(w[e]), t), s);
+      // 4 x 4 transposes within each 128-bit lane: aX holds in lane k the keys of l = 4k + X.
+      // Zero-masking forms with full masks, as in philox16 (GCC 12's plain shuffles and
+      // unpacks pass an undefined vector it then warns about).
+      constexpr __mmask16 all = 0xFFFF;
+      constexpr __mmask8 all8 = 0xFF;
+      const __m512 lo01 = _mm512_maskz_unpacklo_ps(all, v[0], v[1]);
+      const __m512 hi01 = _mm512_maskz_unpackhi_ps(all, v[0], v[1]);
+      const __m512 lo23 = _mm512_maskz_unpacklo_ps(all, v[2], v[3]);
+      const __m512 hi23 = _mm512_maskz_unpackhi_ps(all, v[2], v[3]);
+      const auto pd = [](__m512 x) { return _mm512_castps_pd(x); };
+      const auto ps = [](__m512d x) { return _mm512_castpd_ps(x); };
+      const __m512 a0 = ps(_mm512_maskz_unpacklo_pd(all8, pd(lo01), pd(lo23)));
+      const __m512 a1 = ps(_mm512_maskz_unpackhi_pd(all8, pd(lo01), pd(lo23)));
+      const __m512 a2 = ps(_mm512_maskz_unpacklo_pd(all8, pd(hi01), pd(hi23)));
+      const __m512 a3 = ps(_mm512_maskz_unpackhi_pd(all8, pd(hi01), pd(hi23)));
+      // Then the 4 x 4 transpose of the 128-bit lanes: output k holds l = 4k .. 4k + 3.
+      const __m512 b0 = _mm512_maskz_shuffle_f32x4(all, a0, a1, 0x44);
+      const __m512 b1 = _mm512_maskz_shuffle_f32x4(all, a2, a3, 0x44);
+      const __m512 b2 = _mm512_maskz_shuffle_f32x4(all, a0, a1, 0xEE);
+      const __m512 b3 = _mm512_maskz_shuffle_f32x4(all, a2, a3, 0xEE);
+      _mm512_storeu_ps(z + 0, _mm512_maskz_shuffle_f32x4(all, b0, b1, 0x88));
+      _mm512_storeu_ps(z + 16, _mm512_maskz_shuffle_f32x4(all, b0, b1, 0xDD));
+      _mm512_storeu_ps(z + 32, _mm512_maskz_shuffle_f32x4(all, b2, b3, 0x88));
+      _mm512_storeu_ps(z + 48, _mm512_maskz_shuffle_f32x4(all, b2, b3, 0xDD));
+      return;
+    }
+#endif
+    for (int l = 0; l < 16; ++l)
+      for (int e = 0; e < 4; ++e)
+        z[4 * l + e] = w[e][l] >= threshold ? scale : Acc(0);
+  }
+
   /// f(r, c) over a rows x cols tile as two loops: no division per element, and unit-stride
   /// inner loops the compiler vectorises where f allows.
   template <class Member, class F>
@@ -750,10 +852,38 @@ struct TileOps<
     return mx;
   }
 
-  /// x[c] = exp(x[c] - shift) on [c0, c1) with the vectorisable exp; returns their sum.
+  /// x[c] = exp(x[c] - shift) on [c0, c1) with the vectorisable exp; returns their sum. float
+  /// with AVX-512 and a finite shift: col_softmax's base-2 exponential (host::exp2_16), 16
+  /// lanes at a time and the last ones masked (the backward's P = exp(S - LSE) took 5 % of a
+  /// causal backward through exp_float at 256 bits).
   template <class Member>
   static KOKKOS_INLINE_FUNCTION Acc row_exp_sum(const Member& /*member*/, Acc* x, int c0, int c1,
                                                 Acc shift) {
+#ifdef KFA_HOST_AVX512
+    if constexpr (std::is_same_v<Acc, float>)
+      if (shift > -infinity<float>() && shift < infinity<float>()) {
+        // (x - shift) first, then log2(e), as in col_softmax: the argument's error relative to
+        // x - shift, not to shift.
+        const __m512 s = _mm512_set1_ps(shift), log2e = _mm512_set1_ps(1.44269504088896341f);
+        __m512 sum = _mm512_setzero_ps();
+        for (int c = c0; c < c1; c += 16) {
+          const __mmask16 lanes =
+              c1 - c >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1U << (c1 - c)) - 1U);
+          const __m512 y =
+              _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, x + c), s), log2e);
+          const __m512 p = host::exp2_16(y, lanes);  // 0 in the lanes past c1
+          _mm512_mask_storeu_ps(x + c, lanes, p);
+          sum = _mm512_add_ps(sum, p);
+        }
+        // The lanes added in order (GCC 12's _mm512_reduce_add_ps warns as in host::max16).
+        float lane[16];
+        _mm512_storeu_ps(lane, sum);
+        float total = 0.0f;
+        for (float x : lane)
+          total += x;
+        return total;
+      }
+#endif
     constexpr int L = host::lanes<Acc>;
     Acc lane[L];
     for (int j = 0; j < L; ++j)
