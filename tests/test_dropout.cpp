@@ -1,5 +1,6 @@
-// Dropout: the generator against Philox4x32-10's published answers; the keep-mask's statistics
-// and its dependence on (seed, offset, position) alone; forward and backward apply exactly the
+// Dropout: the generator against Philox4x32-10's published answers, and its 16-block form and
+// the kernels' batched walks against one block at a time; the keep-mask's statistics and its
+// dependence on (seed, offset, position) alone; forward and backward apply exactly the
 // materialised mask at every tile shape and split count; both equal the double-precision
 // reference fed with that mask, with and without causal and other masks.
 #include <kfa/impl/dropout.hpp>
@@ -91,12 +92,14 @@ TEST(Dropout, PhiloxSixteenAtATimeMatchesOneAtATime) {
   }
 }
 
-// Dropout's one-thread walks (row_weights64 over runs of 64 keys, scale_key_major
-// over a key-major tile) give every element the weight of its own Philox word (words()), and
-// no other element one: windows that start and end inside a group of four keys and inside a
-// run of 64 (row_weights64 through TileOps::weights64), origins that are not multiples of four.
-TEST(Dropout, BatchedWalksWeighEachElementByItsOwnWord) {
-  using Ops = kfa::backends::TileOps<Kokkos::DefaultHostExecutionSpace, float>;
+// Dropout's one-thread walks (row_weights64 over runs of 64 keys through TileOps::weights64,
+// scale_key_major over a key-major tile through TileOps::weigh16), on the host's TileOps and
+// the portable ones: every element gets the weight of its own Philox word (words()), and no
+// other element is touched. Key origins that are not multiples of four (k_origin 6, tiles at
+// 3 and 11), windows that start and end inside a group of four keys and inside a run of 64,
+// 16-row batches with rows past nr.
+template <class Ops>
+void check_walks() {
   kfa::impl::Origin at;
   at.q = 37;
   at.k = 6;
@@ -114,7 +117,7 @@ TEST(Dropout, BatchedWalksWeighEachElementByItsOwnWord) {
         std::vector<float> got(130, -1.0f);
         for (int ca = c0; ca < c1;) {
           float z[64];
-          const int first = d.row_weights64<Ops>(1, 3, i, k0, ca, z);
+          const int first = d.template row_weights64<Ops>(1, 3, i, k0, ca, z);
           ASSERT_LE(first, ca);
           ASSERT_GT(first + 64, ca);
           ASSERT_EQ((d.k_origin + k0 + first) % 64, 0) << "run at column " << first;
@@ -132,19 +135,28 @@ TEST(Dropout, BatchedWalksWeighEachElementByItsOwnWord) {
       }
   EXPECT_GT(kept, 0);
   EXPECT_GT(dropped, 0);
-  for (int nr : {1, 16, 21})
-    for (auto [cb, ce] : {std::pair{0, 64}, {3, 70}, {5, 6}}) {
-      const int k0 = 10, q0 = 7, lds = nr + 3, rows = ce + 1;
-      std::vector<float> s(static_cast<std::size_t>(rows) * lds, 2.0f);
-      d.scale_key_major<Ops>(0, 1, q0, nr, k0, cb, ce, s.data(), lds);
-      for (int c = 0; c < rows; ++c)
-        for (int r = 0; r < lds; ++r) {
-          const bool inside = c >= cb && c < ce && r < nr;
-          const float expect = inside ? 2.0f * weight(0, 1, q0 + r, k0 + c) : 2.0f;
-          EXPECT_EQ(s[static_cast<std::size_t>(c) * lds + r], expect)
-              << "nr " << nr << " key " << c << " row " << r;
-        }
-    }
+  for (int k0 : {10, 11})
+    for (int nr : {1, 16, 21})
+      for (auto [cb, ce] : {std::pair{0, 64}, {3, 70}, {5, 6}}) {
+        const int q0 = 7, lds = nr + 3, rows = ce + 1;
+        std::vector<float> s(static_cast<std::size_t>(rows) * lds, 2.0f);
+        d.template scale_key_major<Ops>(0, 1, q0, nr, k0, cb, ce, s.data(), lds);
+        for (int c = 0; c < rows; ++c)
+          for (int r = 0; r < lds; ++r) {
+            const bool inside = c >= cb && c < ce && r < nr;
+            const float expect = inside ? 2.0f * weight(0, 1, q0 + r, k0 + c) : 2.0f;
+            EXPECT_EQ(s[static_cast<std::size_t>(c) * lds + r], expect)
+                << "k0 " << k0 << " nr " << nr << " key " << c << " row " << r;
+          }
+      }
+}
+
+TEST(Dropout, BatchedWalksWeighEachElementByItsOwnWord) {
+  check_walks<kfa::backends::TileOps<Kokkos::DefaultHostExecutionSpace, float>>();
+}
+
+TEST(Dropout, PortableBatchedWalksWeighEachElementByItsOwnWord) {
+  check_walks<kfa::backends::PortableTileOps<float>>();
 }
 
 double kept_fraction(const Keep4& keep) {

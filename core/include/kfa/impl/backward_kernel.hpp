@@ -75,6 +75,10 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
   using typename base::member_t;
   using typename base::ops;
   using typename base::traits;
+  /// Teams of one thread without vector lanes (the host's): the tile steps take the backend's
+  /// blocked forms (transposes in registers, Philox blocks 16 at a time). Elsewhere they keep
+  /// the element loops the team's threads and lanes share.
+  static constexpr bool one_thread = traits::team_size == 1 && traits::vector_length == 1;
   // Strided, so that a block of rows of a larger problem's delta can be passed (kfa::mpi).
   using delta_view = Kokkos::View<acc_t***, Kokkos::LayoutStride, typename ExecSpace::memory_space>;
 
@@ -334,17 +338,37 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
   }
 
   /// Stages key tile k0 (nc keys) of kv head (b, hk): K_j (nc x D), K_j^T (D x Bt) and V_j^T
-  /// (Dv x Bt). The transposes by the backend's stage_transposed (8 x 8 register blocks on the
-  /// host, where an element loop stored one scattered element at a time: about 5 % of a causal
-  /// backward at N = 1024 on one core).
+  /// (Dv x Bt). One-thread teams: the transposes by the backend's stage_transposed (8 x 8
+  /// register blocks on the host, where the element loop stores one scattered element at a
+  /// time).
   KOKKOS_INLINE_FUNCTION void load_key_tile(const member_t& team, int b, int hk, int k0, int nc,
                                             acc_t* ks, acc_t* kt, acc_t* vt) const {
-    const auto k_row = [&](int c) { return &t.k(b, hk, k0 + c, 0); };
-    base::stage_rows(team, nc, head_dim, k_row, ks, ldd,
-                     [](auto x) { return static_cast<acc_t>(x); });
-    ops::stage_transposed(team, nc, 0, head_dim, k_row, kt, ldt);
-    ops::stage_transposed(
-        team, nc, 0, head_dim_v, [&](int c) { return &t.v(b, hk, k0 + c, 0); }, vt, ldt);
+    if constexpr (one_thread) {
+      const auto k_row = [&](int c) { return &t.k(b, hk, k0 + c, 0); };
+      base::stage_rows(team, nc, head_dim, k_row, ks, ldd,
+                       [](auto x) { return static_cast<acc_t>(x); });
+      ops::stage_transposed(team, nc, 0, head_dim, k_row, kt, ldt);
+      ops::stage_transposed(
+          team, nc, 0, head_dim_v, [&](int c) { return &t.v(b, hk, k0 + c, 0); }, vt, ldt);
+      return;
+    }
+    if (head_dim == head_dim_v) {  // one pass over the tile's rows
+      ops::for_each_element(team, nc, head_dim, [&](int c, int d) {
+        const acc_t kv = static_cast<acc_t>(t.k(b, hk, k0 + c, d));
+        ks[c * ldd + d] = kv;
+        kt[d * ldt + c] = kv;
+        vt[d * ldt + c] = static_cast<acc_t>(t.v(b, hk, k0 + c, d));
+      });
+      return;
+    }
+    ops::for_each_element(team, nc, head_dim, [&](int c, int d) {
+      const acc_t kv = static_cast<acc_t>(t.k(b, hk, k0 + c, d));
+      ks[c * ldd + d] = kv;
+      kt[d * ldt + c] = kv;
+    });
+    ops::for_each_element(team, nc, head_dim_v, [&](int c, int d) {
+      vt[d * ldt + c] = static_cast<acc_t>(t.v(b, hk, k0 + c, d));
+    });
   }
 
   /// P * Z and dS of query tile q0 (nr rows, staged in sc) of head (b, h) against key tile k0
@@ -405,11 +429,11 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
                            [&](int c) { dsrow[c] = prow[c] * (dsrow[c] - delta_i); });
       return;
     }
-    if (score.identity()) {  // dropout without a transform: P by the vectorised exp, then Z
-      ops::row_exp_sum(team, prow, c0, c1, lse_i);
-      if constexpr (traits::vector_length == 1) {
-        // One thread: the weights of a run of 64 keys at a time (16 Philox blocks), then a
-        // loop the compiler vectorises.
+    if constexpr (one_thread)
+      if (score.identity()) {
+        // Dropout without a transform: P by the vectorised exp, then the weights of a run of
+        // 64 keys at a time (16 Philox blocks) in a loop the compiler vectorises.
+        ops::row_exp_sum(team, prow, c0, c1, lse_i);
         for (int ca = c0; ca < c1;) {
           acc_t z[64];
           const int first = dropout.template row_weights64<ops>(b, h, i, k0, ca, z);
@@ -421,15 +445,8 @@ struct BackwardCommon : TeamKernel<ExecSpace, T> {
           }
           ca = cz;
         }
-      } else {
-        dropout.for_each(team, b, h, i, k0, c0, c1, [&](int c, acc_t z) {
-          const acc_t p = prow[c];
-          prow[c] = p * z;
-          dsrow[c] = p * (dsrow[c] * z - delta_i);
-        });
+        return;
       }
-      return;
-    }
     dropout.for_each(team, b, h, i, k0, c0, c1, [&](int c, acc_t z) {
       acc_t slope;
       const acc_t p = backends::exp(score.at(prow[c], b, h, i, k0 + c, slope) - lse_i);

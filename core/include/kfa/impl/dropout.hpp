@@ -74,6 +74,7 @@ struct Dropout {
       }
     });
   }
+
   /// The weights of local query row i for the 64 keys of the aligned run of 64 global keys
   /// that holds local key k0 + c (a tile at k0, column c), by one thread: 16 Philox calls at
   /// once (Ops::philox16) and their words as weights in key order (Ops::weights64), z[q] for
@@ -96,9 +97,8 @@ struct Dropout {
 
   /// A key-major score tile (TileTraits::key_major_scores) times its weights, by one thread:
   /// s[c * lds + r] *= z for local query q0 + r, r in [0, nr), and local key k0 + c, c in
-  /// [cb, ce). 16 query rows per Ops::philox16, one vector of s per key (Ops::weigh16: a loop
-  /// with a branch per element mispredicted the dropped ones). Every element of the block is
-  /// weighted; where a row does not see a key its P is 0 and stays 0.
+  /// [cb, ce). 16 query rows per Ops::philox16, one vector of s per key (Ops::weigh16). Every
+  /// element of the block is weighted; where a row does not see a key its P is 0 and stays 0.
   template <class Ops>
   KOKKOS_INLINE_FUNCTION void scale_key_major(int b, int h, int q0, int nr, int k0, int cb, int ce,
                                               Acc* s, int lds) const {

@@ -691,8 +691,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       }
       if (Rule::softmax && dropout.enabled) {
         team.team_barrier();
-        // Key-major tiles are the host's, whose teams are one thread: the weights a key at a
-        // time, 16 query rows per vector of Philox blocks (P is 0 where a row hides a key).
+        // Key-major tiles are the host's, whose teams are one thread (scale_key_major).
         dropout.template scale_key_major<ops>(b, h, q0, nr, k0, cb, ce, st, ldq);
       }
       team.team_barrier();

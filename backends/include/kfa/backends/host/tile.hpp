@@ -582,8 +582,8 @@ struct TileOps<
 #endif
   }
 
-  /// PortableTileOps::weigh16: float with AVX-512 as one masked multiply (an unsigned compare
-  /// gives the kept lanes), without a branch per element.
+  /// PortableTileOps::weigh16: float with AVX-512 as one multiply by the weights an unsigned
+  /// compare picks, without a branch per element (which mispredicted the dropped ones).
   static void weigh16(Acc* x, int n, const std::uint32_t (&w)[16], std::uint32_t threshold,
                       Acc scale) {
 #ifdef KFA_HOST_AVX512
@@ -591,9 +591,10 @@ struct TileOps<
       const __mmask16 lanes = n >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1U << n) - 1U);
       const __mmask16 kept = _mm512_mask_cmpge_epu32_mask(
           lanes, _mm512_loadu_si512(w), _mm512_set1_epi32(static_cast<int>(threshold)));
-      // Dropped lanes: 0 (maskz); lanes past n are not stored.
-      const __m512 v =
-          _mm512_maskz_mul_ps(kept, _mm512_maskz_loadu_ps(lanes, x), _mm512_set1_ps(scale));
+      // x times 0 in the dropped lanes (NaN stays NaN, as in the loop); lanes past n are not
+      // stored.
+      const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, x),
+                                     _mm512_maskz_mov_ps(kept, _mm512_set1_ps(scale)));
       _mm512_mask_storeu_ps(x, lanes, v);
       return;
     }
@@ -603,8 +604,8 @@ struct TileOps<
   }
 
   /// PortableTileOps::weights64: float with AVX-512 as four masked moves and a transpose of
-  /// the four word vectors in registers (a loop over the 64 keys was ten instructions a key:
-  /// a fifth of a backward with dropout).
+  /// the four word vectors in registers (a loop over the 64 keys took about ten instructions
+  /// a key, 2026-11-27-host-backward.md).
   static void weights64(const std::uint32_t (&w)[4][16], std::uint32_t threshold, Acc scale,
                         Acc (&z)[64]) {
 #ifdef KFA_HOST_AVX512
@@ -854,8 +855,8 @@ struct TileOps<
 
   /// x[c] = exp(x[c] - shift) on [c0, c1) with the vectorisable exp; returns their sum. float
   /// with AVX-512 and a finite shift: col_softmax's base-2 exponential (host::exp2_16), 16
-  /// lanes at a time and the last ones masked (the backward's P = exp(S - LSE) took 5 % of a
-  /// causal backward through exp_float at 256 bits).
+  /// lanes at a time and the last ones masked (the backward's P = exp(S - LSE) through
+  /// exp_float at 256 bits: about 5 % of a causal backward, 2026-11-27-host-backward.md).
   template <class Member>
   static KOKKOS_INLINE_FUNCTION Acc row_exp_sum(const Member& /*member*/, Acc* x, int c0, int c1,
                                                 Acc shift) {
@@ -879,8 +880,8 @@ struct TileOps<
         float lane[16];
         _mm512_storeu_ps(lane, sum);
         float total = 0.0f;
-        for (float x : lane)
-          total += x;
+        for (float part : lane)
+          total += part;
         return total;
       }
 #endif
