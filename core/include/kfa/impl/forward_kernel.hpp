@@ -691,8 +691,11 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       }
       if (Rule::softmax && dropout.enabled) {
         team.team_barrier();
-        // Key-major tiles are the host's, whose teams are one thread (scale_key_major).
-        dropout.template scale_key_major<ops>(b, h, q0, nr, k0, cb, ce, st, ldq);
+        // Blocks of 16 query rows (scale_key_major's batch) over the team's threads.
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, (nr + 15) / 16), [&](int blk) {
+          const int r0 = 16 * blk, n = nr - r0 < 16 ? nr - r0 : 16;
+          dropout.template scale_key_major<ops>(b, h, q0 + r0, n, k0, cb, ce, st + r0, ldq);
+        });
       }
       team.team_barrier();
       if constexpr (Rule::softmax)
