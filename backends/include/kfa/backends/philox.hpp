@@ -13,7 +13,7 @@ namespace kfa::backends {
 
 /// Four 32-bit words: a Philox counter or its output.
 struct PhiloxBlock {
-  std::uint32_t w[4];
+  std::uint32_t w[4];  ///< in Random123's order: w[0] and w[2] enter each round's products
 };
 
 /// Philox4x32-10 of `counter` under the key (k0, k1).
