@@ -83,13 +83,8 @@ struct Dropout {
   KOKKOS_INLINE_FUNCTION int row_weights64(int b, int h, int i, int k0, int c, Acc (&z)[64]) const {
     const int j0 = k_origin + k0;  // global key of column 0
     const int g0 = ((j0 + c) >> 6) << 4;
-    std::uint32_t w[4][16];  // counters {g, i, h, b} of words(), 16 consecutive g
-    for (int l = 0; l < 16; ++l) {
-      w[0][l] = static_cast<std::uint32_t>(g0 + l);
-      w[1][l] = static_cast<std::uint32_t>(q_origin + i);
-      w[2][l] = static_cast<std::uint32_t>(h);
-      w[3][l] = static_cast<std::uint32_t>(b_origin + b);
-    }
+    std::uint32_t w[4][16];
+    counters16(w, b, h, q_origin + i, 0, g0, 1);  // 16 consecutive g
     Ops::philox16(w, key0, key1);
     Ops::weights64(w, threshold, scale, z);
     return 4 * g0 - j0;
@@ -110,13 +105,8 @@ struct Dropout {
     for (int r0 = 0; r0 < nr; r0 += 16) {
       const int n = nr - r0 < 16 ? nr - r0 : 16;
       for (int g = g_begin; g < g_end; ++g) {
-        std::uint32_t w[4][16];  // counters {g, i, h, b} of words(), 16 consecutive i
-        for (int l = 0; l < 16; ++l) {
-          w[0][l] = static_cast<std::uint32_t>(g);
-          w[1][l] = static_cast<std::uint32_t>(q_origin + q0 + r0 + l);
-          w[2][l] = static_cast<std::uint32_t>(h);
-          w[3][l] = static_cast<std::uint32_t>(b_origin + b);
-        }
+        std::uint32_t w[4][16];
+        counters16(w, b, h, q_origin + q0 + r0, 1, g, 0);  // 16 consecutive i
         Ops::philox16(w, key0, key1);
         for (int e = 0; e < 4; ++e) {
           const int c = 4 * g + e - j0;
@@ -124,6 +114,19 @@ struct Dropout {
           Ops::weigh16(s + static_cast<std::ptrdiff_t>(c) * lds + r0, n, w[e], t, z);
         }
       }
+    }
+  }
+
+ private:
+  /// The counters {g, i, h, b} of words() for 16 blocks, block l at global query i + l di and
+  /// key group g + l dg, in philox16's layout.
+  KOKKOS_INLINE_FUNCTION void counters16(std::uint32_t (&w)[4][16], int b, int h, int i, int di,
+                                         int g, int dg) const {
+    for (int l = 0; l < 16; ++l) {
+      w[0][l] = static_cast<std::uint32_t>(g + l * dg);
+      w[1][l] = static_cast<std::uint32_t>(i + l * di);
+      w[2][l] = static_cast<std::uint32_t>(h);
+      w[3][l] = static_cast<std::uint32_t>(b_origin + b);
     }
   }
 };

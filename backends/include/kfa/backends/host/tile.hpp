@@ -599,13 +599,12 @@ struct TileOps<
       return;
     }
 #endif
-    for (int l = 0; l < n; ++l)
-      x[l] *= w[l] >= threshold ? scale : Acc(0);
+    PortableTileOps<Acc>::weigh16(x, n, w, threshold, scale);
   }
 
   /// PortableTileOps::weights64: float with AVX-512 as four masked moves and a transpose of
-  /// the four word vectors in registers (a loop over the 64 keys took about ten instructions
-  /// a key, 2026-11-27-host-backward.md).
+  /// the four word vectors in registers (a scalar loop over the 64 keys held 23 % of a
+  /// backward with dropout's samples, 2026-11-27-host-backward.md).
   static void weights64(const std::uint32_t (&w)[4][16], std::uint32_t threshold, Acc scale,
                         Acc (&z)[64]) {
 #ifdef KFA_HOST_AVX512
@@ -642,9 +641,7 @@ struct TileOps<
       return;
     }
 #endif
-    for (int l = 0; l < 16; ++l)
-      for (int e = 0; e < 4; ++e)
-        z[4 * l + e] = w[e][l] >= threshold ? scale : Acc(0);
+    PortableTileOps<Acc>::weights64(w, threshold, scale, z);
   }
 
   /// f(r, c) over a rows x cols tile as two loops: no division per element, and unit-stride
