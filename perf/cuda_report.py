@@ -154,11 +154,14 @@ void show(const char* name) {{
     std::size_t warp = 0;  // the register-resident forward where it runs (WarpKernel<d>)
     if constexpr (F::warp_type)
       if (Ops::warp_head_dim(d)) warp = Ops::warp_scratch_bytes(d);
-    std::size_t warp_bwd = 0;  // and backward (WarpKeyValueKernel<d>)
+    std::size_t warp_bwd = 0, warp_bwd_dropout = 0;  // and backward (WarpKeyValueKernel<d>)
     if constexpr (kfa::backends::TileTraits<Kokkos::Cuda, T>::warp_backward)
-      if (Ops::warp_head_dim(d)) warp_bwd = Ops::warp_backward_scratch_bytes(d);
-    std::printf("%s %d %zu %zu %zu %zu %zu\\n", name, d, F::scratch_bytes(d), warp,
-                B::scratch_bytes(d, true), B::scratch_bytes(d, false), warp_bwd);
+      if (Ops::warp_head_dim(d)) {{
+        warp_bwd = Ops::warp_backward_scratch_bytes(d);
+        warp_bwd_dropout = Ops::warp_backward_scratch_bytes(d, true);
+      }}
+    std::printf("%s %d %zu %zu %zu %zu %zu %zu\\n", name, d, F::scratch_bytes(d), warp,
+                B::scratch_bytes(d, true), B::scratch_bytes(d, false), warp_bwd, warp_bwd_dropout);
   }}
 }}
 int main() {{
@@ -211,6 +214,11 @@ def template_args(text, start):
     return args
 
 
+def warp_suffix(match):
+    """'64' or '64, dropout' from a register-resident kernel's template arguments."""
+    return match.group(1) + (", dropout" if match.group(2) == "true" else "")
+
+
 def short_name(demangled):
     """kfa's kernel class (ForwardKernel, KeyValueKernel...), or None for Kokkos' own; a
     backward kernel is named with the value type of its dQ view (the atomic path of a 16-bit
@@ -218,12 +226,14 @@ def short_name(demangled):
     m = KERNEL_RE.search(demangled)
     if not m:
         return None
-    warp = re.search(r"::WarpKernel<(\d+)>", demangled)
-    if warp:  # ForwardKernel's register-resident kernel for one head dim
-        return f"WarpKernel<{warp.group(1)}>"
-    warp = re.search(r"::Kernel<(\d+)>", demangled)
+    # The register-resident kernels, one per head dim and dropout (its own kernel, so that the
+    # common one holds no Philox): WarpKernel<64>, WarpKernel<64, dropout>, ...
+    warp = re.search(r"::WarpKernel<(\d+), (true|false)>", demangled)
+    if warp:  # ForwardKernel's register-resident kernel
+        return f"WarpKernel<{warp_suffix(warp)}>"
+    warp = re.search(r"::Kernel<(\d+), (true|false)>", demangled)
     if m.group(1) == "WarpKeyValueKernel" and warp:  # the register-resident backward
-        return f"WarpKeyValueKernel<{warp.group(1)}>"
+        return f"WarpKeyValueKernel<{warp_suffix(warp)}>"
     at = demangled.find("kfa::impl::BackwardViews<")
     if at >= 0:
         views = template_args(demangled, at + len("kfa::impl::BackwardViews"))
@@ -351,13 +361,15 @@ def report_arch(arch, nvcc, src, cache, work, jobs, warp_tiles):
         fail(2, f"the scratch probe did not compile for sm_{arch}:\n{probe.stdout}{probe.stderr}")
     scratch = {}
     for line in run([str(work / f"probe{arch}")]).stdout.splitlines():
-        t, d, f, warp, kv, q, warp_bwd = line.split()
+        t, d, f, warp, kv, q, warp_bwd, warp_bwd_dropout = line.split()
         scratch[(t, int(d))] = dict(ForwardKernel=int(f), KeyValueKernel=int(kv),
                                     QueryKernel=int(q))
-        if int(warp):
-            scratch[(t, int(d))][f"WarpKernel<{d}>"] = int(warp)
+        if int(warp):  # the forward's scratch is the same with dropout
+            for suffix in (f"{d}", f"{d}, dropout"):
+                scratch[(t, int(d))][f"WarpKernel<{suffix}>"] = int(warp)
         if int(warp_bwd):
             scratch[(t, int(d))][f"WarpKeyValueKernel<{d}>"] = int(warp_bwd)
+            scratch[(t, int(d))][f"WarpKeyValueKernel<{d}, dropout>"] = int(warp_bwd_dropout)
     rows = []
     for tname, (d, p) in procs.items():
         log = p.communicate()[0]

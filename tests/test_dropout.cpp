@@ -159,6 +159,40 @@ TEST(Dropout, PortableBatchedWalksWeighEachElementByItsOwnWord) {
   check_walks<kfa::backends::PortableTileOps<float>>();
 }
 
+// kept and kept_pair (the register-resident CUDA kernels' verdicts: an element, a pair of
+// neighbouring columns): each element by its own word, at every offset in a group of four
+// keys, the pair straddling two groups included (odd key origins).
+TEST(Dropout, ElementsAndPairsAreKeptByTheirOwnWords) {
+  int kept = 0, dropped = 0, straddling = 0;
+  for (int k_origin : {0, 1, 6, 7}) {
+    kfa::impl::Origin at;
+    at.q = 5;
+    at.k = k_origin;
+    at.b = 1;
+    const auto d = kfa::impl::make_dropout<float>(dropout(0.3, 7, 2), at);
+    for (int i : {0, 9})
+      for (int j = 0; j < 40; ++j) {
+        const unsigned pair = d.kept_pair(0, 2, i, j);
+        bool want[2];
+        for (int u = 0; u < 2; ++u) {
+          const int jg = k_origin + j + u;
+          const auto r = d.words(0, 2, at.q + i, jg >> 2);
+          want[u] = r.w[jg & 3] >= d.threshold;
+          kept += want[u];
+          dropped += !want[u];
+        }
+        straddling += (k_origin + j) % 4 == 3;
+        EXPECT_EQ(d.kept(0, 2, i, j), want[0])
+            << "origin " << k_origin << " row " << i << " key " << j;
+        EXPECT_EQ(pair, (want[0] ? 1u : 0u) | (want[1] ? 2u : 0u))
+            << "origin " << k_origin << " row " << i << " key " << j;
+      }
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(dropped, 0);
+  EXPECT_GT(straddling, 0);
+}
+
 double kept_fraction(const Keep4& keep) {
   std::size_t kept = 0;
   for (std::size_t e = 0; e < keep.span(); ++e)

@@ -1334,12 +1334,56 @@ int run_simulated_team(int bytes, const Body& body) {
 // mask test); `leading`, the first tile hidden from every row (skipped before the loop starts).
 // Copies land at once or at the wait (`late`); a copy left uncommitted when the kernel returns
 // fails the test. O and LSE against softmax attention in double.
+// Dropped: P weighed by sim_weight (a fifth of the elements dropped, the rest times 1.25,
+// from a hash of the position): the kernel's part is to put each weight on its own element
+// after the row sums took P (core's Philox scheme behind Row::kept_pair is test_dropout's).
 enum class SimMask { band, lower, none, leading };
-template <class Tag, int D, int R = 1>
+
+float sim_weight(int i, int j) {
+  std::uint64_t x = (std::uint64_t(i) << 32 | std::uint32_t(j)) + 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return (x ^ (x >> 31)) % 5 == 0 ? 0.0f : 1.25f;
+}
+
+template <bool Dropped>
+struct SimScore {
+  static constexpr bool dropped = Dropped;
+  double scale;
+  bool (*visible)(int, int);
+  bool tile_visible(int q0, int n, int j0, int nc) const {
+    for (int i = q0; i < q0 + n; ++i)
+      for (int j = j0; j < j0 + nc; ++j)
+        if (visible(i, j)) return true;
+    return false;
+  }
+  bool tile_inside(int q0, int n, int j0, int nc) const {
+    for (int i = q0; i < q0 + n; ++i)
+      for (int j = j0; j < j0 + nc; ++j)
+        if (!visible(i, j)) return false;
+    return true;
+  }
+  struct Row {
+    int i;
+    float scale;
+    bool (*visible)(int, int);
+    float operator()(int j, float dot) const {
+      return visible(i, j) ? unmasked(j, dot) : -INFINITY;
+    }
+    float unmasked(int, float dot) const { return dot * scale; }
+    unsigned kept_pair(int j) const {
+      return (sim_weight(i, j) != 0 ? 1u : 0u) | (sim_weight(i, j + 1) != 0 ? 2u : 0u);
+    }
+  };
+  Row row(int i) const { return {i, float(scale), visible}; }
+  static float keep_scale() { return 1.25f; }
+};
+
+template <class Tag, int D, int R = 1, bool Dropped = false>
 void check_simulated_team(SimMask mask, bool late) {
   SCOPED_TRACE(std::string(Type<Tag>::name) + ", D = " + std::to_string(D) +
                ", R = " + std::to_string(R) + ", mask " + std::to_string(int(mask)) +
-               (late ? ", copies late" : ", copies at once"));
+               (late ? ", copies late" : ", copies at once") + (Dropped ? ", dropout" : ""));
   const bool band = mask == SimMask::band;
   using Kernel = kc::WarpForward<SimWarp<Tag>, Tag, D, R>;
   constexpr int nq = 50 * R, nk = 150;  // the last warp's rows partly past nq
@@ -1375,32 +1419,7 @@ void check_simulated_team(SimMask mask, bool late) {
            (i != 7 && (kind != SimMask::band || j <= i + reach) && j >= i - 40);
   };
 
-  struct Score {
-    double scale;
-    bool (*visible)(int, int);
-    bool tile_visible(int q0, int n, int j0, int nc) const {
-      for (int i = q0; i < q0 + n; ++i)
-        for (int j = j0; j < j0 + nc; ++j)
-          if (visible(i, j)) return true;
-      return false;
-    }
-    bool tile_inside(int q0, int n, int j0, int nc) const {
-      for (int i = q0; i < q0 + n; ++i)
-        for (int j = j0; j < j0 + nc; ++j)
-          if (!visible(i, j)) return false;
-      return true;
-    }
-    struct Row {
-      int i;
-      float scale;
-      bool (*visible)(int, int);
-      float operator()(int j, float dot) const {
-        return visible(i, j) ? unmasked(j, dot) : -INFINITY;
-      }
-      float unmasked(int, float dot) const { return dot * scale; }
-    };
-    Row row(int i) const { return {i, float(scale), visible}; }
-  } score{scale, +visible};
+  const SimScore<Dropped> score{scale, +visible};
   std::vector<float> o(std::size_t(nq) * D, std::nanf("")), lse(nq, std::nanf(""));
   struct Writer {
     float* o_data;
@@ -1444,7 +1463,7 @@ void check_simulated_team(SimMask mask, bool late) {
       double want = 0, mag = 0;
       for (int j = 0; j < nk; ++j) {
         if (!visible(i, j)) continue;
-        const double pj = std::exp(z[j] - lse_ref);
+        const double pj = std::exp(z[j] - lse_ref) * (Dropped ? sim_weight(i, j) : 1.0);
         want += pj * v[std::size_t(j) * D + c];
         mag += pj * std::fabs(v[std::size_t(j) * D + c]);
       }
@@ -1469,6 +1488,13 @@ TEST(WarpForward, SimulatedTeamF16D128) {
     for (const SimMask mask : {SimMask::band, SimMask::lower, SimMask::none, SimMask::leading})
       check_simulated_team<kc::f16_tag, 128>(mask, late);
 }
+TEST(WarpForward, SimulatedTeamDropout) {
+  for (const SimMask mask : {SimMask::band, SimMask::none}) {
+    check_simulated_team<kc::bf16_tag, 64, 1, true>(mask, false);
+    check_simulated_team<kc::bf16_tag, 64, 2, true>(mask, true);
+    check_simulated_team<kc::f16_tag, 128, 1, true>(mask, false);
+  }
+}
 
 // The backward team of cuda/warp_backward.hpp on the same simulator: two query heads of one
 // kv head (a GQA group), 70 query rows against 150 keys, the three key tiles as three teams run
@@ -1477,12 +1503,38 @@ TEST(WarpForward, SimulatedTeamF16D128) {
 // visit no query tile and must write zero dK and dV; row 7 sees no key). dQ, dK and dV against
 // the gradients of softmax attention in double on the same 16-bit inputs, with the LSE and
 // delta = rowsum(dO O) of that reference passed in as the device gets the forward's.
-template <class Tag, int D, int QR, bool Sm90 = true>
+// Dropped: dropout by sim_weight of (query head, row) and key, as in the forward's check.
+template <bool Dropped>
+struct SimMasks {
+  static constexpr bool dropped = Dropped;
+  bool (*visible_fn)(int, int);
+  bool tile_visible(int q0, int n, int j0, int nc) const {
+    for (int i = q0; i < q0 + n; ++i)
+      for (int j = j0; j < j0 + nc; ++j)
+        if (visible_fn(i, j)) return true;
+    return false;
+  }
+  bool tile_inside(int q0, int n, int j0, int nc) const {
+    for (int i = q0; i < q0 + n; ++i)
+      for (int j = j0; j < j0 + nc; ++j)
+        if (!visible_fn(i, j)) return false;
+    return true;
+  }
+  bool visible(int i, int j) const { return visible_fn(i, j); }
+  static float weight(int h, int i, int j) { return sim_weight(4096 * h + i, j); }
+  static bool kept(int h, int i, int j) { return weight(h, i, j) != 0; }
+  static float keep_scale() { return 1.25f; }
+};
+
+template <class Tag, int D, int QR, bool Sm90 = true, bool Dropped = false>
 void check_simulated_backward(SimMask mask, bool late) {
   SCOPED_TRACE(std::string(Type<Tag>::name) + ", D = " + std::to_string(D) +
                ", QR = " + std::to_string(QR) + ", mask " + std::to_string(int(mask)) +
                (late ? ", copies late" : ", copies at once") +
-               (Sm90 ? ", as on sm_90" : ", as on sm_80"));
+               (Sm90 ? ", as on sm_90" : ", as on sm_80") + (Dropped ? ", dropout" : ""));
+  const auto weight = [](int h, int i, int j) {
+    return Dropped ? double(SimMasks<true>::weight(h, i, j)) : 1.0;
+  };
   using Kernel = kc::WarpBackward<SimWarp<Tag, Sm90>, Tag, D, QR>;
   constexpr int heads = 2, nq = 70, nk = 150;
   const double u = unit_roundoff<Tag>;
@@ -1541,14 +1593,14 @@ void check_simulated_backward(SimMask mask, bool late) {
       for (int c = 0; c < D; ++c) {
         double o = 0;
         for (int j = 0; j < nk; ++j)
-          o += pi[j] * v[std::size_t(j) * D + c];
+          o += pi[j] * weight(h, i, j) * v[std::size_t(j) * D + c];
         delta[at(h, i)] += doi[c] * o;
       }
       for (int j = 0; j < nk; ++j) {
         double dp = 0;
         for (int c = 0; c < D; ++c)
           dp += doi[c] * v[std::size_t(j) * D + c];
-        ds[at(h, i) * nk + j] = pi[j] * (dp - delta[at(h, i)]);
+        ds[at(h, i) * nk + j] = pi[j] * (weight(h, i, j) * dp - delta[at(h, i)]);
       }
     }
 
@@ -1558,22 +1610,7 @@ void check_simulated_backward(SimMask mask, bool late) {
     float lse(int h, int i) const { return float(lse_data[std::size_t(h) * nq + i]); }
     float delta(int h, int i) const { return float(delta_data[std::size_t(h) * nq + i]); }
   } stats{lse.data(), delta.data()};
-  struct Masks {
-    bool (*visible_fn)(int, int);
-    bool tile_visible(int q0, int n, int j0, int nc) const {
-      for (int i = q0; i < q0 + n; ++i)
-        for (int j = j0; j < j0 + nc; ++j)
-          if (visible_fn(i, j)) return true;
-      return false;
-    }
-    bool tile_inside(int q0, int n, int j0, int nc) const {
-      for (int i = q0; i < q0 + n; ++i)
-        for (int j = j0; j < j0 + nc; ++j)
-          if (!visible_fn(i, j)) return false;
-      return true;
-    }
-    bool visible(int i, int j) const { return visible_fn(i, j); }
-  } masks{+visible};
+  const SimMasks<Dropped> masks{+visible};
   // dQ sums over the teams (one at a time here); dK and dV are written once per element.
   // dQ on 16 bytes as the device's (Kokkos allocations are aligned; add4 checks it).
   std::vector<std::array<float, 4>> dq_store(std::size_t(heads) * nq * D / 4 + 1);
@@ -1623,7 +1660,7 @@ void check_simulated_backward(SimMask mask, bool late) {
       double want_v = 0, mag_v = 0, want_k = 0, mag_k = 0;
       for (int h = 0; h < heads; ++h)
         for (int i = 0; i < nq; ++i) {
-          const double pij = p[at(h, i) * nk + j], dsij = ds[at(h, i) * nk + j];
+          const double pij = p[at(h, i) * nk + j] * weight(h, i, j), dsij = ds[at(h, i) * nk + j];
           const double doc = dout[at(h, i) * D + c], qc = q[at(h, i) * D + c];
           want_v += pij * doc;
           mag_v += std::fabs(pij * doc);
@@ -1660,6 +1697,13 @@ TEST(WarpBackward, SimulatedTeamBf16D64Rows32) {  // a tile size the device does
 TEST(WarpBackward, SimulatedTeamSm80) {  // dQ by elements, LSE and delta stored at once
   check_simulated_backward<kc::bf16_tag, 64, 64, false>(SimMask::band, true);
   check_simulated_backward<kc::f16_tag, 128, 16, false>(SimMask::lower, false);
+}
+TEST(WarpBackward, SimulatedTeamDropout) {  // the device's tiles with dropout: 32 rows at D 64
+  check_simulated_backward<kc::bf16_tag, 64, 32, true, true>(SimMask::band, true);
+  check_simulated_backward<kc::bf16_tag, 64, 32, false, true>(SimMask::none, false);
+  check_simulated_backward<kc::bf16_tag, 64, 64, true, true>(SimMask::lower, false);
+  check_simulated_backward<kc::f16_tag, 128, 16, true, true>(SimMask::lower, false);
+  check_simulated_backward<kc::f16_tag, 128, 16, false, true>(SimMask::leading, true);
 }
 TEST(WarpBackward, SimulatedTeamF16D128) {
   // Copies late with two masks, at once with the other two (each mode fails its mutant).

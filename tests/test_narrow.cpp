@@ -111,7 +111,8 @@ TYPED_TEST(NarrowTest, BackwardRegisterShapes) {
   }
 }
 
-// Split-KV and dropout go through the same conversions.
+// Split-KV and dropout go through the same conversions. Dropout at head dims 64 and 128, causal
+// and split too: on CUDA the register-resident kernels' dropout forms (their Philox draws).
 TYPED_TEST(NarrowTest, SplitsAndDropout) {
   using T = TypeParam;
   kfa::Params split;
@@ -120,8 +121,15 @@ TYPED_TEST(NarrowTest, SplitsAndDropout) {
   kfa::Params drop;
   drop.dropout = 0.2;
   drop.seed = 7;
-  check_case<T>({1, 2, 2, 113, 203, 64}, drop);
-  check_backward_case<T>({1, 2, 2, 113, 203, 64}, drop);
+  kfa::Params drop_causal = drop;
+  drop_causal.causal = true;
+  drop_causal.num_splits = 2;
+  for (int d : {64, 128}) {
+    check_case<T>({1, 2, 2, 113, 203, d}, drop);
+    check_backward_case<T>({1, 2, 2, 113, 203, d}, drop);
+    check_case<T>({1, 2, 1, 150, 100, d}, drop_causal);
+    check_backward_case<T>({1, 2, 1, 150, 100, d}, drop_causal);
+  }
 }
 
 // v with a head dim of its own, forward and both backward strategies.

@@ -600,8 +600,9 @@ struct KeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
 /// head, tile of TileOps::warp_keys keys) walks the query heads of its group and the query
 /// tiles the mask leaves visible, as KeyValueKernel does with atomic dQ. Taken (`takes`) for
 /// softmax attention at the head dims it has with Dv = D, dQ into a float accumulator, every
-/// row of q, k, v, dout and dq on 16 bytes, and neither dropout, softcap nor an additive term; the
-/// tile kernels run everything else.
+/// row of q, k, v, dout and dq on 16 bytes, and neither softcap nor an additive term; the tile
+/// kernels run everything else. Dropout is drawn in its registers (WarpMask::kept), by a
+/// kernel of its own (Kernel<D, true>) so that the common kernel holds no Philox.
 template <class ExecSpace, class T, class Views, class Rule = SoftmaxRule>
 struct WarpKeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
   using base = BackwardCommon<ExecSpace, T, Views, Rule>;
@@ -624,16 +625,41 @@ struct WarpKeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
   /// Whether `common`'s problem runs here when dQ is added with atomics.
   static bool takes(const base& c) {
     if constexpr (possible)
-      return ops::warp_head_dim(c.head_dim) && c.head_dim_v == c.head_dim && !c.dropout.enabled &&
-             c.score.identity() && base::rows_on_16_bytes(c.t.q) && base::rows_on_16_bytes(c.t.k) &&
+      return ops::warp_head_dim(c.head_dim) && c.head_dim_v == c.head_dim && c.score.identity() &&
+             base::rows_on_16_bytes(c.t.q) && base::rows_on_16_bytes(c.t.k) &&
              base::rows_on_16_bytes(c.t.v) && base::rows_on_16_bytes(c.t.dout) &&
              base::rows_on_16_bytes(c.t.dq);
     (void)c;
     return false;
   }
 
+  /// What cuda::WarpBackward asks of the mask: the interval mask's answers and, with Dropped,
+  /// which elements dropout keeps (query head h of the team's group).
+  template <bool Dropped>
+  struct WarpMask {
+    static constexpr bool dropped = Dropped;  ///< whether kept is to be called
+    // References to the kernel's members, not copies: copies made the kernel without dropout
+    // spill 4-8 bytes on sm_90 (its registers are at 255).
+    const Mask& mask;
+    const Dropout<acc_t>& dropout;
+    int b, h0;
+    KOKKOS_INLINE_FUNCTION bool tile_visible(int q0, int n, int k0, int nc) const {
+      return mask.tile_visible(q0, n, k0, nc);
+    }
+    KOKKOS_INLINE_FUNCTION bool tile_inside(int q0, int n, int k0, int nc) const {
+      return mask.tile_inside(q0, n, k0, nc);
+    }
+    KOKKOS_INLINE_FUNCTION bool visible(int i, int j) const { return mask.visible(i, j); }
+    /// Whether dropout keeps query i of head h0 + h against key j.
+    KOKKOS_INLINE_FUNCTION bool kept(int h, int i, int j) const {
+      return dropout.kept(b, h0 + h, i, j);
+    }
+    /// The weight of a kept element, 1 / (1 - p).
+    KOKKOS_INLINE_FUNCTION acc_t keep_scale() const { return dropout.scale; }
+  };
+
   /// One team: batch, kv head and key tile from the league rank.
-  template <int HeadDim>
+  template <int HeadDim, bool Dropped>
   struct Kernel {
     WarpKeyValueKernel kk;
     KOKKOS_FUNCTION void operator()(const member_t& team) const {
@@ -682,9 +708,10 @@ struct WarpKeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
           base::store(dv_v(b, hk, j, c), x, accumulate);
         }
       } grads{kk.t.dq, kk.t.dk, kk.t.dv, b, hk, h0, kk.accumulate};
+      const WarpMask<Dropped> mask{kk.mask, kk.dropout, b, h0};
       ops::template warp_backward<HeadDim>(team, k0, nc, kk.group, kk.seqlen_q,
                                            static_cast<float>(kk.score.scale), k_row, v_row, q_row,
-                                           do_row, stats, kk.mask, grads);
+                                           do_row, stats, mask, grads);
     }
   };
 
@@ -693,14 +720,20 @@ struct WarpKeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
     const long long league = static_cast<long long>(this->t.q.extent(0)) * this->heads_k *
                              ((this->seqlen_k + keys - 1) / keys);
     const int d = this->head_dim;
-    const typename base::base::Shape shape{d, ops::warp_backward_rows(d), keys};
-    const std::size_t bytes = ops::warp_backward_scratch_bytes(d);
-    if (d == 64)
-      base::base::launch(space, "backward", "kfa::backward::dkdv", Kernel<64>{*this}, league, bytes,
-                         0, shape);
+    const bool dropped = this->dropout.enabled;
+    const typename base::base::Shape shape{d, ops::warp_backward_rows(d, dropped), keys};
+    const std::size_t bytes = ops::warp_backward_scratch_bytes(d, dropped);
+    const auto run = [&](auto kernel) {
+      base::base::launch(space, "backward", "kfa::backward::dkdv", kernel, league, bytes, 0, shape);
+    };
+    if (d == 64 && dropped)
+      run(Kernel<64, true>{*this});
+    else if (d == 64)
+      run(Kernel<64, false>{*this});
+    else if (dropped)
+      run(Kernel<128, true>{*this});
     else
-      base::base::launch(space, "backward", "kfa::backward::dkdv", Kernel<128>{*this}, league,
-                         bytes, 0, shape);
+      run(Kernel<128, false>{*this});
   }
 };
 

@@ -75,6 +75,27 @@ struct Dropout {
     });
   }
 
+  /// Whether local key j of local query row i is kept (one Philox call; its word picked by
+  /// selects, not by a run-time index, so that a GPU keeps the block in registers).
+  KOKKOS_INLINE_FUNCTION bool kept(int b, int h, int i, int j) const {
+    const int jg = k_origin + j, e = jg & 3;
+    const PhiloxBlock r = words(b, h, q_origin + i, jg >> 2);
+    const std::uint32_t w = e == 0 ? r.w[0] : e == 1 ? r.w[1] : e == 2 ? r.w[2] : r.w[3];
+    return w >= threshold;
+  }
+
+  /// Whether local keys j (bit 0) and j + 1 (bit 1) of local query row i are kept: a lane's
+  /// pair of neighbouring columns in a register-resident tile (TileOps::warp_forward). One
+  /// Philox call, two where the pair straddles a group of four keys (an odd key origin).
+  KOKKOS_INLINE_FUNCTION unsigned kept_pair(int b, int h, int i, int j) const {
+    const int jg = k_origin + j, e = jg & 3;
+    const PhiloxBlock r = words(b, h, q_origin + i, jg >> 2);
+    const std::uint32_t w0 = e == 0 ? r.w[0] : e == 1 ? r.w[1] : e == 2 ? r.w[2] : r.w[3];
+    std::uint32_t w1 = e == 0 ? r.w[1] : e == 1 ? r.w[2] : r.w[3];
+    if (e == 3) w1 = words(b, h, q_origin + i, (jg >> 2) + 1).w[0];
+    return (w0 >= threshold ? 1u : 0u) | (w1 >= threshold ? 2u : 0u);
+  }
+
   /// The weights of local query row i for the 64 keys of the aligned run of 64 global keys
   /// that holds local key k0 + c (a tile at k0, column c), by one thread: 16 Philox calls at
   /// once (Ops::philox16) and their words as weights in key order (Ops::weights64), z[q] for

@@ -90,11 +90,12 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       backends::is_bfloat16<typename V::non_const_value_type>::value;
   bool pairs = false;
   // The register-resident forward (TileTraits::warp_tiles: CUDA, 16-bit inputs): a team's
-  // 64 or 128 query rows (TileOps::warp_rows) keep their work in registers
+  // 64 or 128 query rows (TileOps::warp_rows, 64 with dropout) keep their work in registers
   // (TileOps::warp_forward). Taken at the head dims
   // it has (with Dv = D: its registers hold O rows of D), when every row of q, k and v starts
-  // on 16 bytes (its copies are 16-byte ones) and without dropout (not yet drawn in registers)
-  // or an additive term (a biased pass takes the tile path).
+  // on 16 bytes (its copies are 16-byte ones) and without an additive term (a biased pass
+  // takes the tile path). Dropout is drawn in its registers (WarpScore::Row::kept_pair), by a
+  // kernel of its own (WarpKernel<D, true>) so that the common kernel holds no Philox.
   static constexpr bool warp_type = Rule::softmax && !bias_t::enabled && !Seqs::packed &&
                                     traits::warp_tiles && sizeof(value_type) == 2 &&
                                     std::is_same_v<typename K::non_const_value_type, value_type> &&
@@ -126,13 +127,13 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     }
     dropout = make_dropout<acc_t>(p, at);
     if constexpr (warp_type)
-      warp = ops::warp_head_dim(head_dim) && head_dim_v == head_dim && !dropout.enabled &&
-             base::rows_on_16_bytes(q) && base::rows_on_16_bytes(k) && base::rows_on_16_bytes(v);
+      warp = ops::warp_head_dim(head_dim) && head_dim_v == head_dim && base::rows_on_16_bytes(q) &&
+             base::rows_on_16_bytes(k) && base::rows_on_16_bytes(v);
     Br = traits::block_q(tile_dim(head_dim, head_dim_v));
     Bc = traits::block_k(tile_dim(head_dim, head_dim_v));
     if constexpr (warp_type)
       if (warp) {
-        Br = ops::warp_rows(head_dim);
+        Br = ops::warp_rows(head_dim, dropout.enabled);
         Bc = ops::warp_keys;
       }
     ldd = head_dim + traits::pad;
@@ -204,12 +205,18 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     bool launched = false;
     if constexpr (warp_type)
       if (warp) {
-        if (head_dim == 64)
-          base::launch(space, "forward", "kfa::forward", WarpKernel<64>{*this}, league,
-                       scratch_bytes(), scratch_level, shape);
+        const auto run = [&](auto kernel) {
+          base::launch(space, "forward", "kfa::forward", kernel, league, scratch_bytes(),
+                       scratch_level, shape);
+        };
+        if (head_dim == 64 && dropout.enabled)
+          run(WarpKernel<64, true>{*this});
+        else if (head_dim == 64)
+          run(WarpKernel<64, false>{*this});
+        else if (dropout.enabled)
+          run(WarpKernel<128, true>{*this});
         else
-          base::launch(space, "forward", "kfa::forward", WarpKernel<128>{*this}, league,
-                       scratch_bytes(), scratch_level, shape);
+          run(WarpKernel<128, false>{*this});
         launched = true;
       }
     if (!launched)
@@ -342,13 +349,16 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   }
 
   /// What the register-resident forward asks of core (TileOps::warp_forward): the score of a
-  /// dot product under the transform and the mask, and whether a key tile can be seen at all.
-  /// Capped: whether softcap is on, a compile-time choice so that the key-tile loop of the
-  /// common case holds no tanh (an additive term would take the full transform).
-  template <bool Capped>
+  /// dot product under the transform and the mask, whether a key tile can be seen at all, and
+  /// with Dropped which elements dropout keeps. Capped: whether softcap is on, a compile-time
+  /// choice so that the key-tile loop of the common case holds no tanh (an additive term would
+  /// take the full transform); likewise Dropped, so that it holds no Philox.
+  template <bool Capped, bool Dropped = false>
   struct WarpScore {
+    static constexpr bool dropped = Dropped;  ///< whether Row::kept_pair is to be called
     ScoreTransform<acc_t, bias_t> transform;
     Mask mask;
+    Dropout<acc_t> dropout;
     int b, h;
     KOKKOS_INLINE_FUNCTION bool tile_visible(int q0, int n, int j0, int nc) const {
       return mask.tile_visible(q0, n, j0, nc);
@@ -360,6 +370,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     /// makes it per key tile).
     struct Row {
       ScoreTransform<acc_t, bias_t> transform;
+      Dropout<acc_t> dropout;
       int b, h, i, lo, hi;
       KOKKOS_INLINE_FUNCTION acc_t operator()(int j, acc_t dot) const {
         if (j < lo || j > hi) return -backends::infinity<acc_t>();
@@ -372,9 +383,16 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
         else
           return transform.scaled(dot);
       }
+      /// Whether dropout keeps keys j (bit 0) and j + 1 (bit 1) of the row
+      /// (Dropout::kept_pair).
+      KOKKOS_INLINE_FUNCTION unsigned kept_pair(int j) const {
+        return dropout.kept_pair(b, h, i, j);
+      }
     };
+    /// The weight of a kept element, 1 / (1 - p).
+    KOKKOS_INLINE_FUNCTION acc_t keep_scale() const { return dropout.scale; }
     KOKKOS_INLINE_FUNCTION Row row(int i) const {
-      return {transform, b, h, i, mask.lo(i), mask.hi(i)};
+      return {transform, dropout, b, h, i, mask.lo(i), mask.hi(i)};
     }
   };
   /// Where the register-resident forward puts its rows: O and the LSE, or with split-KV the
@@ -403,9 +421,9 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     }
   };
 
-  /// The register-resident forward as a kernel of its own per head dim, so that its
-  /// registers are allocated apart from the tile path's and from the other head dim's.
-  template <int HeadDim>
+  /// The register-resident forward as a kernel of its own per head dim and dropout, so that
+  /// its registers are allocated apart from the tile path's and from the other kernels'.
+  template <int HeadDim, bool Dropped>
   struct WarpKernel {
     ForwardKernel fk;
     KOKKOS_FUNCTION void operator()(const member_t& team) const {
@@ -423,11 +441,13 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       const auto k_row = [=](int j) { return reinterpret_cast<bits>(&k(b, hk, j, 0)); };
       const auto v_row = [=](int j) { return reinterpret_cast<bits>(&v(b, hk, j, 0)); };
       if (fk.score.capped())
-        ops::template warp_forward<HeadDim>(team, t.q0, t.nr, w.k_begin, k_end, q_row, k_row, v_row,
-                                            WarpScore<true>{fk.score, fk.mask, b, h}, out);
+        ops::template warp_forward<HeadDim>(
+            team, t.q0, t.nr, w.k_begin, k_end, q_row, k_row, v_row,
+            WarpScore<true, Dropped>{fk.score, fk.mask, fk.dropout, b, h}, out);
       else
-        ops::template warp_forward<HeadDim>(team, t.q0, t.nr, w.k_begin, k_end, q_row, k_row, v_row,
-                                            WarpScore<false>{fk.score, fk.mask, b, h}, out);
+        ops::template warp_forward<HeadDim>(
+            team, t.q0, t.nr, w.k_begin, k_end, q_row, k_row, v_row,
+            WarpScore<false, Dropped>{fk.score, fk.mask, fk.dropout, b, h}, out);
     }
   };
 

@@ -149,17 +149,20 @@ struct TileOps<Kokkos::Cuda, T, void> : PortableTileOps<accum_t<T>> {
 
   /// Blocks of 16 query rows per warp of warp_forward at head dim d: 2 at 64 (FlashAttention-2's
   /// 128-row tiles; KFA_CUDA_WARP_BLOCKS_D64 overrides it, for measuring), 1 at 128, where two
-  /// would need more registers than a lane has.
-  static constexpr int warp_blocks(int d) {
+  /// would need more registers than a lane has. With dropout 1: Philox's registers on top of
+  /// two blocks' made the half kernel spill 16 bytes at sm_90 (perf/cuda_report.py).
+  static constexpr int warp_blocks(int d, bool dropped = false) {
+    if (dropped) return 1;
 #if defined(KFA_CUDA_WARP_BLOCKS_D64)
     return d == 64 ? KFA_CUDA_WARP_BLOCKS_D64 : 1;
 #else
     return d == 64 ? 2 : 1;
 #endif
   }
-  /// Query rows per team of warp_forward at head dim d (4 warps of warp_blocks(d) x 16 rows).
-  static constexpr int warp_rows(int d) {
-    return 4 * 16 * warp_blocks(d);
+  /// Query rows per team of warp_forward at head dim d (4 warps of warp_blocks(d, dropped) x 16
+  /// rows).
+  static constexpr int warp_rows(int d, bool dropped = false) {
+    return 4 * 16 * warp_blocks(d, dropped);
   }
   /// Keys per tile of warp_forward.
   static constexpr int warp_keys = 64;
@@ -186,7 +189,7 @@ struct TileOps<Kokkos::Cuda, T, void> : PortableTileOps<accum_t<T>> {
     using Tag = typename cuda::mma_tag<T>::type;
     auto* smem = static_cast<std::uint16_t*>(
         team.team_scratch(0).get_shmem_aligned(warp_scratch_bytes(HeadDim) - 128, 128));
-    cuda::WarpForward<cuda::CudaWarp<Tag>, Tag, HeadDim, warp_blocks(HeadDim)>::run(
+    cuda::WarpForward<cuda::CudaWarp<Tag>, Tag, HeadDim, warp_blocks(HeadDim, Score::dropped)>::run(
         smem, q0, nq, k_begin, k_end, q_row, k_row, v_row, score, out);
 #else
     (void)team, (void)q0, (void)nq, (void)k_begin, (void)k_end, (void)q_row, (void)k_row;
@@ -195,16 +198,17 @@ struct TileOps<Kokkos::Cuda, T, void> : PortableTileOps<accum_t<T>> {
   }
 
   /// Query rows per tile step of warp_backward at head dim d: 64 at 64, 16 at 128, where the
-  /// dK and dV accumulators take twice the registers (32 rows spilled at sm_80).
-  static constexpr int warp_backward_rows(int d) {
-    return d <= 64 ? 64 : 16;
+  /// dK and dV accumulators take twice the registers (32 rows spilled at sm_80). With dropout
+  /// 32 at 64: Philox's registers on top of 64 rows' S^T and dP^T spilled 12 bytes at sm_80.
+  static constexpr int warp_backward_rows(int d, bool dropped = false) {
+    return d <= 64 ? (dropped ? 32 : 64) : 16;
   }
   /// Team scratch of warp_backward at head dim d (cuda::WarpBackward::shared_bytes) and 128
-  /// bytes to align it: 32.6 KiB at d = 64, 26.3 KiB at d = 128.
-  static constexpr std::size_t warp_backward_scratch_bytes(int d) {
-    return std::size_t(2) *
-               (warp_keys * d + 2 * warp_backward_rows(d) * d + warp_keys * warp_backward_rows(d)) +
-           std::size_t(8) * warp_backward_rows(d) + 128;
+  /// bytes to align it: 32.6 KiB at d = 64 (24.4 KiB with dropout), 26.3 KiB at 128.
+  static constexpr std::size_t warp_backward_scratch_bytes(int d, bool dropped = false) {
+    const std::size_t qr = warp_backward_rows(d, dropped);
+    return std::size_t(2) * (warp_keys * d + 2 * qr * d + warp_keys * qr) + std::size_t(8) * qr +
+           128;
   }
 
   /// FlashAttention-2's backward of one key tile with the work in registers
@@ -220,9 +224,10 @@ struct TileOps<Kokkos::Cuda, T, void> : PortableTileOps<accum_t<T>> {
                                                    const Mask& mask, Grads& grads) {
 #if defined(__CUDA_ARCH__)
     using Tag = typename cuda::mma_tag<T>::type;
+    constexpr bool dropped = Mask::dropped;
     using Kernel =
-        cuda::WarpBackward<cuda::CudaWarp<Tag>, Tag, HeadDim, warp_backward_rows(HeadDim)>;
-    static_assert(Kernel::shared_bytes() + 128 == warp_backward_scratch_bytes(HeadDim));
+        cuda::WarpBackward<cuda::CudaWarp<Tag>, Tag, HeadDim, warp_backward_rows(HeadDim, dropped)>;
+    static_assert(Kernel::shared_bytes() + 128 == warp_backward_scratch_bytes(HeadDim, dropped));
     static_assert(Kernel::keys == warp_keys, "core cuts the key tiles by warp_keys");
     auto* smem = static_cast<std::uint16_t*>(
         team.team_scratch(0).get_shmem_aligned(Kernel::shared_bytes(), 128));

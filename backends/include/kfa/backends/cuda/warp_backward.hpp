@@ -23,8 +23,9 @@
 /// accumulators, S^T and dP^T did not fit 255 registers (56-60 bytes spilled at sm_80).
 ///
 /// As cuda/warp_forward.hpp the code is written against a warp policy W (CudaWarp on the device,
-/// tests/test_mma.cpp's simulator on the host). Only softmax attention with an interval mask (no
-/// dropout, softcap or additive term) comes here; core sends the rest to the tile kernels.
+/// tests/test_mma.cpp's simulator on the host). Only softmax attention with an interval mask and
+/// optionally dropout (no softcap or additive term) comes here; core sends the rest to the tile
+/// kernels.
 
 #include <kfa/backends/cuda/ldmatrix.hpp>
 #include <kfa/backends/cuda/mma.hpp>
@@ -95,7 +96,11 @@ struct WarpBackward {
   /// `q_row(h, i)`, `do_row(h, i)`: query i's of head h (h in [0, heads)); `stats.lse(h, i)`
   /// (natural units, -inf for a row that saw no key) and `stats.delta(h, i)` (rowsum(dO O));
   /// `mask.tile_visible(q0, n, k0, nc)`, `mask.tile_inside(q0, n, k0, nc)` (every row sees every
-  /// key) and `mask.visible(i, j)`, the same for every head; `grads.dq_row(h, i)`: query i's
+  /// key) and `mask.visible(i, j)`, the same for every head; where the constant `Mask::dropped`
+  /// is true, `mask.kept(h, i, j)`, whether dropout keeps query i of head h against key j
+  /// (queries past seqlen_q and keys past the tile may be asked), and `mask.keep_scale()`, the
+  /// weight of a kept element: the weights Z weigh P in dV and dP in dS (delta holds
+  /// rowsum(dO O) of the dropped O); `grads.dq_row(h, i)`: query i's
   /// float dQ row, 16-byte aligned, which the team adds to by W::add4 or W::add (atomically:
   /// other teams add to the same rows), `grads.dk(j, c, x)` and
   /// `grads.dv(j, c, x)` receive the team's sums over its heads, keys below k0 + nc only.
@@ -194,6 +199,25 @@ struct WarpBackward {
       W::cp_async_wait_all();  // Q_i, dO_i
       W::barrier();            // ... seen by all, with LSE and delta; dS^T of the last step read
 
+      // Dropout's verdicts on this lane's elements, bit 4 n + e for st[n].x[e], drawn before
+      // the products, where their accumulators are not yet live (drawn after them, Philox's
+      // registers made the 255-register kernel spill). One Philox call an element: the four
+      // words of a call are four keys of one query, held by four lanes here (the tiles are
+      // transposed).
+      const int key0 = k0 + 16 * warp + group_id(lane);  // this lane's keys: key0, key0 + 8
+      std::uint32_t kept = 0;
+      if constexpr (Mask::dropped) {
+        static_assert(4 * qb <= 32, "a bit an element in one word");
+        // Not unrolled: one Philox chain at a time (unrolled, the scheduler interleaves them
+        // and their registers made the D = 128 kernel spill at sm_80).
+#pragma unroll 1
+        for (int u = 0; u < 4 * qb; ++u) {
+          const int n = u >> 2, e = u & 3;
+          const int i = q0 + 8 * n + c_coord(lane, e).col, j = key0 + 8 * (e >> 1);
+          kept |= (mask.kept(h, i, j) ? 1u : 0u) << u;
+        }
+      }
+
       // S^T = K_w Q_i^T and dP^T = V_w dO_i^T: B fragments of 16 queries by ldmatrix.x4.
       FragC st[qb], dpt[qb];
       KFA_UNROLL
@@ -222,7 +246,6 @@ struct WarpBackward {
       }
 
       // Scores in base 2 with the mask (keys past the tile hidden too), P^T, dS^T.
-      const int key0 = k0 + 16 * warp + group_id(lane);  // this lane's keys: key0, key0 + 8
       const bool inside = nc == keys && mask.tile_inside(q0, nq, k0, nc);  // team-wide
       float lse[qb][2], delta[qb][2];
       KFA_UNROLL
@@ -245,7 +268,21 @@ struct WarpBackward {
         }
       }
       probabilities<fast_p>(st, lse);
-      score_gradients(dpt, st, delta);
+      if constexpr (Mask::dropped) {
+        // With Z the weights and O = (P Z) V / l: dV takes P Z, dS = P (Z dP - delta).
+        const float zs = mask.keep_scale();
+        KFA_UNROLL
+        for (int n = 0; n < qb; ++n) {
+          KFA_UNROLL
+          for (int e = 0; e < 4; ++e) {
+            const float z = kept >> (4 * n + e) & 1u ? zs : 0.0f;
+            dpt[n].x[e] = st[n].x[e] * (z * dpt[n].x[e] - delta[n][e & 1]);
+            st[n].x[e] *= z;
+          }
+        }
+      } else {
+        score_gradients(dpt, st, delta);
+      }
 
       // dV_w += P^T dO_i and dK_w += dS^T Q_i: 16 queries a step, B by ldmatrix.x4.trans.
       KFA_UNROLL

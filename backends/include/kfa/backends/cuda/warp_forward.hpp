@@ -69,8 +69,11 @@ struct WarpForward {
   /// `score.tile_visible(q0, nq, j0, nc)` (can any of the rows see any of the keys),
   /// `score.tile_inside(q0, nq, j0, nc)` (does every row see every key) and `score.row(i)`,
   /// made per row and key tile, whose `(j, dot)` is the score of q_i . k_j (scale
-  /// and softcap included, -inf where the mask hides it; called for keys below k_end only) and
-  /// whose `unmasked(j, dot)` is the same for a key the row sees; `out.o(i, c, value)` and
+  /// and softcap included, -inf where the mask hides it; called for keys below k_end only),
+  /// whose `unmasked(j, dot)` is the same for a key the row sees and, where the constant
+  /// `Score::dropped` is true, whose `kept_pair(j)` says whether dropout keeps keys j (bit 0)
+  /// and j + 1 (bit 1; keys past the tile may be asked, their P is 0), a kept P being
+  /// multiplied by `score.keep_scale()` after the row sums took it; `out.o(i, c, value)` and
   /// `out.lse(i, value)` (natural units) receive the results, rows below q0 + nq only. `smem` holds
   /// shared_bytes(); run ends without a barrier, so a caller that reuses smem puts one first.
   template <class QRow, class KRow, class VRow, class Score, class Out>
@@ -196,6 +199,24 @@ struct WarpForward {
         m[1] = W::quad_max(m[1]);
         softmax_update(s[r], state[r], m, alpha);
         rescale(o[r], alpha);
+        if constexpr (Score::dropped) {  // after l took the sums: dropout weighs P V alone
+          // The verdicts first, bit 4 n + e for s[r][n].x[e], by a loop not unrolled: one
+          // Philox chain at a time (unrolled, the scheduler interleaves them and their
+          // registers made the 255-register kernels spill).
+          std::uint32_t kept = 0;
+#pragma unroll 1
+          for (int n = 0; n < nb; ++n) {
+            const int j = j0 + 8 * n + c_coord(lane, 0).col;  // and j + 1
+            kept |= (row_g.kept_pair(j) | row_g8.kept_pair(j) << 2) << (4 * n);
+          }
+          const float z = score.keep_scale();
+          KFA_UNROLL
+          for (int n = 0; n < nb; ++n) {
+            KFA_UNROLL
+            for (int e = 0; e < 4; ++e)
+              s[r][n].x[e] = kept >> (4 * n + e) & 1u ? s[r][n].x[e] * z : 0.0f;
+          }
+        }
       }
 
       W::cp_async_wait_all();  // V_j
