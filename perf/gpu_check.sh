@@ -18,8 +18,9 @@
 # 2. every test suite on the device, 8 at a time (the float64 oracle runs on the host), with
 #    a pass/fail line each in summary.txt;
 # 3. compute-sanitizer racecheck and memcheck on one 16-bit forward suite case and two backward
-#    ones (the register kernels' shapes, then head dims that take the tile kernels too), each
-#    run cut at its share;
+#    ones (the register kernels' shapes, then head dims that take the tile kernels too), and
+#    racecheck on the dropout case (the register kernels' dropout forms), each run cut at its
+#    share;
 # 4. the kernels' resources (cuobjdump --dump-resource-usage) and the SASS instruction mix per
 #    kernel (HMMA, LDSM, LDGSTS, LDS, STS, BAR, MUFU, all);
 # 5. perf/compare_gpu.py against PyTorch's SDPA: the forward (bf16, half, float) first, then
@@ -88,11 +89,12 @@ grep -h '^\[  FAILED  \]' "$OUT"/logs/test_*.log 2>/dev/null | sort -u | head -4
 pack
 
 say "== compute-sanitizer ($(left) s left)"
-# 30 % of the budget over six runs, each given an equal share of what the earlier ones left;
-# the register kernels first, the tile path's slower backward case last.
+# 30 % of the budget over seven runs, each given an equal share of what the earlier ones left;
+# the register kernels first (SplitsAndDropout: their dropout kernels), the tile path's slower
+# backward case last.
 san_end=$(( $(date +%s) + BUDGET * 30 / 100 ))
 runs=(racecheck:BackwardRegisterShapes racecheck:ForwardHeadDimsAndSeqlens
-  memcheck:BackwardRegisterShapes memcheck:ForwardHeadDimsAndSeqlens
+  memcheck:BackwardRegisterShapes memcheck:ForwardHeadDimsAndSeqlens racecheck:SplitsAndDropout
   racecheck:BackwardHeadDims memcheck:BackwardHeadDims)
 if command -v compute-sanitizer >/dev/null && [ -x "$BUILD/tests/test_narrow_cuda" ]; then
   for i in "${!runs[@]}"; do
