@@ -124,11 +124,11 @@ TYPED_TEST(NarrowTest, SplitsAndDropout) {
   kfa::Params drop_causal = drop;
   drop_causal.causal = true;
   drop_causal.num_splits = 2;
-  for (int d : {64, 128}) {
-    check_case<T>({1, 2, 2, 113, 203, d}, drop);
-    check_backward_case<T>({1, 2, 2, 113, 203, d}, drop);
-    check_case<T>({1, 2, 1, 150, 100, d}, drop_causal);
-    check_backward_case<T>({1, 2, 1, 150, 100, d}, drop_causal);
+  for (int d : {64, 128}) {  // two batches: the mask's batch index
+    check_case<T>({2, 2, 2, 113, 203, d}, drop);
+    check_backward_case<T>({2, 2, 2, 113, 203, d}, drop);
+    check_case<T>({2, 2, 1, 150, 100, d}, drop_causal);
+    check_backward_case<T>({2, 2, 1, 150, 100, d}, drop_causal);
   }
 }
 

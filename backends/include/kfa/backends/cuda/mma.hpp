@@ -37,6 +37,14 @@
 #define KFA_UNROLL
 #endif
 
+/// Keeps the loop that follows rolled in device code (one iteration's registers at a time);
+/// nothing on the host.
+#if defined(__CUDA_ARCH__)
+#define KFA_NO_UNROLL _Pragma("unroll 1")
+#else
+#define KFA_NO_UNROLL
+#endif
+
 namespace kfa::backends::cuda {
 
 /// Operands in bfloat16 (8 exponent bits, 7 stored mantissa bits): m16n8k16.

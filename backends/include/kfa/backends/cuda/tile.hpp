@@ -204,7 +204,7 @@ struct TileOps<Kokkos::Cuda, T, void> : PortableTileOps<accum_t<T>> {
     return d <= 64 ? (dropped ? 32 : 64) : 16;
   }
   /// Team scratch of warp_backward at head dim d (cuda::WarpBackward::shared_bytes) and 128
-  /// bytes to align it: 32.6 KiB at d = 64 (24.4 KiB with dropout), 26.3 KiB at 128.
+  /// bytes to align it: 32.6 KiB at d = 64 (20.4 KiB with dropout), 26.3 KiB at 128.
   static constexpr std::size_t warp_backward_scratch_bytes(int d, bool dropped = false) {
     const std::size_t qr = warp_backward_rows(d, dropped);
     return std::size_t(2) * (warp_keys * d + 2 * qr * d + warp_keys * qr) + std::size_t(8) * qr +

@@ -210,7 +210,7 @@ struct WarpBackward {
         static_assert(4 * qb <= 32, "a bit an element in one word");
         // Not unrolled: one Philox chain at a time (unrolled, the scheduler interleaves them
         // and their registers made the D = 128 kernel spill at sm_80).
-#pragma unroll 1
+        KFA_NO_UNROLL
         for (int u = 0; u < 4 * qb; ++u) {
           const int n = u >> 2, e = u & 3;
           const int i = q0 + 8 * n + c_coord(lane, e).col, j = key0 + 8 * (e >> 1);

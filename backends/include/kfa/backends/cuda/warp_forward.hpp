@@ -204,7 +204,7 @@ struct WarpForward {
           // Philox chain at a time (unrolled, the scheduler interleaves them and their
           // registers made the 255-register kernels spill).
           std::uint32_t kept = 0;
-#pragma unroll 1
+          KFA_NO_UNROLL
           for (int n = 0; n < nb; ++n) {
             const int j = j0 + 8 * n + c_coord(lane, 0).col;  // and j + 1
             kept |= (row_g.kept_pair(j) | row_g8.kept_pair(j) << 2) << (4 * n);
