@@ -15,7 +15,9 @@
 //   --tokens=T      tokens per case (batch = max(1, T / N)), default 16384;
 //   --heads=H       heads, default 16;
 //   --n=N1,N2,...   sequence lengths, default 1024,2048,4096,8192,16384;
-//   --d=D1,D2,...   head dims, default 64,128.
+//   --d=D1,D2,...   head dims, default 64,128;
+//   --dropout=P     dropout probability in [0, 1) for every case (seed 1), default 0: the
+//                   same names, and the probability in the context (gpu_suite_dropout).
 // Smaller values make a quick run on a CPU build; the names carry the B and H used.
 //
 // Needs Google Benchmark only (no Kokkos Kernels), so a CUDA build of kfa has it.
@@ -23,6 +25,7 @@
 #include <kfa/kfa.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -41,12 +44,16 @@ enum class Pass { forward, backward, forward_backward };
 struct Shape {
   int tokens = 16384, heads = 16;
   std::vector<int> n = {1024, 2048, 4096, 8192, 16384}, d = {64, 128};
+  double dropout = 0;
 };
 
 template <class T>
-void run_case(benchmark::State& state, Pass pass, int B, int H, int N, int D, bool causal) {
+void run_case(benchmark::State& state, Pass pass, int B, int H, int N, int D, bool causal,
+              double dropout) {
   kfa::Params p;
   p.causal = causal;
+  p.dropout = dropout;
+  p.seed = 1;
   kfa_bench::Tensors<T> t(B, H, N, D, pass != Pass::forward);
   const auto fwd = [&] { kfa::forward(Exec(), t.q, t.k, t.v, t.o, t.lse, p); };
   const auto bwd = [&] {
@@ -71,9 +78,10 @@ void run_case(benchmark::State& state, Pass pass, int B, int H, int N, int D, bo
 /// One case; a case kfa or Kokkos refuses (kfa::Error, an allocation that fails) is reported
 /// as an error of that case instead of ending the run.
 template <class T>
-void BM_kfa(benchmark::State& state, Pass pass, int B, int H, int N, int D, bool causal) {
+void BM_kfa(benchmark::State& state, Pass pass, int B, int H, int N, int D, bool causal,
+            double dropout) {
   try {
-    run_case<T>(state, pass, B, H, N, D, causal);
+    run_case<T>(state, pass, B, H, N, D, causal, dropout);
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
   }
@@ -93,7 +101,7 @@ void register_type(const char* type, const Shape& shape) {
                                    "/H:" + std::to_string(shape.heads) + "/N:" + std::to_string(n) +
                                    "/D:" + std::to_string(d) + "/causal:" + std::to_string(causal);
           benchmark::RegisterBenchmark(name.c_str(), BM_kfa<T>, pass, b, shape.heads, n, d,
-                                       causal != 0)
+                                       causal != 0, shape.dropout)
               ->UseManualTime()
               ->Unit(benchmark::kMillisecond);
         }
@@ -119,7 +127,8 @@ std::vector<int> int_list(const char* text) {
   return out;
 }
 
-/// Takes --tokens=, --heads=, --n= and --d= out of argv.
+/// Takes --tokens=, --heads=, --n=, --d= and --dropout= out of argv; exits with status 2 on a
+/// dropout outside [0, 1).
 Shape parse_shape(int& argc, char** argv) {
   Shape shape;
   int kept = 1;
@@ -132,6 +141,14 @@ Shape parse_shape(int& argc, char** argv) {
       shape.n = int_list(argv[i] + 4);
     } else if (std::strncmp(argv[i], "--d=", 4) == 0) {
       shape.d = int_list(argv[i] + 4);
+    } else if (std::strncmp(argv[i], "--dropout=", 10) == 0) {
+      char* end = nullptr;
+      shape.dropout = std::strtod(argv[i] + 10, &end);
+      if (end == argv[i] + 10 || *end != '\0' || !(shape.dropout >= 0 && shape.dropout < 1)) {
+        std::fprintf(stderr, "bench_gpu: --dropout must be a number in [0, 1), got '%s'\n",
+                     argv[i] + 10);
+        std::exit(2);
+      }
     } else {
       argv[kept++] = argv[i];
     }
@@ -156,5 +173,6 @@ int main(int argc, char** argv) {
 #endif
   benchmark::AddCustomContext("gpu_suite_tokens", std::to_string(shape.tokens));
   benchmark::AddCustomContext("gpu_suite_heads", std::to_string(shape.heads));
+  benchmark::AddCustomContext("gpu_suite_dropout", std::to_string(shape.dropout));
   return kfa_bench::run_main(argc, argv);
 }

@@ -3,7 +3,7 @@
 
   python3 perf/compare_gpu.py --build DIR [--out-dir DIR] [--date YYYY-MM-DD] [--name NAME]
       [--passes fwd,bwd,fwd_bwd] [--types float,bf16,half] [--n 1024,...,16384] [--d 64,128]
-      [--causal 0,1] [--tokens 16384] [--heads 16] [--min-time 0.2] [--repeats 10]
+      [--causal 0,1] [--tokens 16384] [--heads 16] [--dropout P] [--min-time 0.2] [--repeats 10]
       [--bench-args ARGS] [--fp32-peak-tflops X] [--sgemm-n 8192] [--reuse]
       [--kfa-json FILE] [--torch-json FILE] [--dry-run [--run-kfa]]
   (the same as python3 perf/compare_attention.py --gpu ...)
@@ -22,6 +22,8 @@ PASS or MISS for each target:
   table of FP32_PEAK_TFLOPS by GPU name, else SMs x FP32 lanes x 2 x max SM clock);
 - bf16 and half forward >= 70% of SDPA's flash backend, bf16 forward + backward >= 50%.
 A target passes when every measured case of it passes; the worst and the median are printed.
+--dropout P runs both sides with dropout p = P (kfa's bench_gpu --dropout=P, seed 1; SDPA's
+dropout_p): the same FLOP count, so the ratios compare the passes with their masks drawn.
 
 --reuse: a step whose JSON file is already in --out-dir is read, not run again (to finish a run
 that was cut short). --kfa-json / --torch-json: report from those files instead of running that
@@ -94,6 +96,8 @@ def parse_args(argv=None):
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--tokens", type=int, default=16384, help="batch = max(1, tokens / N)")
     ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="dropout probability of every case, both sides (default 0)")
     ap.add_argument("--min-time", type=float, default=0.2,
                     help="seconds per case, kfa (Google Benchmark's min time) and SDPA")
     ap.add_argument("--repeats", type=int, default=10, help="least timed SDPA calls per case")
@@ -179,6 +183,8 @@ def run_kfa(a, path):
            f"--n={','.join(map(str, a.n))}", f"--d={','.join(map(str, a.d))}",
            f"--benchmark_filter={bench_filter(a)}", f"--benchmark_min_time={a.min_time}",
            f"--benchmark_out={path}", "--benchmark_out_format=json"] + shlex.split(a.bench_args)
+    if a.dropout:
+        cmd.append(f"--dropout={a.dropout}")
     print("+", " ".join(shlex.quote(c) for c in cmd), flush=True)
     status = subprocess.run(cmd).returncode
     if status != 0:
@@ -220,6 +226,8 @@ def run_torch(a, path):
            "--causal", ",".join(map(str, a.causal)), "--tokens", str(a.tokens),
            "--heads", str(a.heads), "--min-time", str(a.min_time), "--repeats", str(a.repeats),
            "--sgemm-n", str(a.sgemm_n)] + shlex.split(a.torch_args)
+    if a.dropout:
+        cmd += ["--dropout", str(a.dropout)]
     print("+", " ".join(shlex.quote(c) for c in cmd), flush=True)
     status = subprocess.run(cmd).returncode
     if status != 0:  # torch_attention.py rewrites its JSON after every case
@@ -264,7 +272,8 @@ def synth_kfa(a, path, gpu):
                      "real_time": sec * 1e3, "cpu_time": sec * 1e3, "time_unit": "ms",
                      "FLOP/s": rate})
     ctx = {"date": "synthetic", "kfa_git_revision": "dry-run", "kokkos_version": "dry-run",
-           "kokkos_execution_space": "Cuda", "kokkos_configuration": f"dry run on {gpu}"}
+           "kokkos_execution_space": "Cuda", "kokkos_configuration": f"dry run on {gpu}",
+           "gpu_suite_dropout": str(a.dropout)}
     with open(path, "w") as f:
         json.dump({"context": ctx, "benchmarks": rows}, f, indent=1)
 
@@ -279,8 +288,8 @@ def synth_torch(a, path, ctx):
         if t == "half" and n == 16384 and pass_ == "bwd":  # show how a fallback reads
             r["backend"], r["note"] = "efficient", "refused first: flash: (synthetic refusal)"
         results.append(r)
-    ctx = dict(ctx, sgemm={"n": a.sgemm_n, "seconds": 0.0, "iterations": 10,
-                           "flops_per_s": 51e12})
+    ctx = dict(ctx, dropout=a.dropout, sgemm={"n": a.sgemm_n, "seconds": 0.0, "iterations": 10,
+                                             "flops_per_s": 51e12})
     with open(path, "w") as f:
         json.dump({"context": ctx, "results": results}, f, indent=1)
 
@@ -423,6 +432,19 @@ def target_line(r):
             f" median {r['median']:.2f}, best {r['best']:.2f}")
 
 
+def dropout_line(a, kfa_ctx, tctx):
+    """What each side's JSON says its dropout was, against --dropout (a mismatch is named: a
+    side reused or passed in from another run)."""
+    kfa_p = float(kfa_ctx.get("gpu_suite_dropout", 0.0))
+    torch_p = float(tctx.get("dropout", 0.0))
+    line = (f"- Dropout: p = {a.dropout}" + (" on both sides (kfa seed 1, SDPA dropout_p)"
+                                              if a.dropout else " (none)"))
+    if kfa_p != a.dropout or torch_p != a.dropout:
+        line += (f"; **the results say otherwise: kfa ran p = {kfa_p}, SDPA p = {torch_p}: the "
+                 "ratios compare different passes**")
+    return line
+
+
 def write_report(a, stem, command, gpu, peak, rows, kfa_ctx, tctx, sgemm, targets, extra):
     peak_tflops, peak_source = peak
     space = kfa_ctx.get("kokkos_execution_space", "?")
@@ -455,6 +477,7 @@ def write_report(a, stem, command, gpu, peak, rows, kfa_ctx, tctx, sgemm, target
         "- float32 torch.matmul (TF32 off): " +
         (f"{sgemm / 1e12:.1f} TFLOP/s at n = {tctx['sgemm']['n']}" if sgemm else "not measured"),
         f"- Command: `{command}`",
+        dropout_line(a, kfa_ctx, tctx),
         "",
         f"Shapes: B = {a.tokens} / N (at least 1), H = {a.heads}, N = seqlen of queries and keys, "
         "D = head_dim, as in the FlashAttention papers' benchmarks. FLOPs in flash-attn's "
@@ -507,6 +530,7 @@ def write_report(a, stem, command, gpu, peak, rows, kfa_ctx, tctx, sgemm, target
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines))
     summary = {"date": a.date, "gpu": gpu, "command": command, "dry_run": a.dry_run,
+               "dropout": a.dropout,
                "fp32_peak_tflops": peak_tflops, "fp32_peak_source": peak_source,
                "sgemm_flops_per_s": sgemm, "kfa_context": {k: v for k, v in kfa_ctx.items()
                                                            if k != "kokkos_configuration"},

@@ -9,8 +9,9 @@
 # can come from a machine without a GPU: nvcc compiles for the GPU's architecture
 # (Kokkos_ARCH_HOPPER90 / AMPERE80) without one. SECONDS (default 540) bounds the whole run;
 # each step gets its own share and is cut at it, so one slow step leaves the others their time.
-# COMPARE: "all" (default), "forward" (step 5's forward comparison only) or "narrow" (bf16 and
-# half only: the forward, then the backward and forward + backward).
+# COMPARE: "all" (default), "forward" (step 5's forward comparison only), "narrow" (bf16 and
+# half only: the forward, then the backward and forward + backward) or "dropout" (bf16 with
+# dropout p = 0.1 on both sides: the register kernels' dropout forms against SDPA's).
 #
 # Steps, each writing under RESULTS (logs/ and results/, then tarred as logs.tar.gz and
 # results.tar.gz after every step, so a run cut short still leaves what it finished):
@@ -33,7 +34,7 @@
 # arguments.
 set -u
 usage() {
-  echo "usage: $0 BUILD RESULTS [SECONDS [all|forward|narrow]]" >&2
+  echo "usage: $0 BUILD RESULTS [SECONDS [all|forward|narrow|dropout]]" >&2
   exit 2
 }
 [ $# -ge 2 ] || usage
@@ -42,7 +43,7 @@ OUT=$2
 BUDGET=${3:-540}
 COMPARE=${4:-all}
 case $BUDGET in '' | *[!0-9]*) usage ;; esac
-case $COMPARE in all | forward | narrow) ;; *) usage ;; esac
+case $COMPARE in all | forward | narrow | dropout) ;; *) usage ;; esac
 [ -x "$BUILD/perf/bench_gpu" ] || { echo "gpu_check: no $BUILD/perf/bench_gpu" >&2; exit 2; }
 HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$OUT/logs" "$OUT/results" || exit 2
@@ -150,6 +151,9 @@ if [ "$COMPARE" = forward ]; then
 elif [ "$COMPARE" = narrow ]; then
   compare gpu-forward $(( $(left) * 35 / 100 )) --passes fwd --types bf16,half
   compare gpu-backward $(( $(left) - 10 )) --passes bwd,fwd_bwd --types bf16,half
+elif [ "$COMPARE" = dropout ]; then
+  compare gpu-dropout-forward $(( $(left) * 35 / 100 )) --passes fwd --types bf16 --dropout 0.1
+  compare gpu-dropout-backward $(( $(left) - 10 )) --passes bwd,fwd_bwd --types bf16 --dropout 0.1
 else
   compare gpu-forward $(( $(left) * 40 / 100 )) --passes fwd --types bf16,half,float
   compare gpu-backward $(( $(left) - 10 )) --passes bwd,fwd_bwd --types bf16,float

@@ -163,6 +163,24 @@ class DryRun(unittest.TestCase):
                 summary = json.load(f)
             self.assertEqual(len(summary["cases"]), 3 * 3 * 2 * 2 * 5)
             self.assertEqual(summary["fp32_peak_tflops"], 66.9)
+            self.assertIn("- Dropout: p = 0.0 (none)", md)
+
+    def test_dropout_is_stated_and_checked(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            compare_gpu.main(["--dry-run", "--out-dir", tmp, "--date", "2000-01-01",
+                              "--dropout", "0.1", "--passes", "fwd"], "dry run")
+            stem = os.path.join(tmp, "2000-01-01-gpu-h200-dry-run-synthetic-data")
+            with open(stem + ".md") as f:
+                md = f.read()
+            self.assertIn("- Dropout: p = 0.1 on both sides", md)
+            self.assertNotIn("results say otherwise", md)
+            with open(stem + ".json") as f:
+                self.assertEqual(json.load(f)["dropout"], 0.1)
+            # A side reused from a run without dropout is named.
+            compare_gpu.main(["--dry-run", "--out-dir", tmp, "--date", "2000-01-01",
+                              "--dropout", "0.2", "--passes", "fwd", "--reuse"], "dry run")
+            with open(stem + ".md") as f:
+                self.assertIn("kfa ran p = 0.1, SDPA p = 0.1", f.read())
 
 
 class TorchCase(unittest.TestCase):
@@ -186,7 +204,10 @@ class TorchCase(unittest.TestCase):
             yield
             self.active.pop()
 
-        def sdpa(q, k, v, causal):
+        self.dropouts = []
+
+        def sdpa(q, k, v, causal, dropout=0.0):
+            self.dropouts.append(dropout)
             if self.active[-1] == "flash" and q.dtype == torch.float32:
                 raise RuntimeError("No available kernel. Aborting execution.")
             return ta.attention(q, k, v, causal)
@@ -197,7 +218,8 @@ class TorchCase(unittest.TestCase):
 
         ta.sdpa, ta.sdpa_context, ta.timed_cuda = sdpa, context, timed
         ta.cuda_inputs = lambda b, h, n, d, dtype, grad: ta.inputs(b, h, n, d, dtype, grad)
-        self.a = types.SimpleNamespace(warmup=1, repeats=1, min_time=0.0, budget_gib=1.0)
+        self.a = types.SimpleNamespace(warmup=1, repeats=1, min_time=0.0, budget_gib=1.0,
+                                       dropout=0.0)
 
     def tearDown(self):
         for k, v in self.saved.items():
@@ -205,6 +227,14 @@ class TorchCase(unittest.TestCase):
 
     def case(self, pass_, backends, n=64):
         return self.ta.cuda_case(pass_, self.torch.float32, 2, 2, n, 16, True, backends, self.a)
+
+    def test_dropout_reaches_every_call(self):
+        self.a.dropout = 0.1
+        for pass_ in ("fwd", "bwd", "fwd_bwd"):
+            self.dropouts.clear()
+            self.case(pass_, ["efficient"])
+            self.assertTrue(self.dropouts, pass_)
+            self.assertEqual(set(self.dropouts), {0.1}, pass_)
 
     def test_fallback_is_recorded(self):
         for pass_ in ("fwd", "bwd", "fwd_bwd"):

@@ -119,8 +119,9 @@ def sdpa_context(name):
                                           enable_math=name == "math")
 
 
-def sdpa(q, k, v, causal):
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+def sdpa(q, k, v, causal, dropout=0.0):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                            dropout_p=dropout)
 
 
 def cuda_inputs(b, h, n, d, dtype, grad):
@@ -149,12 +150,13 @@ def timed_cuda(call, warmup, repeats, min_time):
 def cuda_case(pass_, dtype, b, h, n, d, causal, backends, a):
     """Times one case with the first backend of `backends` that takes it: (result fields)."""
     q, k, v, do = cuda_inputs(b, h, n, d, dtype, pass_ != "fwd")
+    drop = a.dropout  # SDPA's dropout_p (0: none)
     out = {}
 
     if pass_ == "fwd":
         def call():
             with torch.no_grad():
-                sdpa(q, k, v, causal)
+                sdpa(q, k, v, causal, drop)
     elif pass_ == "bwd":
         holder = {}
 
@@ -164,7 +166,7 @@ def cuda_case(pass_, dtype, b, h, n, d, causal, backends, a):
     else:
         def call():
             q.grad = k.grad = v.grad = None
-            sdpa(q, k, v, causal).backward(do)
+            sdpa(q, k, v, causal, drop).backward(do)
 
     refused = []
     size = torch.tensor([], dtype=dtype).element_size()
@@ -176,7 +178,7 @@ def cuda_case(pass_, dtype, b, h, n, d, causal, backends, a):
         try:
             with sdpa_context(name):
                 if pass_ == "bwd":
-                    holder["o"] = sdpa(q, k, v, causal)  # the graph the timed backwards reuse
+                    holder["o"] = sdpa(q, k, v, causal, drop)  # the graph the timed backwards reuse
                 sec, iters, best = timed_cuda(call, a.warmup, a.repeats, a.min_time)
         except RuntimeError as e:  # no kernel for this case, or out of memory
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -262,6 +264,7 @@ def cmd_time_cuda(a):
         sys.exit(f"torch_attention: unknown SDPA backend {bad!r} (one of {SDPA_BACKENDS})")
     ctx = cuda_context()
     ctx["budget_gib"] = a.budget_gib
+    ctx["dropout"] = a.dropout
     ctx["sgemm"] = sgemm_rate(a.sgemm_n) if a.sgemm_n > 0 else None
     print(json.dumps({"sgemm": ctx["sgemm"]}), file=sys.stderr)
     results = []
@@ -278,9 +281,13 @@ def cmd_time_cuda(a):
 
 
 def cmd_time(a):
+    if not 0.0 <= a.dropout < 1.0:
+        sys.exit(f"torch_attention: --dropout must lie in [0, 1), got {a.dropout}")
     if a.device == "cuda":
         cmd_time_cuda(a)
         return
+    if a.dropout:
+        sys.exit("torch_attention: --dropout is for --device cuda (SDPA's dropout_p)")
     if a.budget_gib is None:
         a.budget_gib = 12.0
     torch.set_num_threads(1)
@@ -344,6 +351,8 @@ def main():
     t.add_argument("--budget-gib", type=float, default=None,
                    help="N x N memory allowed (cpu: 12; cuda: 60%% of the GPU's, math only)")
     t.add_argument("--sgemm-n", type=int, default=8192, help="cuda: n of the sgemm rate (0: none)")
+    t.add_argument("--dropout", type=float, default=0.0,
+                   help="cuda: SDPA's dropout_p for every case (kfa's bench_gpu --dropout=)")
     t.add_argument("--sdpa-backend", default="flash",
                    help="cuda, bf16 and half: SDPA backends to try in order "
                         f"({', '.join(SDPA_BACKENDS)})")
