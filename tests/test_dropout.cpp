@@ -159,9 +159,9 @@ TEST(Dropout, PortableBatchedWalksWeighEachElementByItsOwnWord) {
   check_walks<kfa::backends::PortableTileOps<float>>();
 }
 
-// kept and kept_pair (the register-resident CUDA kernels' verdicts: an element, a pair of
-// neighbouring columns): each element by its own word, at every offset in a group of four
-// keys, the pair straddling two groups included (odd key origins).
+// kept, kept_pair and kept4 (the register-resident CUDA kernels' verdicts: an element, a pair
+// of neighbouring columns, a group of four): each element by its own word, at every offset in
+// a group of four keys, the pair straddling two groups included (odd key origins).
 TEST(Dropout, ElementsAndPairsAreKeptByTheirOwnWords) {
   int kept = 0, dropped = 0, straddling = 0;
   for (int k_origin : {0, 1, 6, 7}) {
@@ -186,6 +186,12 @@ TEST(Dropout, ElementsAndPairsAreKeptByTheirOwnWords) {
             << "origin " << k_origin << " row " << i << " key " << j;
         EXPECT_EQ(pair, (want[0] ? 1u : 0u) | (want[1] ? 2u : 0u))
             << "origin " << k_origin << " row " << i << " key " << j;
+        if ((k_origin + j) % 4 == 0) {  // a group of four starts at j
+          unsigned four = 0;
+          for (int u = 0; u < 4; ++u)
+            four |= (d.kept(0, 2, i, j + u) ? 1u : 0u) << u;
+          EXPECT_EQ(d.kept4(0, 2, i, j), four) << "origin " << k_origin << " row " << i;
+        }
       }
   }
   EXPECT_GT(kept, 0);

@@ -1160,6 +1160,7 @@ struct SimTeam {
     std::array<std::array<std::uint32_t, 4>, 32> a{};
     std::array<std::array<std::uint32_t, 2>, 32> b{};
     std::array<float, 32> value{};
+    std::array<std::uint32_t, 32> bits{};
   };
   std::array<Exchange, 4> x;
   SimTeam() {
@@ -1284,6 +1285,14 @@ struct SimWarp {
     warp_sync();
     return r;
   }
+  static std::uint32_t lane_pair_bits(std::uint32_t v) {
+    SimTeam::Exchange& x = exchange();
+    x.bits[std::size_t(sim_lane)] = v;
+    warp_sync();
+    const std::uint32_t r = x.bits[std::size_t(sim_lane ^ 1)];
+    warp_sync();
+    return r;
+  }
   // The team's lanes add to distinct elements (teams run one at a time), so plain adds emulate
   // the device's atomics; its red.global.add.v4.f32 needs 16 bytes.
   static constexpr bool sm90 = Sm90;
@@ -1346,11 +1355,15 @@ float sim_weight(int i, int j) {
   return (x ^ (x >> 31)) % 5 == 0 ? 0.0f : 1.25f;
 }
 
+// groups: whether dropout's groups of four keys start on the tiles (group_starts; the
+// kernel then shares each group's draw between two lanes) or not (a draw per pair of keys).
 template <bool Dropped>
 struct SimScore {
   static constexpr bool dropped = Dropped;
   double scale;
   bool (*visible)(int, int);
+  bool groups = true;
+  bool group_starts(int) const { return groups; }
   bool tile_visible(int q0, int n, int j0, int nc) const {
     for (int i = q0; i < q0 + n; ++i)
       for (int j = j0; j < j0 + nc; ++j)
@@ -1374,16 +1387,18 @@ struct SimScore {
     unsigned kept_pair(int j) const {
       return (sim_weight(i, j) != 0 ? 1u : 0u) | (sim_weight(i, j + 1) != 0 ? 2u : 0u);
     }
+    unsigned kept4(int j) const { return kept_pair(j) | kept_pair(j + 2) << 2; }
   };
   Row row(int i) const { return {i, float(scale), visible}; }
   static float keep_scale() { return 1.25f; }
 };
 
 template <class Tag, int D, int R = 1, bool Dropped = false>
-void check_simulated_team(SimMask mask, bool late) {
+void check_simulated_team(SimMask mask, bool late, bool groups = true) {
   SCOPED_TRACE(std::string(Type<Tag>::name) + ", D = " + std::to_string(D) +
                ", R = " + std::to_string(R) + ", mask " + std::to_string(int(mask)) +
-               (late ? ", copies late" : ", copies at once") + (Dropped ? ", dropout" : ""));
+               (late ? ", copies late" : ", copies at once") +
+               (Dropped ? (groups ? ", dropout by groups" : ", dropout by pairs") : ""));
   const bool band = mask == SimMask::band;
   using Kernel = kc::WarpForward<SimWarp<Tag>, Tag, D, R>;
   constexpr int nq = 50 * R, nk = 150;  // the last warp's rows partly past nq
@@ -1419,7 +1434,7 @@ void check_simulated_team(SimMask mask, bool late) {
            (i != 7 && (kind != SimMask::band || j <= i + reach) && j >= i - 40);
   };
 
-  const SimScore<Dropped> score{scale, +visible};
+  const SimScore<Dropped> score{scale, +visible, groups};
   std::vector<float> o(std::size_t(nq) * D, std::nanf("")), lse(nq, std::nanf(""));
   struct Writer {
     float* o_data;
@@ -1489,11 +1504,12 @@ TEST(WarpForward, SimulatedTeamF16D128) {
       check_simulated_team<kc::f16_tag, 128>(mask, late);
 }
 TEST(WarpForward, SimulatedTeamDropout) {
-  for (const SimMask mask : {SimMask::band, SimMask::none}) {
-    check_simulated_team<kc::bf16_tag, 64, 1, true>(mask, false);
-    check_simulated_team<kc::bf16_tag, 64, 2, true>(mask, true);
-    check_simulated_team<kc::f16_tag, 128, 1, true>(mask, false);
-  }
+  for (const SimMask mask : {SimMask::band, SimMask::none})
+    for (const bool groups : {true, false}) {
+      check_simulated_team<kc::bf16_tag, 64, 1, true>(mask, false, groups);
+      check_simulated_team<kc::bf16_tag, 64, 2, true>(mask, true, groups);
+      check_simulated_team<kc::f16_tag, 128, 1, true>(mask, false, groups);
+    }
 }
 
 // The backward team of cuda/warp_backward.hpp on the same simulator: two query heads of one

@@ -96,6 +96,14 @@ struct Dropout {
     return (w0 >= threshold ? 1u : 0u) | (w1 >= threshold ? 2u : 0u);
   }
 
+  /// Whether local keys j .. j + 3 of local query row i are kept (bits 0 .. 3), where
+  /// k_origin + j is a multiple of four: the four words of one Philox call.
+  KOKKOS_INLINE_FUNCTION unsigned kept4(int b, int h, int i, int j) const {
+    const PhiloxBlock r = words(b, h, q_origin + i, (k_origin + j) >> 2);
+    return (r.w[0] >= threshold ? 1u : 0u) | (r.w[1] >= threshold ? 2u : 0u) |
+           (r.w[2] >= threshold ? 4u : 0u) | (r.w[3] >= threshold ? 8u : 0u);
+  }
+
   /// The weights of local query row i for the 64 keys of the aligned run of 64 global keys
   /// that holds local key k0 + c (a tile at k0, column c), by one thread: 16 Philox calls at
   /// once (Ops::philox16) and their words as weights in key order (Ops::weights64), z[q] for

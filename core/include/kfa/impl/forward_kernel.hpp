@@ -388,7 +388,14 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       KOKKOS_INLINE_FUNCTION unsigned kept_pair(int j) const {
         return dropout.kept_pair(b, h, i, j);
       }
+      /// Whether dropout keeps keys j .. j + 3 of the row (bits 0 .. 3), j starting a group of
+      /// four (Dropout::kept4).
+      KOKKOS_INLINE_FUNCTION unsigned kept4(int j) const { return dropout.kept4(b, h, i, j); }
     };
+    /// Whether key j starts one of dropout's groups of four keys (one Philox call each).
+    KOKKOS_INLINE_FUNCTION bool group_starts(int j) const {
+      return ((dropout.k_origin + j) & 3) == 0;
+    }
     /// The weight of a kept element, 1 / (1 - p).
     KOKKOS_INLINE_FUNCTION acc_t keep_scale() const { return dropout.scale; }
     KOKKOS_INLINE_FUNCTION Row row(int i) const {

@@ -72,8 +72,10 @@ struct WarpForward {
   /// and softcap included, -inf where the mask hides it; called for keys below k_end only),
   /// whose `unmasked(j, dot)` is the same for a key the row sees and, where the constant
   /// `Score::dropped` is true, whose `kept_pair(j)` says whether dropout keeps keys j (bit 0)
-  /// and j + 1 (bit 1; keys past the tile may be asked, their P is 0), a kept P being
-  /// multiplied by `score.keep_scale()` after the row sums took it; `out.o(i, c, value)` and
+  /// and j + 1 (bit 1) and, where `score.group_starts(j)` (a group of four keys of dropout's
+  /// scheme starts at j), `kept4(j)` keys j .. j + 3 (keys past the tile may be asked, their P
+  /// is 0), a kept P being multiplied by `score.keep_scale()` after the row sums took it;
+  /// `out.o(i, c, value)` and
   /// `out.lse(i, value)` (natural units) receive the results, rows below q0 + nq only. `smem` holds
   /// shared_bytes(); run ends without a barrier, so a caller that reuses smem puts one first.
   template <class QRow, class KRow, class VRow, class Score, class Out>
@@ -200,14 +202,30 @@ struct WarpForward {
         softmax_update(s[r], state[r], m, alpha);
         rescale(o[r], alpha);
         if constexpr (Score::dropped) {  // after l took the sums: dropout weighs P V alone
-          // The verdicts first, bit 4 n + e for s[r][n].x[e], by a loop not unrolled: one
+          // The verdicts first, bit 4 n + e for s[r][n].x[e], by loops not unrolled: one
           // Philox chain at a time (unrolled, the scheduler interleaves them and their
           // registers made the 255-register kernels spill).
           std::uint32_t kept = 0;
-          KFA_NO_UNROLL
-          for (int n = 0; n < nb; ++n) {
-            const int j = j0 + 8 * n + c_coord(lane, 0).col;  // and j + 1
-            kept |= (row_g.kept_pair(j) | row_g8.kept_pair(j) << 2) << (4 * n);
+          if (score.group_starts(j0)) {
+            // Lanes 2u and 2u + 1 hold one group of four keys of each n8 block (words 0, 1 and
+            // 2, 3 of its Philox call) in rows g and g + 8: the even lane draws row g's four
+            // verdicts, the odd lane row g + 8's, and one exchange gives each its half of the
+            // other's: one call per lane and block instead of two.
+            const bool odd = lane & 1;
+            const auto row = score.row(row0[r] + (odd ? 8 : 0));
+            std::uint32_t mine = 0;  // nibble n: the four keys' verdicts in the lane's row
+            KFA_NO_UNROLL
+            for (int n = 0; n < nb; ++n)
+              mine |= row.kept4(j0 + 8 * n + 4 * (thread_in_group(lane) >> 1)) << (4 * n);
+            const std::uint32_t theirs = W::lane_pair_bits(mine);
+            kept = odd ? (theirs >> 2 & 0x33333333u) | (mine & 0xCCCCCCCCu)
+                       : (mine & 0x33333333u) | (theirs & 0x33333333u) << 2;
+          } else {  // groups off the blocks (an odd key origin): a call per pair of keys
+            KFA_NO_UNROLL
+            for (int n = 0; n < nb; ++n) {
+              const int j = j0 + 8 * n + c_coord(lane, 0).col;  // and j + 1
+              kept |= (row_g.kept_pair(j) | row_g8.kept_pair(j) << 2) << (4 * n);
+            }
           }
           const float z = score.keep_scale();
           KFA_UNROLL
@@ -314,6 +332,10 @@ struct CudaWarp {
   __device__ static float quad_sum(float v) { return cuda::quad_sum(v); }
   /// v of the lane whose id differs from this lane's in bit 0.
   __device__ static float lane_pair(float v) { return __shfl_xor_sync(0xffffffffu, v, 1); }
+  /// The same for a word of bits.
+  __device__ static std::uint32_t lane_pair_bits(std::uint32_t v) {
+    return __shfl_xor_sync(0xffffffffu, v, 1);
+  }
   /// *p += x in global memory, atomically.
   __device__ static void add(float* p, float x) { atomicAdd(p, x); }
 #if defined(KFA_CUDA_SM90_FORMS)
