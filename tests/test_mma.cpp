@@ -1285,11 +1285,11 @@ struct SimWarp {
     warp_sync();
     return r;
   }
-  static std::uint32_t lane_pair_bits(std::uint32_t v) {
+  static std::uint32_t lane_xor_bits(std::uint32_t v, int m) {
     SimTeam::Exchange& x = exchange();
     x.bits[std::size_t(sim_lane)] = v;
     warp_sync();
-    const std::uint32_t r = x.bits[std::size_t(sim_lane ^ 1)];
+    const std::uint32_t r = x.bits[std::size_t(sim_lane ^ m)];
     warp_sync();
     return r;
   }
@@ -1519,11 +1519,14 @@ TEST(WarpForward, SimulatedTeamDropout) {
 // visit no query tile and must write zero dK and dV; row 7 sees no key). dQ, dK and dV against
 // the gradients of softmax attention in double on the same 16-bit inputs, with the LSE and
 // delta = rowsum(dO O) of that reference passed in as the device gets the forward's.
-// Dropped: dropout by sim_weight of (query head, row) and key, as in the forward's check.
+// Dropped: dropout by sim_weight of (query head, row) and key, as in the forward's check;
+// groups as SimScore's (the four lanes of a group share its draw, or a draw an element).
 template <bool Dropped>
 struct SimMasks {
   static constexpr bool dropped = Dropped;
   bool (*visible_fn)(int, int);
+  bool groups = true;
+  bool group_starts(int) const { return groups; }
   bool tile_visible(int q0, int n, int j0, int nc) const {
     for (int i = q0; i < q0 + n; ++i)
       for (int j = j0; j < j0 + nc; ++j)
@@ -1539,15 +1542,22 @@ struct SimMasks {
   bool visible(int i, int j) const { return visible_fn(i, j); }
   static float weight(int h, int i, int j) { return sim_weight(4096 * h + i, j); }
   static bool kept(int h, int i, int j) { return weight(h, i, j) != 0; }
+  static unsigned kept4(int h, int i, int j) {
+    unsigned bits = 0;
+    for (int u = 0; u < 4; ++u)
+      bits |= (kept(h, i, j + u) ? 1u : 0u) << u;
+    return bits;
+  }
   static float keep_scale() { return 1.25f; }
 };
 
 template <class Tag, int D, int QR, bool Sm90 = true, bool Dropped = false>
-void check_simulated_backward(SimMask mask, bool late) {
+void check_simulated_backward(SimMask mask, bool late, bool groups = true) {
   SCOPED_TRACE(std::string(Type<Tag>::name) + ", D = " + std::to_string(D) +
                ", QR = " + std::to_string(QR) + ", mask " + std::to_string(int(mask)) +
                (late ? ", copies late" : ", copies at once") +
-               (Sm90 ? ", as on sm_90" : ", as on sm_80") + (Dropped ? ", dropout" : ""));
+               (Sm90 ? ", as on sm_90" : ", as on sm_80") +
+               (Dropped ? (groups ? ", dropout by groups" : ", dropout by elements") : ""));
   const auto weight = [](int h, int i, int j) {
     return Dropped ? double(SimMasks<true>::weight(h, i, j)) : 1.0;
   };
@@ -1626,7 +1636,7 @@ void check_simulated_backward(SimMask mask, bool late) {
     float lse(int h, int i) const { return float(lse_data[std::size_t(h) * nq + i]); }
     float delta(int h, int i) const { return float(delta_data[std::size_t(h) * nq + i]); }
   } stats{lse.data(), delta.data()};
-  const SimMasks<Dropped> masks{+visible};
+  const SimMasks<Dropped> masks{+visible, groups};
   // dQ sums over the teams (one at a time here); dK and dV are written once per element.
   // dQ on 16 bytes as the device's (Kokkos allocations are aligned; add4 checks it).
   std::vector<std::array<float, 4>> dq_store(std::size_t(heads) * nq * D / 4 + 1);
@@ -1715,11 +1725,13 @@ TEST(WarpBackward, SimulatedTeamSm80) {  // dQ by elements, LSE and delta stored
   check_simulated_backward<kc::f16_tag, 128, 16, false>(SimMask::lower, false);
 }
 TEST(WarpBackward, SimulatedTeamDropout) {  // the device's tiles with dropout: 32 rows at D 64
-  check_simulated_backward<kc::bf16_tag, 64, 32, true, true>(SimMask::band, true);
-  check_simulated_backward<kc::bf16_tag, 64, 32, false, true>(SimMask::none, false);
-  check_simulated_backward<kc::bf16_tag, 64, 64, true, true>(SimMask::lower, false);
-  check_simulated_backward<kc::f16_tag, 128, 16, true, true>(SimMask::lower, false);
-  check_simulated_backward<kc::f16_tag, 128, 16, false, true>(SimMask::leading, true);
+  for (const bool groups : {true, false}) {
+    check_simulated_backward<kc::bf16_tag, 64, 32, true, true>(SimMask::band, true, groups);
+    check_simulated_backward<kc::bf16_tag, 64, 32, false, true>(SimMask::none, false, groups);
+    check_simulated_backward<kc::bf16_tag, 64, 64, true, true>(SimMask::lower, false, groups);
+    check_simulated_backward<kc::f16_tag, 128, 16, true, true>(SimMask::lower, false, groups);
+    check_simulated_backward<kc::f16_tag, 128, 16, false, true>(SimMask::leading, true, groups);
+  }
 }
 TEST(WarpBackward, SimulatedTeamF16D128) {
   // Copies late with two masks, at once with the other two (each mode fails its mutant).

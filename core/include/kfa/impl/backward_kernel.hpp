@@ -654,6 +654,14 @@ struct WarpKeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
     KOKKOS_INLINE_FUNCTION bool kept(int h, int i, int j) const {
       return dropout.kept(b, h0 + h, i, j);
     }
+    /// The same for keys j .. j + 3 (bits 0 .. 3), where group_starts(j) (Dropout::kept4).
+    KOKKOS_INLINE_FUNCTION unsigned kept4(int h, int i, int j) const {
+      return dropout.kept4(b, h0 + h, i, j);
+    }
+    /// Whether one of dropout's groups of four keys (one Philox call each) starts at key j.
+    KOKKOS_INLINE_FUNCTION bool group_starts(int j) const {
+      return ((dropout.k_origin + j) & 3) == 0;
+    }
     /// The weight of a kept element, 1 / (1 - p).
     KOKKOS_INLINE_FUNCTION acc_t keep_scale() const { return dropout.scale; }
   };

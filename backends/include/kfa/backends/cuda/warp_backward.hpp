@@ -78,6 +78,10 @@ struct WarpBackward {
   /// P by fast_exp2 (one ex2.approx.ftz) on sm_90 and newer; by exp2f before, where the
   /// instructions fast_exp2 saves would cost a spill (12 bytes at D = 64 on sm_80).
   static constexpr bool fast_p = W::sm90;
+  /// Dropout's draws shared by the four lanes that hold a Philox call's keys (see run), where
+  /// the registers allow: at sm_80 and D = 128 the exchange made the kernel spill (4 bytes,
+  /// bf16), so there each lane draws its own elements.
+  static constexpr bool shared_draws = W::sm90 || D <= 64;
 
   /// Offsets (16-bit elements) in shared memory: K_j,
   static constexpr int k_at = 0;
@@ -97,8 +101,10 @@ struct WarpBackward {
   /// (natural units, -inf for a row that saw no key) and `stats.delta(h, i)` (rowsum(dO O));
   /// `mask.tile_visible(q0, n, k0, nc)`, `mask.tile_inside(q0, n, k0, nc)` (every row sees every
   /// key) and `mask.visible(i, j)`, the same for every head; where the constant `Mask::dropped`
-  /// is true, `mask.kept(h, i, j)`, whether dropout keeps query i of head h against key j
-  /// (queries past seqlen_q and keys past the tile may be asked), and `mask.keep_scale()`, the
+  /// is true, `mask.kept(h, i, j)`, whether dropout keeps query i of head h against key j,
+  /// `mask.group_starts(j)`, whether one of dropout's groups of four keys starts at key j, and
+  /// then `mask.kept4(h, i, j)`, the verdicts on keys j .. j + 3 (bits 0 .. 3; queries past
+  /// seqlen_q and keys past the tile may be asked), and `mask.keep_scale()`, the
   /// weight of a kept element: the weights Z weigh P in dV and dP in dS (delta holds
   /// rowsum(dO O) of the dropped O); `grads.dq_row(h, i)`: query i's
   /// float dQ row, 16-byte aligned, which the team adds to by W::add4 or W::add (atomically:
@@ -201,20 +207,38 @@ struct WarpBackward {
 
       // Dropout's verdicts on this lane's elements, bit 4 n + e for st[n].x[e], drawn before
       // the products, where their accumulators are not yet live (drawn after them, Philox's
-      // registers made the 255-register kernel spill). One Philox call an element: the four
-      // words of a call are four keys of one query, held by four lanes here (the tiles are
-      // transposed).
+      // registers made the 255-register kernel spill), by loops not unrolled: one Philox chain
+      // at a time (unrolled, the scheduler interleaves them, and their registers made the
+      // D = 128 kernel spill at sm_80).
       const int key0 = k0 + 16 * warp + group_id(lane);  // this lane's keys: key0, key0 + 8
       std::uint32_t kept = 0;
       if constexpr (Mask::dropped) {
         static_assert(4 * qb <= 32, "a bit an element in one word");
-        // Not unrolled: one Philox chain at a time (unrolled, the scheduler interleaves them
-        // and their registers made the D = 128 kernel spill at sm_80).
-        KFA_NO_UNROLL
-        for (int u = 0; u < 4 * qb; ++u) {
-          const int n = u >> 2, e = u & 3;
-          const int i = q0 + 8 * n + c_coord(lane, e).col, j = key0 + 8 * (e >> 1);
-          kept |= (mask.kept(h, i, j) ? 1u : 0u) << u;
+        if (shared_draws && mask.group_starts(k0)) {
+          // The tiles are transposed: the four keys of a Philox call (one query) sit in the
+          // four lanes 16 a + 4 v + t, v = 0..3, which hold the same four (query, key group)
+          // pairs of every n8 block, as their elements e = 0..3. Lane v draws the group of
+          // element e = v (one call a block instead of four), and a 4 x 4 transpose of the
+          // verdict bits across the four lanes (two shuffles) gives each its own key's.
+          const int v = group_id(lane) & 3;
+          const int i = q0 + 2 * thread_in_group(lane) + (v & 1);
+          const int j = k0 + 16 * warp + 4 * (group_id(lane) >> 2) + 8 * (v >> 1);
+          KFA_NO_UNROLL
+          for (int n = 0; n < qb; ++n)
+            kept |= mask.kept4(h, i + 8 * n, j) << (4 * n);
+          std::uint32_t y = W::lane_xor_bits(kept, 8);  // lane v ^ 2: swap bit 1 of e and v
+          kept = v & 2 ? (kept & 0xCCCCCCCCu) | (y & 0xCCCCCCCCu) >> 2
+                       : (kept & 0x33333333u) | (y & 0x33333333u) << 2;
+          y = W::lane_xor_bits(kept, 4);  // lane v ^ 1: swap bit 0
+          kept = v & 1 ? (kept & 0xAAAAAAAAu) | (y & 0xAAAAAAAAu) >> 1
+                       : (kept & 0x55555555u) | (y & 0x55555555u) << 1;
+        } else {  // groups off the tiles (a key origin not a multiple of four): a call each
+          KFA_NO_UNROLL
+          for (int u = 0; u < 4 * qb; ++u) {
+            const int n = u >> 2, e = u & 3;
+            const int i = q0 + 8 * n + c_coord(lane, e).col, j = key0 + 8 * (e >> 1);
+            kept |= (mask.kept(h, i, j) ? 1u : 0u) << u;
+          }
         }
       }
 

@@ -217,7 +217,7 @@ struct WarpForward {
             KFA_NO_UNROLL
             for (int n = 0; n < nb; ++n)
               mine |= row.kept4(j0 + 8 * n + 4 * (thread_in_group(lane) >> 1)) << (4 * n);
-            const std::uint32_t theirs = W::lane_pair_bits(mine);
+            const std::uint32_t theirs = W::lane_xor_bits(mine, 1);
             kept = odd ? (theirs >> 2 & 0x33333333u) | (mine & 0xCCCCCCCCu)
                        : (mine & 0x33333333u) | (theirs & 0x33333333u) << 2;
           } else {  // groups off the blocks (an odd key origin): a call per pair of keys
@@ -332,9 +332,9 @@ struct CudaWarp {
   __device__ static float quad_sum(float v) { return cuda::quad_sum(v); }
   /// v of the lane whose id differs from this lane's in bit 0.
   __device__ static float lane_pair(float v) { return __shfl_xor_sync(0xffffffffu, v, 1); }
-  /// The same for a word of bits.
-  __device__ static std::uint32_t lane_pair_bits(std::uint32_t v) {
-    return __shfl_xor_sync(0xffffffffu, v, 1);
+  /// v of the lane whose id is this lane's xor m (a word of bits).
+  __device__ static std::uint32_t lane_xor_bits(std::uint32_t v, int m) {
+    return __shfl_xor_sync(0xffffffffu, v, m);
   }
   /// *p += x in global memory, atomically.
   __device__ static void add(float* p, float x) { atomicAdd(p, x); }
