@@ -214,7 +214,7 @@ TEST(Score, RegisterForwardTileVerdictsMatchTheMaskDefinition) {
           SCOPED_TRACE("nq " + std::to_string(nq) + " nk " + std::to_string(nk) + " causal " +
                        std::to_string(causal) + " align " + std::to_string(int(align)) +
                        " window " + std::to_string(left) + "," + std::to_string(right));
-          const WarpScore score{Transform(p, 64), kfa::impl::make_mask(p, nq, nk), 0, 0};
+          const WarpScore score{Transform(p, 64), kfa::impl::make_mask(p, nq, nk), {}, 0, 0};
           const auto sees = [&](int i, int j) { return kfa::reference::visible(p, i, j, nq, nk); };
           for (int q0 = 0; q0 < nq; q0 += rows / 2) {  // tiles overlapping, the last partial
             const int n = std::min(rows, nq - q0);
