@@ -1355,27 +1355,31 @@ float sim_weight(int i, int j) {
   return (x ^ (x >> 31)) % 5 == 0 ? 0.0f : 1.25f;
 }
 
-// groups: whether dropout's groups of four keys start on the tiles (group_starts; the
-// kernel then shares each group's draw between two lanes) or not (a draw per pair of keys).
-template <bool Dropped>
-struct SimScore {
-  static constexpr bool dropped = Dropped;
-  double scale;
-  bool (*visible)(int, int);
+// What SimScore and SimMasks share: which (query, key) pairs are visible, tile by tile, and
+// `groups`, whether dropout's groups of four keys start on the tiles (group_starts: the lanes
+// holding a group's keys share its draw) or not (a draw per pair or element).
+struct SimTiles {
+  bool (*visible_fn)(int, int);
   bool groups = true;
   bool group_starts(int) const { return groups; }
   bool tile_visible(int q0, int n, int j0, int nc) const {
     for (int i = q0; i < q0 + n; ++i)
       for (int j = j0; j < j0 + nc; ++j)
-        if (visible(i, j)) return true;
+        if (visible_fn(i, j)) return true;
     return false;
   }
   bool tile_inside(int q0, int n, int j0, int nc) const {
     for (int i = q0; i < q0 + n; ++i)
       for (int j = j0; j < j0 + nc; ++j)
-        if (!visible(i, j)) return false;
+        if (!visible_fn(i, j)) return false;
     return true;
   }
+};
+
+template <bool Dropped>
+struct SimScore : SimTiles {
+  static constexpr bool dropped = Dropped;
+  double scale;
   struct Row {
     int i;
     float scale;
@@ -1389,7 +1393,7 @@ struct SimScore {
     }
     unsigned kept4(int j) const { return kept_pair(j) | kept_pair(j + 2) << 2; }
   };
-  Row row(int i) const { return {i, float(scale), visible}; }
+  Row row(int i) const { return {i, float(scale), visible_fn}; }
   static float keep_scale() { return 1.25f; }
 };
 
@@ -1434,7 +1438,7 @@ void check_simulated_team(SimMask mask, bool late, bool groups = true) {
            (i != 7 && (kind != SimMask::band || j <= i + reach) && j >= i - 40);
   };
 
-  const SimScore<Dropped> score{scale, +visible, groups};
+  const SimScore<Dropped> score{{+visible, groups}, scale};
   std::vector<float> o(std::size_t(nq) * D, std::nanf("")), lse(nq, std::nanf(""));
   struct Writer {
     float* o_data;
@@ -1519,26 +1523,10 @@ TEST(WarpForward, SimulatedTeamDropout) {
 // visit no query tile and must write zero dK and dV; row 7 sees no key). dQ, dK and dV against
 // the gradients of softmax attention in double on the same 16-bit inputs, with the LSE and
 // delta = rowsum(dO O) of that reference passed in as the device gets the forward's.
-// Dropped: dropout by sim_weight of (query head, row) and key, as in the forward's check;
-// groups as SimScore's (the four lanes of a group share its draw, or a draw an element).
+// Dropped: dropout by sim_weight of (query head, row) and key, as in the forward's check.
 template <bool Dropped>
-struct SimMasks {
+struct SimMasks : SimTiles {
   static constexpr bool dropped = Dropped;
-  bool (*visible_fn)(int, int);
-  bool groups = true;
-  bool group_starts(int) const { return groups; }
-  bool tile_visible(int q0, int n, int j0, int nc) const {
-    for (int i = q0; i < q0 + n; ++i)
-      for (int j = j0; j < j0 + nc; ++j)
-        if (visible_fn(i, j)) return true;
-    return false;
-  }
-  bool tile_inside(int q0, int n, int j0, int nc) const {
-    for (int i = q0; i < q0 + n; ++i)
-      for (int j = j0; j < j0 + nc; ++j)
-        if (!visible_fn(i, j)) return false;
-    return true;
-  }
   bool visible(int i, int j) const { return visible_fn(i, j); }
   static float weight(int h, int i, int j) { return sim_weight(4096 * h + i, j); }
   static bool kept(int h, int i, int j) { return weight(h, i, j) != 0; }
@@ -1636,7 +1624,7 @@ void check_simulated_backward(SimMask mask, bool late, bool groups = true) {
     float lse(int h, int i) const { return float(lse_data[std::size_t(h) * nq + i]); }
     float delta(int h, int i) const { return float(delta_data[std::size_t(h) * nq + i]); }
   } stats{lse.data(), delta.data()};
-  const SimMasks<Dropped> masks{+visible, groups};
+  const SimMasks<Dropped> masks{{+visible, groups}};
   // dQ sums over the teams (one at a time here); dK and dV are written once per element.
   // dQ on 16 bytes as the device's (Kokkos allocations are aligned; add4 checks it).
   std::vector<std::array<float, 4>> dq_store(std::size_t(heads) * nq * D / 4 + 1);
