@@ -220,7 +220,7 @@ struct WarpForward {
             const std::uint32_t theirs = W::lane_xor_bits(mine, 1);
             kept = odd ? (theirs >> 2 & 0x33333333u) | (mine & 0xCCCCCCCCu)
                        : (mine & 0x33333333u) | (theirs & 0x33333333u) << 2;
-          } else {  // groups off the blocks (an odd key origin): a call per pair of keys
+          } else {  // groups off the blocks (a key origin not a multiple of four): a call a pair
             KFA_NO_UNROLL
             for (int n = 0; n < nb; ++n) {
               const int j = j0 + 8 * n + c_coord(lane, 0).col;  // and j + 1
