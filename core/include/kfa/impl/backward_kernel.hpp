@@ -659,9 +659,7 @@ struct WarpKeyValueKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
       return dropout.kept4(b, h0 + h, i, j);
     }
     /// Whether one of dropout's groups of four keys (one Philox call each) starts at key j.
-    KOKKOS_INLINE_FUNCTION bool group_starts(int j) const {
-      return ((dropout.k_origin + j) & 3) == 0;
-    }
+    KOKKOS_INLINE_FUNCTION bool group_starts(int j) const { return dropout.group_starts(j); }
     /// The weight of a kept element, 1 / (1 - p).
     KOKKOS_INLINE_FUNCTION acc_t keep_scale() const { return dropout.scale; }
   };

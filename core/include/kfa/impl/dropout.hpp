@@ -75,13 +75,20 @@ struct Dropout {
     });
   }
 
-  /// Whether local key j of local query row i is kept (one Philox call; its word picked by
-  /// selects, not by a run-time index, so that a GPU keeps the block in registers).
+  /// Whether a group of four keys of dropout's scheme (one Philox call) starts at local key j.
+  KOKKOS_INLINE_FUNCTION bool group_starts(int j) const { return ((k_origin + j) & 3) == 0; }
+
+  /// Whether local keys j .. j + 3 of local query row i are kept (bits 0 .. 3), where
+  /// group_starts(j): the four words of one Philox call.
+  KOKKOS_INLINE_FUNCTION unsigned kept4(int b, int h, int i, int j) const {
+    return keep_bits(words(b, h, q_origin + i, (k_origin + j) >> 2));
+  }
+
+  /// Whether local key j of local query row i is kept (one Philox call; the verdicts are bits
+  /// picked by a shift, not words by a run-time index, so that a GPU keeps them in registers).
   KOKKOS_INLINE_FUNCTION bool kept(int b, int h, int i, int j) const {
-    const int jg = k_origin + j, e = jg & 3;
-    const PhiloxBlock r = words(b, h, q_origin + i, jg >> 2);
-    const std::uint32_t w = e == 0 ? r.w[0] : e == 1 ? r.w[1] : e == 2 ? r.w[2] : r.w[3];
-    return w >= threshold;
+    const int jg = k_origin + j;
+    return (keep_bits(words(b, h, q_origin + i, jg >> 2)) >> (jg & 3) & 1u) != 0;
   }
 
   /// Whether local keys j (bit 0) and j + 1 (bit 1) of local query row i are kept: a lane's
@@ -89,19 +96,9 @@ struct Dropout {
   /// Philox call, two where the pair straddles a group of four keys (an odd key origin).
   KOKKOS_INLINE_FUNCTION unsigned kept_pair(int b, int h, int i, int j) const {
     const int jg = k_origin + j, e = jg & 3;
-    const PhiloxBlock r = words(b, h, q_origin + i, jg >> 2);
-    const std::uint32_t w0 = e == 0 ? r.w[0] : e == 1 ? r.w[1] : e == 2 ? r.w[2] : r.w[3];
-    std::uint32_t w1 = e == 0 ? r.w[1] : e == 1 ? r.w[2] : r.w[3];
-    if (e == 3) w1 = words(b, h, q_origin + i, (jg >> 2) + 1).w[0];
-    return (w0 >= threshold ? 1u : 0u) | (w1 >= threshold ? 2u : 0u);
-  }
-
-  /// Whether local keys j .. j + 3 of local query row i are kept (bits 0 .. 3), where
-  /// k_origin + j is a multiple of four: the four words of one Philox call.
-  KOKKOS_INLINE_FUNCTION unsigned kept4(int b, int h, int i, int j) const {
-    const PhiloxBlock r = words(b, h, q_origin + i, (k_origin + j) >> 2);
-    return (r.w[0] >= threshold ? 1u : 0u) | (r.w[1] >= threshold ? 2u : 0u) |
-           (r.w[2] >= threshold ? 4u : 0u) | (r.w[3] >= threshold ? 8u : 0u);
+    unsigned pair = keep_bits(words(b, h, q_origin + i, jg >> 2)) >> e & 3u;
+    if (e == 3) pair |= (keep_bits(words(b, h, q_origin + i, (jg >> 2) + 1)) & 1u) << 1;
+    return pair;
   }
 
   /// The weights of local query row i for the 64 keys of the aligned run of 64 global keys
@@ -147,6 +144,12 @@ struct Dropout {
   }
 
  private:
+  /// Bit e: whether word e of a Philox block keeps its element.
+  KOKKOS_INLINE_FUNCTION unsigned keep_bits(const PhiloxBlock& r) const {
+    return (r.w[0] >= threshold ? 1u : 0u) | (r.w[1] >= threshold ? 2u : 0u) |
+           (r.w[2] >= threshold ? 4u : 0u) | (r.w[3] >= threshold ? 8u : 0u);
+  }
+
   /// The counters {g, i, h, b} of words() for 16 blocks, block l at global query i + l di and
   /// key group g + l dg, in philox16's layout.
   KOKKOS_INLINE_FUNCTION void counters16(std::uint32_t (&w)[4][16], int b, int h, int i, int di,

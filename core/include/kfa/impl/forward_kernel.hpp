@@ -393,9 +393,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       KOKKOS_INLINE_FUNCTION unsigned kept4(int j) const { return dropout.kept4(b, h, i, j); }
     };
     /// Whether key j starts one of dropout's groups of four keys (one Philox call each).
-    KOKKOS_INLINE_FUNCTION bool group_starts(int j) const {
-      return ((dropout.k_origin + j) & 3) == 0;
-    }
+    KOKKOS_INLINE_FUNCTION bool group_starts(int j) const { return dropout.group_starts(j); }
     /// The weight of a kept element, 1 / (1 - p).
     KOKKOS_INLINE_FUNCTION acc_t keep_scale() const { return dropout.scale; }
     KOKKOS_INLINE_FUNCTION Row row(int i) const {
