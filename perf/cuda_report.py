@@ -96,14 +96,16 @@ def kokkos_configure(src, cache, arch):
 
 
 def config_header(inc, warp_tiles):
-    """kfa's <kfa/config.hpp> for this report (no MPI, no tf32; the register kernels,
-    KFA_CUDA_WARP_TILES and KFA_CUDA_WARP_BACKWARD, as asked), from cmake/config.hpp.in."""
+    """kfa's <kfa/config.hpp> for this report (no MPI, no tf32 tile products; the register
+    kernels, KFA_CUDA_WARP_TILES, KFA_CUDA_TF32X3 and KFA_CUDA_WARP_BACKWARD, as asked), from
+    cmake/config.hpp.in."""
     text = (ROOT / "cmake" / "config.hpp.in").read_text()
     text = re.sub(r"#cmakedefine (\w+)", r"/* #undef \1 */", text)
     if warp_tiles:
         text = text.replace("/* #undef KFA_CUDA_WARP_TILES */", "#define KFA_CUDA_WARP_TILES")
         text = text.replace("/* #undef KFA_CUDA_WARP_BACKWARD */",
                             "#define KFA_CUDA_WARP_BACKWARD")
+        text = text.replace("/* #undef KFA_CUDA_TF32X3 */", "#define KFA_CUDA_TF32X3")
     version = re.search(r"project\(kfa VERSION (\d+)\.(\d+)\.(\d+)",
                         (ROOT / "CMakeLists.txt").read_text())
     major, minor, patch = version.groups() if version else ("0", "0", "0")
@@ -433,7 +435,8 @@ def main():
     ap.add_argument("--fail-on-spill", action="store_true")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--no-warp-tiles", action="store_true",
-                    help="compile without KFA_CUDA_WARP_TILES and KFA_CUDA_WARP_BACKWARD (the "
+                    help="compile without KFA_CUDA_WARP_TILES, KFA_CUDA_TF32X3 and "
+                         "KFA_CUDA_WARP_BACKWARD (the "
                          "tile path alone, as -DKFA_CUDA_WARP_TILES=OFF builds it)")
     a = ap.parse_args()
     nvcc = find_nvcc()
@@ -449,7 +452,8 @@ def main():
     src = kokkos_source(a.archive_dir, cache)
     version = run([nvcc, "--version"]).stdout.strip().splitlines()[-1]
     text = [f"nvcc: {version}; Kokkos 4.6.01 configured for CUDA + Serial (not built); "
-            f"KFA_CUDA_WARP_TILES and KFA_CUDA_WARP_BACKWARD {'off' if a.no_warp_tiles else 'on'}.",
+            "KFA_CUDA_WARP_TILES, KFA_CUDA_TF32X3 and KFA_CUDA_WARP_BACKWARD "
+            f"{'off' if a.no_warp_tiles else 'on'}.",
             ""]
     spills = []
     with tempfile.TemporaryDirectory() as tmp:

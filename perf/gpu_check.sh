@@ -10,8 +10,9 @@
 # (Kokkos_ARCH_HOPPER90 / AMPERE80) without one. SECONDS (default 540) bounds the whole run;
 # each step gets its own share and is cut at it, so one slow step leaves the others their time.
 # COMPARE: "all" (default), "forward" (step 5's forward comparison only), "narrow" (bf16 and
-# half only: the forward, then the backward and forward + backward) or "dropout" (bf16 with
-# dropout p = 0.1 on both sides: the register kernels' dropout forms against SDPA's).
+# half only: the forward, then the backward and forward + backward), "dropout" (bf16 with
+# dropout p = 0.1 on both sides: the register kernels' dropout forms against SDPA's) or
+# "float" (the float forward alone: the 3xTF32 register kernel against the FP32 peak).
 #
 # Steps, each writing under RESULTS (logs/ and results/, then tarred as logs.tar.gz and
 # results.tar.gz after every step, so a run cut short still leaves what it finished):
@@ -19,9 +20,9 @@
 # 2. every test suite on the device, 8 at a time (the float64 oracle runs on the host), with
 #    a pass/fail line each in summary.txt;
 # 3. compute-sanitizer racecheck and memcheck on one 16-bit forward suite case and two backward
-#    ones (the register kernels' shapes, then head dims that take the tile kernels too), and
-#    racecheck on the dropout case (the register kernels' dropout forms), each run cut at its
-#    share;
+#    ones (the register kernels' shapes, then head dims that take the tile kernels too),
+#    racecheck on the dropout case (the register kernels' dropout forms) and on a float forward
+#    case (the 3xTF32 kernel at D = 64), each run cut at its share;
 # 4. the kernels' resources (cuobjdump --dump-resource-usage) and the SASS instruction mix per
 #    kernel (HMMA, LDSM, LDGSTS, LDS, STS, BAR, MUFU, all);
 # 5. perf/compare_gpu.py against PyTorch's SDPA: the forward (bf16, half, float) first, then
@@ -34,7 +35,7 @@
 # arguments.
 set -u
 usage() {
-  echo "usage: $0 BUILD RESULTS [SECONDS [all|forward|narrow|dropout]]" >&2
+  echo "usage: $0 BUILD RESULTS [SECONDS [all|forward|narrow|dropout|float]]" >&2
   exit 2
 }
 [ $# -ge 2 ] || usage
@@ -43,7 +44,7 @@ OUT=$2
 BUDGET=${3:-540}
 COMPARE=${4:-all}
 case $BUDGET in '' | *[!0-9]*) usage ;; esac
-case $COMPARE in all | forward | narrow | dropout) ;; *) usage ;; esac
+case $COMPARE in all | forward | narrow | dropout | float) ;; *) usage ;; esac
 [ -x "$BUILD/perf/bench_gpu" ] || { echo "gpu_check: no $BUILD/perf/bench_gpu" >&2; exit 2; }
 HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$OUT/logs" "$OUT/results" || exit 2
@@ -90,21 +91,25 @@ grep -h '^\[  FAILED  \]' "$OUT"/logs/test_*.log 2>/dev/null | sort -u | head -4
 pack
 
 say "== compute-sanitizer ($(left) s left)"
-# 30 % of the budget over seven runs, each given an equal share of what the earlier ones left;
-# the register kernels first (SplitsAndDropout: their dropout kernels), the tile path's slower
-# backward case last.
+# 30 % of the budget over eight runs, each given an equal share of what the earlier ones left;
+# the register kernels first (SplitsAndDropout: their dropout kernels; Forward.LargeLogits: the
+# float kernel), the tile path's slower backward case last. A run is TOOL:SUITE:FILTER.
 san_end=$(( $(date +%s) + BUDGET * 30 / 100 ))
-runs=(racecheck:BackwardRegisterShapes racecheck:ForwardHeadDimsAndSeqlens
-  memcheck:BackwardRegisterShapes memcheck:ForwardHeadDimsAndSeqlens racecheck:SplitsAndDropout
-  racecheck:BackwardHeadDims memcheck:BackwardHeadDims)
+narrow=test_narrow_cuda:NarrowTest/0
+runs=(racecheck:$narrow.BackwardRegisterShapes racecheck:$narrow.ForwardHeadDimsAndSeqlens
+  memcheck:$narrow.BackwardRegisterShapes memcheck:$narrow.ForwardHeadDimsAndSeqlens
+  racecheck:$narrow.SplitsAndDropout racecheck:test_forward_cuda:Forward.LargeLogits
+  racecheck:$narrow.BackwardHeadDims memcheck:$narrow.BackwardHeadDims)
 if command -v compute-sanitizer >/dev/null && [ -x "$BUILD/tests/test_narrow_cuda" ]; then
   for i in "${!runs[@]}"; do
     tool=${runs[$i]%%:*}
-    f=NarrowTest/0.${runs[$i]#*:}
+    rest=${runs[$i]#*:}
+    suite=${rest%%:*}
+    f=${rest#*:}
     san_cap=$(cap $(( (san_end - $(date +%s)) / (${#runs[@]} - i) )))
     log=$OUT/logs/sanitizer-$tool-${f//[^A-Za-z0-9]/_}.log
     timeout -k 5 "$san_cap" compute-sanitizer --tool "$tool" --print-limit 20 \
-      "$BUILD/tests/test_narrow_cuda" --gtest_filter="$f" >"$log" 2>&1
+      "$BUILD/tests/$suite" --gtest_filter="$f" >"$log" 2>&1
     rc=$?
     [ $rc -eq 0 ] || status=1
     say "$tool $f rc=$rc (${san_cap} s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$log" | tr '\n' ' ')"
@@ -151,6 +156,8 @@ if [ "$COMPARE" = forward ]; then
 elif [ "$COMPARE" = narrow ]; then
   compare gpu-forward $(( $(left) * 35 / 100 )) --passes fwd --types bf16,half
   compare gpu-backward $(( $(left) - 10 )) --passes bwd,fwd_bwd --types bf16,half
+elif [ "$COMPARE" = float ]; then
+  compare gpu-float-forward $(( $(left) - 10 )) --passes fwd --types float
 elif [ "$COMPARE" = dropout ]; then
   compare gpu-dropout-forward $(( $(left) * 35 / 100 )) --passes fwd --types bf16 --dropout 0.1
   compare gpu-dropout-backward $(( $(left) - 10 )) --passes bwd,fwd_bwd --types bf16 --dropout 0.1

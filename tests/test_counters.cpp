@@ -59,6 +59,18 @@ long long meeting_tiles(const Shape& s, const kfa::Params& p, int rows, int cols
   return n;
 }
 
+/// Key tiles one head's forward counts: the tile path's Br x Bc tile pairs that meet, or none
+/// where float takes the register forward (CUDA, TileOps::warp_forward under KFA_CUDA_TF32X3),
+/// which stages its own tiles without the counter (its tile skipping is test_mma's: the
+/// simulated team's hidden tiles hold NaN).
+template <class E = Exec>
+long long forward_tiles(const Shape& s, const kfa::Params& p) {
+  using Traits = kfa::backends::TileTraits<E, float>;
+  if constexpr (Traits::warp_tiles)
+    if (kfa::backends::TileOps<E, float>::warp_head_dim(s.head_dim)) return 0;
+  return meeting_tiles(s, p, Traits::block_q(s.head_dim), Traits::block_k(s.head_dim));
+}
+
 Counts run_both(const Shape& s, const kfa::Params& p) {
   Problem pb(s, seed_of(s, 0));
   std::mt19937_64 gen(1);
@@ -109,7 +121,7 @@ TEST(TileSkip, EveryMaskEveryKernel) {
                      << s << " " << describe(p) << (deterministic ? " deterministic" : " atomic"));
         const int d = s.head_dim, bt = traits::block_bwd(d);
         const long long heads = static_cast<long long>(s.batch) * s.heads_q;
-        const long long fwd = heads * meeting_tiles(s, p, traits::block_q(d), traits::block_k(d));
+        const long long fwd = heads * forward_tiles(s, p);
         const long long bwd = heads * meeting_tiles(s, p, bt, bt);
         const auto c = run_both(s, p);
         EXPECT_EQ(c.tiles(TileCounter::forward), static_cast<unsigned long long>(fwd)) << "forward";
@@ -132,10 +144,8 @@ TEST(TileSkip, SplitsStageEachTileOnce) {
       SCOPED_TRACE(::testing::Message() << describe(p));
       Problem pb(s, seed_of(s, splits));
       const auto c = count_tiles([&] { run_forward<float>(pb, p); });
-      const int d = s.head_dim;
       EXPECT_EQ(c.tiles(TileCounter::forward),
-                static_cast<unsigned long long>(
-                    2 * meeting_tiles(s, p, traits::block_q(d), traits::block_k(d))));
+                static_cast<unsigned long long>(2 * forward_tiles(s, p)));
     }
 }
 

@@ -14,6 +14,7 @@
 #include <kfa/backends/cuda/mma.hpp>
 #include <kfa/backends/cuda/warp_backward.hpp>
 #include <kfa/backends/cuda/warp_forward.hpp>
+#include <kfa/backends/cuda/warp_forward_tf32x3.hpp>
 #include <kfa/backends/cuda/warp_softmax.hpp>
 
 #include <gtest/gtest.h>
@@ -706,6 +707,62 @@ TEST(Ldmatrix, FragmentsMatchMmaTablesWithoutConflicts) {
   }
 }
 
+// The float tiles of WarpForwardTf32x3 (rows of D floats, 2 D 16-bit units, the same swizzle):
+// ldmatrix.x4 gives the tf32 A fragment of Q and the B fragments of K^T (kA8, kB8), one float
+// a register, without conflicts; the 32-bit loads of V's B fragment read keys 2t + i (P's
+// renamed columns) at dim g, 32 distinct banks per load.
+TEST(Ldmatrix, FloatTilesMatchTf32TablesWithoutConflicts) {
+  const auto check = [](auto kernel) {
+    using K = decltype(kernel);
+    constexpr int D = K::db * 8, units = 2 * D;
+    SCOPED_TRACE("D = " + std::to_string(D));
+    std::vector<std::uint16_t> smem(std::size_t(64) * units);
+    const auto id = [](int r, int c) { return std::uint32_t(r * D + c); };
+    for (int r = 0; r < 64; ++r)
+      for (int c = 0; c < D; ++c) {
+        const std::uint32_t v = id(r, c);
+        std::memcpy(&smem.at(std::size_t(K::at(r, c))), &v, sizeof v);
+      }
+    for (int r0 = 0; r0 < 64; r0 += 16)
+      for (int c0 = 0; c0 < D; c0 += 8) {
+        RowAddresses a_at{}, b_at{};
+        for (int lane = 0; lane < 32; ++lane) {
+          a_at[lane] = K::at(r0 + K::a_source(lane).row, c0 + K::a_source(lane).col);
+          b_at[lane] = K::at(r0 + K::b_source(lane).row, c0 + K::b_source(lane).col);
+        }
+        expect_conflict_free(a_at, "float A");
+        expect_conflict_free(b_at, "float K^T");
+        const Regs4 a = emulate_ldmatrix_x4(smem, a_at, false);
+        const Regs4 k = emulate_ldmatrix_x4(smem, b_at, false);
+        for (int lane = 0; lane < 32; ++lane) {
+          for (int i = 0; i < 4; ++i)
+            ASSERT_EQ(a[lane][i], id(r0 + kA8[i].row(lane), c0 + kA8[i].col(lane)))
+                << "A, lane " << lane << ", a" << i;
+          for (int n = 0; n < 2; ++n)
+            for (int i = 0; i < 2; ++i)  // K^T: B(k, n) = K(key n, dim k)
+              ASSERT_EQ(k[lane][2 * n + i],
+                        id(r0 + 8 * n + kB8[i].col(lane), c0 + kB8[i].row(lane)))
+                  << "K^T, lane " << lane << ", block " << n << ", b" << i;
+        }
+        for (int i = 0; i < 2; ++i) {  // V: keys r0 + 2t + i, dim c0 + g
+          std::vector<int> banks;
+          for (int lane = 0; lane < 32; ++lane) {
+            const kc::Coord v = K::v_source(lane, i);
+            EXPECT_EQ(v.row, 2 * (kB8[i].row(lane) % 4) + kB8[i].row(lane) / 4);
+            EXPECT_EQ(v.col, kB8[i].col(lane));
+            banks.push_back(K::at(r0 + v.row, c0 + v.col) / 2 % 32);
+          }
+          std::sort(banks.begin(), banks.end());
+          EXPECT_EQ(std::unique(banks.begin(), banks.end()) - banks.begin(), 32)
+              << "V loads b" << i << " at (" << r0 << ", " << c0 << ")";
+        }
+      }
+  };
+  struct NoWarp {};  // the addresses need no warp primitive
+  check(kc::WarpForwardTf32x3<NoWarp, 64>{});
+  check(kc::WarpForwardTf32x3<NoWarp, 128>{});
+}
+
 // The check above can fail: the same A loads from an unswizzled tile of rows of 64 or 128
 // elements put all eight lanes of a phase in one bank group.
 TEST(Ldmatrix, UnswizzledRowsConflict) {
@@ -1240,8 +1297,9 @@ struct SimWarp {
     sim_committed.clear();
   }
   static void mma(kc::FragC& d, const kc::FragA<Tag>& a, const kc::FragB<Tag>& b) {
-    static const auto a_at = invert<8, 16, 16>(kA16);
-    static const auto b_at = invert<4, 16, 8>(kB16);
+    constexpr int K = Type<Tag>::k;  // m16n8k16 (16-bit) or m16n8k8 (tf32)
+    static const auto a_at = invert<(K == 16 ? 8 : 4), 16, K>(Type<Tag>::a_table);
+    static const auto b_at = invert<(K == 16 ? 4 : 2), K, 8>(Type<Tag>::b_table);
     SimTeam::Exchange& x = exchange();
     std::copy(std::begin(a.x), std::end(a.x), x.a[std::size_t(sim_lane)].begin());
     std::copy(std::begin(b.x), std::end(b.x), x.b[std::size_t(sim_lane)].begin());
@@ -1249,13 +1307,20 @@ struct SimWarp {
     for (int e = 0; e < 4; ++e) {
       const int r = kC[e].row(sim_lane), c = kC[e].col(sim_lane);
       double sum = d.x[e];
-      for (int k = 0; k < 16; ++k) {
+      for (int k = 0; k < K; ++k) {
         const auto [al, ai] = a_at[std::size_t(r)][std::size_t(k)];
         const auto [bl, bi] = b_at[std::size_t(k)][std::size_t(c)];
         sum += Type<Tag>::element(x.a[std::size_t(al)].data(), ai) *
                Type<Tag>::element(x.b[std::size_t(bl)].data(), bi);
       }
-      d.x[e] = static_cast<float>(sum);
+      float f = static_cast<float>(sum);
+      // tf32: rounded toward zero, as the A100's tensor cores were measured to round their sums
+      // (Fasi, Higham, Mikaitis, Pranesh, "Numerical behavior of NVIDIA tensor cores", PeerJ
+      // Comput. Sci. 2021): a bias of up to an ulp per instruction, which the 3xTF32 kernel's
+      // many accumulating instructions per score add up.
+      if (std::is_same_v<Tag, kc::tf32_tag> && std::fabs(double(f)) > std::fabs(sum))
+        f = std::nextafter(f, 0.0f);
+      d.x[e] = f;
     }
     warp_sync();
   }
@@ -1397,37 +1462,58 @@ struct SimScore : SimTiles {
   static float keep_scale() { return 1.25f; }
 };
 
+// Tag tf32_tag: float inputs on WarpForwardTf32x3 (3xTF32), held to float's tolerance rule
+// (kfa::reference: the largest error at most twice that of the naive attention in float, plus
+// 8 ulps of the largest |O|) where the 16-bit kernels get a bound per element from their
+// rounding of P.
+// amp scales Q and K: 60 makes scores of thousands (the suite's LargeLogits), where an error
+// of the products is multiplied by the scores' size in P. origin: the team's first query row
+// and first key (split-KV's chunks start past key 0): rows before it must stay unwritten.
 template <class Tag, int D, int R = 1, bool Dropped = false>
-void check_simulated_team(SimMask mask, bool late, bool groups = true) {
+void check_simulated_team(SimMask mask, bool late, bool groups = true, float amp = 1.0f,
+                          int origin = 0) {
   SCOPED_TRACE(std::string(Type<Tag>::name) + ", D = " + std::to_string(D) +
                ", R = " + std::to_string(R) + ", mask " + std::to_string(int(mask)) +
+               ", amplitude " + std::to_string(amp) + ", origin " + std::to_string(origin) +
                (late ? ", copies late" : ", copies at once") +
                (Dropped ? (groups ? ", dropout by groups" : ", dropout by pairs") : ""));
   const bool band = mask == SimMask::band;
-  using Kernel = kc::WarpForward<SimWarp<Tag>, Tag, D, R>;
-  constexpr int nq = 50 * R, nk = 150;  // the last warp's rows partly past nq
-  const double u = unit_roundoff<Tag>;
+  constexpr bool fp32 = std::is_same_v<Tag, kc::tf32_tag>;
+  using Kernel = std::conditional_t<fp32, kc::WarpForwardTf32x3<SimWarp<Tag>, D>,
+                                    kc::WarpForward<SimWarp<Tag>, Tag, D, R>>;
+  constexpr int units = fp32 ? 2 * D : D;  // 16-bit units per row
+  constexpr int nq = 50 * R, nk = 150;     // the last warp's rows partly past nq
   const double scale = 1.0 / std::sqrt(double(D));
   std::mt19937_64 gen(kSeed + D);
   std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
-  auto array = [&](int rows, std::vector<double>& value) {
-    std::vector<std::uint16_t> bits(std::size_t(rows) * D);
-    value.assign(bits.size(), 0.0);
-    for (std::size_t i = 0; i < bits.size(); ++i) {
-      bits[i] = kc::to_bits(Tag{}, dist(gen));
-      value[i] = kc::to_float(Tag{}, bits[i]);
+  const auto put = [&](std::vector<std::uint16_t>& bits, std::size_t i, float x) {
+    if constexpr (fp32)
+      std::memcpy(bits.data() + 2 * i, &x, sizeof x);
+    else
+      bits[i] = kc::to_bits(Tag{}, x);
+  };
+  auto array = [&](int rows, std::vector<double>& value, float scale_by = 1.0f) {
+    std::vector<std::uint16_t> bits(std::size_t(rows) * units);
+    value.assign(std::size_t(rows) * D, 0.0);
+    for (std::size_t i = 0; i < value.size(); ++i) {
+      const float x = dist(gen) * scale_by;
+      put(bits, i, x);
+      value[i] = fp32 ? double(x) : double(kc::to_float(Tag{}, bits[i]));
     }
     return bits;
   };
   std::vector<double> q, k, v;
-  const auto qb = array(nq, q);
-  auto kb = array(nk, k), vb = array(nk, v);
+  const auto qb = array(nq, q, amp);
+  auto kb = array(nk, k, amp), vb = array(nk, v);
+  const auto poison = [&](std::size_t from, std::size_t to) {
+    for (std::size_t i = from; i < to; ++i) {
+      put(kb, i, std::nanf(""));
+      put(vb, i, std::nanf(""));
+    }
+  };
   if (band)  // NaN in the tile nobody sees: reading it at all would show in O
-    for (std::size_t i = std::size_t(128) * D; i < kb.size(); ++i)
-      kb[i] = vb[i] = kc::to_bits(Tag{}, std::nanf(""));
-  if (mask == SimMask::leading)
-    for (std::size_t i = 0; i < std::size_t(64) * D; ++i)
-      kb[i] = vb[i] = kc::to_bits(Tag{}, std::nanf(""));
+    poison(std::size_t(128) * D, std::size_t(nk) * D);
+  if (mask == SimMask::leading) poison(0, std::size_t(64) * D);
   static SimMask kind = SimMask::band;  // a plain function pointer below (Score is a literal)
   static int reach = 60;                // the band's upper edge: the last tile stays hidden
   kind = mask;
@@ -1450,22 +1536,36 @@ void check_simulated_team(SimMask mask, bool late, bool groups = true) {
   sim_copies_late = late;
   const int left_in_flight = run_simulated_team(Kernel::shared_bytes(), [&](std::uint16_t* tile) {
     Kernel::run(
-        tile, 0, nq, 0, nk, [&](int i) { return qb.data() + std::size_t(i) * D; },
-        [&](int j) { return kb.data() + std::size_t(j) * D; },
-        [&](int j) { return vb.data() + std::size_t(j) * D; }, score, out);
+        tile, origin, nq - origin, origin, nk,
+        [&](int i) { return qb.data() + std::size_t(i) * units; },
+        [&](int j) { return kb.data() + std::size_t(j) * units; },
+        [&](int j) { return vb.data() + std::size_t(j) * units; }, score, out);
   });
   EXPECT_EQ(left_in_flight, 0) << "copies never waited for";
 
-  for (int i = 0; i < nq; ++i) {
+  // The reference in double and, for float inputs, the naive attention in float.
+  double err = 0, naive_err = 0, ref_max = 0;
+  for (int i = 0; i < origin; ++i) {
+    EXPECT_TRUE(std::isnan(lse[i])) << "row " << i << " before the origin written";
+    EXPECT_TRUE(std::isnan(o[std::size_t(i) * D])) << "row " << i << " before the origin written";
+  }
+  for (int i = origin; i < nq; ++i) {
     std::vector<double> z(nk, -INFINITY);
+    std::vector<float> zf(nk, -INFINITY);
     double zmax = -INFINITY;
-    for (int j = 0; j < nk; ++j) {
+    float zfmax = -INFINITY;
+    for (int j = origin; j < nk; ++j) {
       if (!visible(i, j)) continue;
       double dot = 0;
-      for (int c = 0; c < D; ++c)
+      float dotf = 0;
+      for (int c = 0; c < D; ++c) {
         dot += q[std::size_t(i) * D + c] * k[std::size_t(j) * D + c];
+        dotf += float(q[std::size_t(i) * D + c]) * float(k[std::size_t(j) * D + c]);
+      }
       z[j] = scale * dot;
+      zf[j] = float(scale) * dotf;
       zmax = std::max(zmax, z[j]);
+      zfmax = std::max(zfmax, zf[j]);
     }
     if (zmax == -INFINITY) {
       EXPECT_EQ(lse[i], -INFINITY) << "row " << i;
@@ -1474,21 +1574,43 @@ void check_simulated_team(SimMask mask, bool late, bool groups = true) {
       continue;
     }
     double l = 0;
-    for (int j = 0; j < nk; ++j)
+    float lf = 0;
+    for (int j = 0; j < nk; ++j) {
       l += std::exp(z[j] - zmax);
+      lf += std::exp(zf[j] - zfmax);
+    }
     const double lse_ref = zmax + std::log(l);
     EXPECT_NEAR(lse[i], lse_ref, 1e-5 * std::max(1.0, std::fabs(lse_ref))) << "row " << i;
     for (int c = 0; c < D; ++c) {
       double want = 0, mag = 0;
-      for (int j = 0; j < nk; ++j) {
+      float naive = 0;
+      for (int j = origin; j < nk; ++j) {
         if (!visible(i, j)) continue;
-        const double pj = std::exp(z[j] - lse_ref) * (Dropped ? sim_weight(i, j) : 1.0);
+        const double w = Dropped ? sim_weight(i, j) : 1.0;
+        const double pj = std::exp(z[j] - lse_ref) * w;
         want += pj * v[std::size_t(j) * D + c];
         mag += pj * std::fabs(v[std::size_t(j) * D + c]);
+        naive += std::exp(zf[j] - zfmax) / lf * float(w) * float(v[std::size_t(j) * D + c]);
       }
-      EXPECT_NEAR(o[std::size_t(i) * D + c], want, 2 * u * mag + 1e-5 * mag)
-          << "O(" << i << ", " << c << ")";
+      const float got = o[std::size_t(i) * D + c];
+      if constexpr (fp32) {
+        ASSERT_FALSE(std::isnan(got)) << "O(" << i << ", " << c << ")";
+        err = std::max(err, std::fabs(got - want));
+        naive_err = std::max(naive_err, std::fabs(naive - want));
+        ref_max = std::max(ref_max, std::fabs(want));
+      } else {
+        EXPECT_NEAR(got, want, 2 * unit_roundoff<Tag> * mag + 1e-5 * mag)
+            << "O(" << i << ", " << c << ")";
+      }
     }
+  }
+  if constexpr (fp32) {
+    const double bound = 2 * naive_err + 8 * 0x1p-23 * std::max(1.0, ref_max);
+    EXPECT_LE(err, bound) << "float's rule: naive float error " << naive_err;
+    std::printf(
+        "3xTF32 D=%d mask %d amplitude %g: max |O - ref| %.3g, naive float %.3g, "
+        "bound %.3g\n",
+        D, int(mask), double(amp), err, naive_err, bound);
   }
 }
 
@@ -1513,6 +1635,40 @@ TEST(WarpForward, SimulatedTeamDropout) {
       check_simulated_team<kc::bf16_tag, 64, 1, true>(mask, false, groups);
       check_simulated_team<kc::bf16_tag, 64, 2, true>(mask, true, groups);
       check_simulated_team<kc::f16_tag, 128, 1, true>(mask, false, groups);
+    }
+}
+
+// Float inputs by 3xTF32 (cuda/warp_forward_tf32x3.hpp): 64 keys a tile at D = 64, 32 at 128.
+TEST(WarpForward, SimulatedTeamFloatD64) {
+  for (const bool late : {false, true})
+    for (const SimMask mask : {SimMask::band, SimMask::lower, SimMask::none, SimMask::leading})
+      check_simulated_team<kc::tf32_tag, 64>(mask, late);
+}
+TEST(WarpForward, SimulatedTeamFloatD128) {
+  for (const bool late : {false, true})
+    for (const SimMask mask : {SimMask::band, SimMask::lower, SimMask::none, SimMask::leading})
+      check_simulated_team<kc::tf32_tag, 128>(mask, late);
+}
+TEST(WarpForward, SimulatedTeamFloatLargeLogits) {
+  for (const float amp : {6.0f, 60.0f}) {  // scores in the tens, and thousands
+    check_simulated_team<kc::tf32_tag, 64>(SimMask::lower, false, true, amp);
+    check_simulated_team<kc::tf32_tag, 128>(SimMask::none, true, true, amp);
+  }
+}
+// A team whose rows and keys start at 32 (split-KV's chunks start past key 0): three of the
+// four warps hold no row, and key tiles start off the multiples of 64.
+TEST(WarpForward, SimulatedTeamOrigin) {
+  for (const SimMask mask : {SimMask::lower, SimMask::none}) {
+    check_simulated_team<kc::tf32_tag, 64>(mask, true, true, 1.0f, 32);
+    check_simulated_team<kc::tf32_tag, 128>(mask, false, true, 1.0f, 32);
+    check_simulated_team<kc::bf16_tag, 64, 2>(mask, true, true, 1.0f, 32);
+  }
+}
+TEST(WarpForward, SimulatedTeamFloatDropout) {
+  for (const SimMask mask : {SimMask::band, SimMask::none})
+    for (const bool groups : {true, false}) {
+      check_simulated_team<kc::tf32_tag, 64, 1, true>(mask, false, groups);
+      check_simulated_team<kc::tf32_tag, 128, 1, true>(mask, true, groups);
     }
 }
 

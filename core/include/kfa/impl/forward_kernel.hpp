@@ -89,15 +89,15 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       backends::is_bfloat16<typename K::non_const_value_type>::value &&
       backends::is_bfloat16<typename V::non_const_value_type>::value;
   bool pairs = false;
-  // The register-resident forward (TileTraits::warp_tiles: CUDA, 16-bit inputs): a team's
-  // 64 or 128 query rows (TileOps::warp_rows, 64 with dropout) keep their work in registers
-  // (TileOps::warp_forward). Taken at the head dims
-  // it has (with Dv = D: its registers hold O rows of D), when every row of q, k and v starts
-  // on 16 bytes (its copies are 16-byte ones) and without an additive term (a biased pass
-  // takes the tile path). Dropout is drawn in its registers (WarpScore::Row::kept_pair), by a
-  // kernel of its own (WarpKernel<D, true>) so that the common kernel holds no Philox.
+  // The register-resident forward (TileTraits::warp_tiles: CUDA, 16-bit inputs, and float by
+  // 3xTF32 under KFA_CUDA_TF32X3): a team's 64 or 128 query rows (TileOps::warp_rows) keep
+  // their work in registers (TileOps::warp_forward). Taken at the head dims it has (with Dv = D:
+  // its registers hold O rows of D), when every row of q, k and v starts on 16 bytes (its
+  // copies are 16-byte ones) and without an additive term (a biased pass takes the tile path).
+  // Dropout is drawn in its registers (WarpScore::Row::kept_pair), by a kernel of its own
+  // (WarpKernel<D, true>) so that the common kernel holds no Philox.
   static constexpr bool warp_type = Rule::softmax && !bias_t::enabled && !Seqs::packed &&
-                                    traits::warp_tiles && sizeof(value_type) == 2 &&
+                                    traits::warp_tiles &&
                                     std::is_same_v<typename K::non_const_value_type, value_type> &&
                                     std::is_same_v<typename V::non_const_value_type, value_type>;
   bool warp = false;
@@ -127,8 +127,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     }
     dropout = make_dropout<acc_t>(p, at);
     if constexpr (warp_type)
-      warp = ops::warp_head_dim(head_dim) && head_dim_v == head_dim && base::rows_on_16_bytes(q) &&
-             base::rows_on_16_bytes(k) && base::rows_on_16_bytes(v);
+      warp = ops::warp_head_dim(head_dim) && head_dim_v == head_dim && ops::warp_runs(space) &&
+             base::rows_on_16_bytes(q) && base::rows_on_16_bytes(k) && base::rows_on_16_bytes(v);
     Br = traits::block_q(tile_dim(head_dim, head_dim_v));
     Bc = traits::block_k(tile_dim(head_dim, head_dim_v));
     if constexpr (warp_type)

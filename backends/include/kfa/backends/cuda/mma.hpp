@@ -246,6 +246,23 @@ KFA_MMA_FUNCTION std::uint32_t to_bits(tf32_tag, float x) {
   return (u + 0xfffu + ((u >> 13) & 1u)) & 0xffffe000u;
 }
 
+/// x as hi + lo, both tf32 (3xTF32, cuda/warp_forward_tf32x3.hpp): hi is x rounded to tf32 and
+/// lo the rest x - hi (exact in float) rounded to tf32, so hi + lo keeps about 22 of float's 24
+/// significant bits. The device rounds by cvt.rna.tf32.f32 (one instruction, ties away from
+/// zero), the host by to_bits (ties to even): either is a split of x, which is what the
+/// products need. For finite x below the largest float by more than one tf32 step (where hi
+/// would round to infinity).
+KFA_MMA_FUNCTION void split_tf32(float x, std::uint32_t& hi, std::uint32_t& lo) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi) : "f"(x));
+  const float rest = x - __uint_as_float(hi);
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(rest));
+#else
+  hi = to_bits(tf32_tag{}, x);
+  lo = to_bits(tf32_tag{}, x - detail::float_of(hi));
+#endif
+}
+
 /// The float value of bfloat16 bits (exact).
 KFA_MMA_FUNCTION float to_float(bf16_tag, std::uint16_t bits) {
   return detail::float_of(static_cast<std::uint32_t>(bits) << 16);

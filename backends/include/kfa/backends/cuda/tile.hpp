@@ -12,7 +12,9 @@
 ///   0-15 and 16-31 take alternate rows, so a warp reads two A elements and 16 consecutive B
 ///   elements per k step: broadcast and conflict-free). With the CMake option KFA_CUDA_TF32
 ///   float uses the tf32 tensor cores instead (m16n8k8): about 3 significant decimal digits
-///   per product instead of 7, outside float's tolerance rule (README).
+///   per product instead of 7, outside float's tolerance rule (README). (The register forward
+///   of float inputs, warp_forward below under KFA_CUDA_TF32X3, takes three tf32 products per
+///   product instead and stays within it: cuda/warp_forward_tf32x3.hpp.)
 /// - Other value types (double, narrow types other than Kokkos'): the portable gemm.
 ///
 /// Rows, columns and k need not be multiples of 16: the fragment loads read zeros outside and
@@ -24,6 +26,7 @@
 #include <kfa/backends/cuda/traits.hpp>
 #include <kfa/backends/cuda/warp_backward.hpp>
 #include <kfa/backends/cuda/warp_forward.hpp>
+#include <kfa/backends/cuda/warp_forward_tf32x3.hpp>
 #include <kfa/backends/float16.hpp>
 #include <kfa/backends/generic/tile.hpp>
 #include <kfa/config.hpp>
@@ -147,12 +150,16 @@ struct TileOps<Kokkos::Cuda, T, void> : PortableTileOps<accum_t<T>> {
       PortableTileOps<Acc>::gemm(team, m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
   }
 
+  /// Whether warp_forward is the float kernel (3xTF32, cuda/warp_forward_tf32x3.hpp).
+  static constexpr bool warp_float = std::is_same_v<T, float>;
+
   /// Blocks of 16 query rows per warp of warp_forward at head dim d: 2 at 64 (FlashAttention-2's
   /// 128-row tiles; KFA_CUDA_WARP_BLOCKS_D64 overrides it, for measuring), 1 at 128, where two
   /// would need more registers than a lane has. With dropout 1: Philox's registers on top of
-  /// two blocks' made the half kernel spill 16 bytes at sm_90 (perf/cuda_report.py).
+  /// two blocks' made the half kernel spill 16 bytes at sm_90 (perf/cuda_report.py). Float: 1
+  /// (its Q takes twice the registers, split in two parts at d = 64).
   static constexpr int warp_blocks(int d, bool dropped = false) {
-    if (dropped) return 1;
+    if (dropped || warp_float) return 1;
 #if defined(KFA_CUDA_WARP_BLOCKS_D64)
     return d == 64 ? KFA_CUDA_WARP_BLOCKS_D64 : 1;
 #else
@@ -166,14 +173,21 @@ struct TileOps<Kokkos::Cuda, T, void> : PortableTileOps<accum_t<T>> {
   }
   /// Keys per tile of warp_forward.
   static constexpr int warp_keys = 64;
+  /// Whether warp_forward runs on the device of `space`: its copies, loads and products need
+  /// sm_80 or newer (16-bit inputs need it on any path; float runs on the FMA units before).
+  static bool warp_runs(const Kokkos::Cuda& space) {
+    return space.cuda_device_prop().major >= 8;
+  }
   /// Whether warp_forward takes head dim d (a compile-time constant of its kernel).
   static constexpr bool warp_head_dim(int d) {
     return d == 64 || d == 128;
   }
   /// Team scratch of warp_forward at head dim d: a K_j and a V_j tile of 16-bit elements, and
   /// 128 bytes to align them (get_shmem_aligned): 16.1 KiB at d = 64, 32.1 KiB at d = 128,
-  /// within the about 40 KiB a CUDA team gets (traits.hpp).
+  /// within the about 40 KiB a CUDA team gets (traits.hpp). Float: tiles of 64 keys at d = 64
+  /// and 32 at 128 (cuda::WarpForwardTf32x3::keys, which subdivides core's warp_keys), 32.1 KiB.
   static constexpr std::size_t warp_scratch_bytes(int d) {
+    if (warp_float) return std::size_t(2) * (d > 64 ? warp_keys / 2 : warp_keys) * d * 4 + 128;
     return std::size_t(2) * warp_keys * d * 2 + 128;
   }
 
@@ -186,11 +200,19 @@ struct TileOps<Kokkos::Cuda, T, void> : PortableTileOps<accum_t<T>> {
                                                   int k_end, const QRow& q_row, const KRow& k_row,
                                                   const VRow& v_row, const Score& score, Out& out) {
 #if defined(__CUDA_ARCH__)
-    using Tag = typename cuda::mma_tag<T>::type;
     auto* smem = static_cast<std::uint16_t*>(
         team.team_scratch(0).get_shmem_aligned(warp_scratch_bytes(HeadDim) - 128, 128));
-    cuda::WarpForward<cuda::CudaWarp<Tag>, Tag, HeadDim, warp_blocks(HeadDim, Score::dropped)>::run(
-        smem, q0, nq, k_begin, k_end, q_row, k_row, v_row, score, out);
+    if constexpr (warp_float) {
+      using Kernel = cuda::WarpForwardTf32x3<cuda::CudaWarp<cuda::tf32_tag>, HeadDim>;
+      static_assert(Kernel::shared_bytes() + 128 == warp_scratch_bytes(HeadDim));
+      static_assert(Kernel::rows == warp_rows(HeadDim) && warp_keys % Kernel::keys == 0);
+      Kernel::run(smem, q0, nq, k_begin, k_end, q_row, k_row, v_row, score, out);
+    } else {
+      using Tag = typename cuda::mma_tag<T>::type;
+      cuda::WarpForward<cuda::CudaWarp<Tag>, Tag, HeadDim,
+                        warp_blocks(HeadDim, Score::dropped)>::run(smem, q0, nq, k_begin, k_end,
+                                                                   q_row, k_row, v_row, score, out);
+    }
 #else
     (void)team, (void)q0, (void)nq, (void)k_begin, (void)k_end, (void)q_row, (void)k_row;
     (void)v_row, (void)score, (void)out;  // Cuda teams run on the device only

@@ -40,6 +40,13 @@ namespace kfa::backends {
 
 namespace cuda {
 
+/// Whether float inputs take the register-resident forward by 3xTF32 (KFA_CUDA_TF32X3).
+#if defined(KFA_CUDA_TF32X3)
+inline constexpr bool tf32x3 = true;
+#else
+inline constexpr bool tf32x3 = false;
+#endif
+
 /// The tensor-core operand type of value type T: f16_tag for half_t, bf16_tag for bhalf_t
 /// where they are 16-bit types; void (no tensor-core path) otherwise.
 template <class T>
@@ -101,10 +108,12 @@ struct TileTraits<Kokkos::Cuda, T, void> {
   static constexpr bool bf16x2_products = false;  ///< key-major only
 #if defined(KFA_CUDA_WARP_TILES)
   /// 16-bit inputs (a tensor-core tag other than tf32) run the forward with the work in
-  /// registers (TileOps::warp_forward, cuda/warp_forward.hpp) where the head dim allows.
+  /// registers (TileOps::warp_forward, cuda/warp_forward.hpp) where the head dim allows, and
+  /// float inputs too under KFA_CUDA_TF32X3 (cuda/warp_forward_tf32x3.hpp).
   static constexpr bool warp_tiles =
       std::is_same_v<typename cuda::mma_tag<T>::type, cuda::bf16_tag> ||
-      std::is_same_v<typename cuda::mma_tag<T>::type, cuda::f16_tag>;
+      std::is_same_v<typename cuda::mma_tag<T>::type, cuda::f16_tag> ||
+      (cuda::tf32x3 && std::is_same_v<T, float>);
 #else
   static constexpr bool warp_tiles = false;     ///< KFA_CUDA_WARP_TILES is off
 #endif

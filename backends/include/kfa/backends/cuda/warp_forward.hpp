@@ -1,6 +1,8 @@
 #pragma once
 /// \file cuda/warp_forward.hpp
-/// FlashAttention-2's forward for one team of 4 warps, the work in registers: each warp owns
+/// FlashAttention-2's forward for one team of 4 warps, the work in registers (16-bit inputs;
+/// float's, by 3xTF32, is cuda/warp_forward_tf32x3.hpp, which shares stage_tile, softmax_tile
+/// and write_rows below): each warp owns
 /// 16 or 32 of the team's 64 or 128 query rows and keeps their Q fragments, S / P and the O~
 /// accumulator in registers; K_j and V_j (64 keys) pass through swizzled 16-bit shared memory,
 /// staged by 16-byte asynchronous copies and read by ldmatrix (.trans for V); P goes register
@@ -29,6 +31,132 @@
 
 namespace kfa::backends::cuda {
 
+/// Stages rows [r0, r0 + n) of an array (row(r) points at row r, 16-byte aligned, counted in
+/// 16-bit units: a float row of d elements is 2 d units) into a swizzled tile of Rows rows of
+/// RowUnits 16-bit units (cuda/ldmatrix.hpp's swizzled), zero-filling rows past n, by 16-byte
+/// copies of a team's 4 warps; the caller commits them (W::cp_async_commit), waits for them
+/// (W::cp_async_wait_all) and then for the team barrier.
+template <class W, int Rows, int RowUnits, class Row>
+KFA_MMA_FUNCTION void stage_tile(std::uint16_t* tile, int r0, int n, const Row& row) {
+  constexpr int chunks = RowUnits / chunk_elements;  // 16-byte chunks per row
+  const int t = W::warp() * 32 + W::lane();
+  for (int c = t; c < Rows * chunks; c += 4 * 32) {
+    const int r = c / chunks, k = c % chunks;
+    const bool valid = r < n;
+    const std::uint16_t* src = row(valid ? r0 + r : r0) + (valid ? k : 0) * chunk_elements;
+    W::cp_async_16(tile + swizzled(r, k * chunk_elements, RowUnits), src, valid);
+  }
+}
+
+/// One key tile's softmax step on a warp's R blocks of 16 query rows, S = Q K_j^T in the
+/// accumulators `s` (NB fragments of 8 keys from j0, nc of them in the tile; any product type,
+/// as every mma shape lays C out alike): the scores (scale, softcap and mask by `score`, as
+/// WarpForward::run describes; `inside`: every row sees every key, no mask test), the quad's row
+/// maxima, P = exp2(S - m) in place of S with the rows' (m, l) in `state`, O~ in `o` rescaled,
+/// and with dropout (Score::dropped) each P weighed by its verdict after l took it. row0[r]:
+/// the lane's first row of block r (it also holds row0[r] + 8).
+template <class W, int R, int NB, int DB, class Score>
+KFA_MMA_FUNCTION void softmax_tile(FragC (&s)[R][NB], FragC (&o)[R][DB], RowState (&state)[R],
+                                   const int (&row0)[R], bool inside, int j0, int nc,
+                                   const Score& score) {
+  const int lane = W::lane();
+  KFA_UNROLL
+  for (int r = 0; r < R; ++r) {
+    // The rows' scores, made per tile rather than kept: with two blocks a warp, registers
+    // held across the key loop are the scarce resource.
+    const auto score_row = [&](int h) { return score.row(row0[r] + 8 * h); };
+    const auto row_g = score_row(0), row_g8 = score_row(1);
+    if (inside) {  // every row sees every key: no mask test per score
+      KFA_UNROLL
+      for (int n = 0; n < NB; ++n) {
+        KFA_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const int j = j0 + 8 * n + c_coord(lane, e).col;
+          s[r][n].x[e] = (e < 2 ? row_g : row_g8).unmasked(j, s[r][n].x[e]) * log2e;
+        }
+      }
+    } else {
+      KFA_UNROLL
+      for (int n = 0; n < NB; ++n) {
+        KFA_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const int j = j0 + 8 * n + c_coord(lane, e).col;  // keys past the tile: zero rows
+          const float x = (e < 2 ? row_g : row_g8)(j, s[r][n].x[e]);
+          s[r][n].x[e] = j < j0 + nc ? x * log2e : -INFINITY;
+        }
+      }
+    }
+
+    // The online softmax: the quad's row maxima, P, alpha, O~ rescaled.
+    float m[2], alpha[2];
+    tile_row_max(s[r], m);
+    m[0] = W::quad_max(m[0]);
+    m[1] = W::quad_max(m[1]);
+    softmax_update(s[r], state[r], m, alpha);
+    rescale(o[r], alpha);
+    if constexpr (Score::dropped) {  // after l took the sums: dropout weighs P V alone
+      // The verdicts first, bit 4 n + e for s[r][n].x[e], by loops not unrolled: one
+      // Philox chain at a time (unrolled, the scheduler interleaves them and their
+      // registers made the 255-register kernels spill).
+      std::uint32_t kept = 0;
+      if (score.group_starts(j0)) {
+        // Lanes 2u and 2u + 1 hold one group of four keys of each n8 block (words 0, 1 and
+        // 2, 3 of its Philox call) in rows g and g + 8: the even lane draws row g's four
+        // verdicts, the odd lane row g + 8's, and one exchange gives each its half of the
+        // other's: one call per lane and block instead of two.
+        const bool odd = lane & 1;
+        const auto row = score.row(row0[r] + (odd ? 8 : 0));
+        std::uint32_t mine = 0;  // nibble n: the four keys' verdicts in the lane's row
+        KFA_NO_UNROLL
+        for (int n = 0; n < NB; ++n)
+          mine |= row.kept4(j0 + 8 * n + 4 * (thread_in_group(lane) >> 1)) << (4 * n);
+        const std::uint32_t theirs = W::lane_xor_bits(mine, 1);
+        kept = odd ? (theirs >> 2 & 0x33333333u) | (mine & 0xCCCCCCCCu)
+                   : (mine & 0x33333333u) | (theirs & 0x33333333u) << 2;
+      } else {  // groups off the blocks (a key origin not a multiple of four): a call a pair
+        KFA_NO_UNROLL
+        for (int n = 0; n < NB; ++n) {
+          const int j = j0 + 8 * n + c_coord(lane, 0).col;  // and j + 1
+          kept |= (row_g.kept_pair(j) | row_g8.kept_pair(j) << 2) << (4 * n);
+        }
+      }
+      const float z = score.keep_scale();
+      KFA_UNROLL
+      for (int n = 0; n < NB; ++n) {
+        KFA_UNROLL
+        for (int e = 0; e < 4; ++e)
+          s[r][n].x[e] = kept >> (4 * n + e) & 1u ? s[r][n].x[e] * z : 0.0f;
+      }
+    }
+  }
+}
+
+/// After the last key tile: O = O~ / l of a warp's R blocks of 16 rows (row0 as softmax_tile)
+/// to `out.o(i, c, value)` and their LSE to `out.lse(i, value)`, rows below q0 + nq only.
+template <class W, int R, int DB, class Out>
+KFA_MMA_FUNCTION void write_rows(FragC (&o)[R][DB], const RowState (&state)[R],
+                                 const int (&row0)[R], int q0, int nq, Out& out) {
+  const int lane = W::lane();
+  KFA_UNROLL
+  for (int r = 0; r < R; ++r) {
+    const float sum[2] = {W::quad_sum(state[r].l[0]), W::quad_sum(state[r].l[1])};
+    float lse[2];
+    finish_rows(o[r], state[r], sum, lse);
+    KFA_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const int i = row0[r] + 8 * h;
+      if (i >= q0 + nq) continue;
+      KFA_UNROLL
+      for (int n = 0; n < DB; ++n) {
+        KFA_UNROLL
+        for (int e = 2 * h; e < 2 * h + 2; ++e)
+          out.o(i, 8 * n + c_coord(lane, e).col, o[r][n].x[e]);
+      }
+      if (thread_in_group(lane) == 0) out.lse(i, lse[h]);
+    }
+  }
+}
+
 /// One team's forward on the warps' registers: query rows [q0, q0 + nq) (nq <= rows) against
 /// keys [k_begin, k_end), head dim D (a multiple of 16, at most 128), 16-bit operands of type
 /// Tag. Each warp owns R blocks of 16 rows (FlashAttention-2 gives a warp 32 rows of its
@@ -37,32 +165,23 @@ namespace kfa::backends::cuda {
 /// D = 128 would need about 330 registers a lane, past the 255 there are).
 template <class W, class Tag, int D, int R = 1>
 struct WarpForward {
-  static constexpr int warps = 4;                    ///< warps per team
-  static constexpr int rows = 16 * R * warps;        ///< Br: query rows per team
-  static constexpr int keys = 64;                    ///< Bc: keys per tile
-  static constexpr int nb = keys / 8;                ///< S accumulator fragments per block
-  static constexpr int db = D / 8;                   ///< O~ accumulator fragments per block
-  static constexpr int kd = D / 16;                  ///< k steps of S = Q K^T
-  static constexpr int chunks = D / chunk_elements;  ///< 16-byte chunks per row
+  static constexpr int warps = 4;              ///< warps per team
+  static constexpr int rows = 16 * R * warps;  ///< Br: query rows per team
+  static constexpr int keys = 64;              ///< Bc: keys per tile
+  static constexpr int nb = keys / 8;          ///< S accumulator fragments per block
+  static constexpr int db = D / 8;             ///< O~ accumulator fragments per block
+  static constexpr int kd = D / 16;            ///< k steps of S = Q K^T
   static_assert(D % 16 == 0 && D <= 128, "head dims 16..128, multiples of 16");
   static_assert(rows <= 2 * keys, "Q_i is staged through the K and V buffers");
 
   /// Shared memory a team needs, in bytes: the K and V tiles.
   static constexpr int shared_bytes() { return 2 * keys * D * 2; }
 
-  /// Stages rows [r0, r0 + n) of a 16-bit array (row(r) points at row r, 16-byte aligned) into
-  /// a swizzled tile of Rows rows, zero-filling rows past n, by 16-byte copies of the whole
-  /// team; the caller commits them (W::cp_async_commit), waits for them (W::cp_async_wait_all)
-  /// and then for the team barrier.
+  /// Stages rows [r0, r0 + n) of a 16-bit array into a swizzled tile of Rows rows
+  /// (stage_tile).
   template <int Rows = keys, class Row>
   KFA_MMA_FUNCTION static void stage(std::uint16_t* tile, int r0, int n, const Row& row) {
-    const int t = W::warp() * 32 + W::lane();
-    for (int c = t; c < Rows * chunks; c += warps * 32) {
-      const int r = c / chunks, k = c % chunks;
-      const bool valid = r < n;
-      const std::uint16_t* src = row(valid ? r0 + r : r0) + (valid ? k : 0) * chunk_elements;
-      W::cp_async_16(tile + swizzled(r, k * chunk_elements, D), src, valid);
-    }
+    stage_tile<W, Rows, D>(tile, r0, n, row);
   }
 
   /// The team's forward. `q_row(i)`, `k_row(j)`, `v_row(j)`: the 16-bit rows; `score`:
@@ -167,75 +286,7 @@ struct WarpForward {
         }
       }
       const bool inside = nc == keys && score.tile_inside(q0, nq, j0, nc);  // team-wide
-      KFA_UNROLL
-      for (int r = 0; r < R; ++r) {
-        // The rows' scores, made per tile rather than kept: with two blocks a warp, registers
-        // held across the key loop are the scarce resource.
-        const auto score_row = [&](int h) { return score.row(row0[r] + 8 * h); };
-        const auto row_g = score_row(0), row_g8 = score_row(1);
-        if (inside) {  // every row sees every key: no mask test per score
-          KFA_UNROLL
-          for (int n = 0; n < nb; ++n) {
-            KFA_UNROLL
-            for (int e = 0; e < 4; ++e) {
-              const int j = j0 + 8 * n + c_coord(lane, e).col;
-              s[r][n].x[e] = (e < 2 ? row_g : row_g8).unmasked(j, s[r][n].x[e]) * log2e;
-            }
-          }
-        } else {
-          KFA_UNROLL
-          for (int n = 0; n < nb; ++n) {
-            KFA_UNROLL
-            for (int e = 0; e < 4; ++e) {
-              const int j = j0 + 8 * n + c_coord(lane, e).col;  // keys past the tile: zero rows
-              const float x = (e < 2 ? row_g : row_g8)(j, s[r][n].x[e]);
-              s[r][n].x[e] = j < j0 + nc ? x * log2e : -INFINITY;
-            }
-          }
-        }
-
-        // The online softmax: the quad's row maxima, P, alpha, O~ rescaled.
-        float m[2], alpha[2];
-        tile_row_max(s[r], m);
-        m[0] = W::quad_max(m[0]);
-        m[1] = W::quad_max(m[1]);
-        softmax_update(s[r], state[r], m, alpha);
-        rescale(o[r], alpha);
-        if constexpr (Score::dropped) {  // after l took the sums: dropout weighs P V alone
-          // The verdicts first, bit 4 n + e for s[r][n].x[e], by loops not unrolled: one
-          // Philox chain at a time (unrolled, the scheduler interleaves them and their
-          // registers made the 255-register kernels spill).
-          std::uint32_t kept = 0;
-          if (score.group_starts(j0)) {
-            // Lanes 2u and 2u + 1 hold one group of four keys of each n8 block (words 0, 1 and
-            // 2, 3 of its Philox call) in rows g and g + 8: the even lane draws row g's four
-            // verdicts, the odd lane row g + 8's, and one exchange gives each its half of the
-            // other's: one call per lane and block instead of two.
-            const bool odd = lane & 1;
-            const auto row = score.row(row0[r] + (odd ? 8 : 0));
-            std::uint32_t mine = 0;  // nibble n: the four keys' verdicts in the lane's row
-            KFA_NO_UNROLL
-            for (int n = 0; n < nb; ++n)
-              mine |= row.kept4(j0 + 8 * n + 4 * (thread_in_group(lane) >> 1)) << (4 * n);
-            const std::uint32_t theirs = W::lane_xor_bits(mine, 1);
-            kept = odd ? (theirs >> 2 & 0x33333333u) | (mine & 0xCCCCCCCCu)
-                       : (mine & 0x33333333u) | (theirs & 0x33333333u) << 2;
-          } else {  // groups off the blocks (a key origin not a multiple of four): a call a pair
-            KFA_NO_UNROLL
-            for (int n = 0; n < nb; ++n) {
-              const int j = j0 + 8 * n + c_coord(lane, 0).col;  // and j + 1
-              kept |= (row_g.kept_pair(j) | row_g8.kept_pair(j) << 2) << (4 * n);
-            }
-          }
-          const float z = score.keep_scale();
-          KFA_UNROLL
-          for (int n = 0; n < nb; ++n) {
-            KFA_UNROLL
-            for (int e = 0; e < 4; ++e)
-              s[r][n].x[e] = kept >> (4 * n + e) & 1u ? s[r][n].x[e] * z : 0.0f;
-          }
-        }
-      }
+      softmax_tile<W>(s, o, state, row0, inside, j0, nc, score);
 
       W::cp_async_wait_all();  // V_j
       W::barrier();            // V_j seen by all; every warp is past S = Q K_j^T: K is free
@@ -267,24 +318,7 @@ struct WarpForward {
       j0 = j1;
     }
 
-    KFA_UNROLL
-    for (int r = 0; r < R; ++r) {
-      const float sum[2] = {W::quad_sum(state[r].l[0]), W::quad_sum(state[r].l[1])};
-      float lse[2];
-      finish_rows(o[r], state[r], sum, lse);
-      KFA_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const int i = row0[r] + 8 * h;
-        if (i >= q0 + nq) continue;
-        KFA_UNROLL
-        for (int n = 0; n < db; ++n) {
-          KFA_UNROLL
-          for (int e = 2 * h; e < 2 * h + 2; ++e)
-            out.o(i, 8 * n + c_coord(lane, e).col, o[r][n].x[e]);
-        }
-        if (thread_in_group(lane) == 0) out.lse(i, lse[h]);
-      }
-    }
+    write_rows<W>(o, state, row0, q0, nq, out);
   }
 };
 

@@ -28,7 +28,8 @@ inline constexpr float log2e = 1.4426950408889634f;
 
 /// 2^x. On the device one ex2.approx.ftz.f32 (MUFU.EX2: about 2 ulp, results below 2^-126
 /// flushed to zero, exp2(-inf) = 0), where exp2f adds a range test and two multiplies to each
-/// call for subnormal results, which P, rounded to 16 bits next, does not need; std::exp2 on
+/// call for subnormal results, which P (rounded to 16 bits next, or split into tf32 parts of
+/// about 21 bits) does not need; std::exp2 on
 /// the host, whose simulator checks layouts and indices against double, not this rounding.
 KFA_MMA_FUNCTION float fast_exp2(float x) {
 #if defined(__CUDA_ARCH__)
