@@ -237,7 +237,7 @@ struct WarpForwardTf32x3 {
             for (int h = 0; h < partial; ++h) {
               const int kk = k0 + i + h;
               std::uint32_t kb[4];
-              W::ldmatrix_x4(kb, ks + k_at[kk % 4] + n0 * units + 64 * (kk / 4));
+              W::ldmatrix_x4(kb, ks + (k_at[kk % 4] + n0 * units + 64 * (kk / 4)));
               float f[4];
               std::memcpy(f, kb, sizeof f);
               const SplitA qa = q_fragment(kk);
