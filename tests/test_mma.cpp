@@ -1258,6 +1258,7 @@ struct SimWarp {
   static SimTeam::Exchange& exchange() { return sim_team->x[std::size_t(sim_warp)]; }
 
   static void ldmatrix(std::uint32_t (&r)[4], const std::uint16_t* row, bool trans) {
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(row) % 16, 0u) << "ldmatrix row off 16 bytes";
     SimTeam::Exchange& x = exchange();
     x.row[std::size_t(sim_lane)] = row;
     warp_sync();
@@ -1280,6 +1281,8 @@ struct SimWarp {
     ldmatrix(r, row, true);
   }
   static void cp_async_16(std::uint16_t* dst, const std::uint16_t* src, bool valid) {
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(dst) % 16, 0u) << "cp.async to shared off 16 bytes";
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(src) % 16, 0u) << "cp.async from off 16 bytes";
     PendingCopy c{dst, {}};
     if (valid) std::memcpy(c.bytes.data(), src, 16);
     if (sim_copies_late)
