@@ -32,9 +32,10 @@
 /// - Q stays in registers as hi and lo at D = 64. At D = 128, where O~ alone takes 64
 ///   registers a lane, Q is read from global memory (L1) and split at each use: held as floats
 ///   or split it made the kernel spill (perf/results/2026-11-27-cuda-report-tf32x3.md).
-/// - Loops the 16-bit kernel unrolls are rolled here (S's groups of 16 keys, P V's steps of 8
-///   keys, Q's k steps by fours at D = 128), with a group's accumulators moved by selects:
-///   unrolled, the compiler issued the loads of every step ahead and spilled 60-420 bytes.
+/// - Loops the 16-bit kernel unrolls are rolled here (S's groups of 16 keys at D = 64, P V's
+///   steps of 8 keys, Q's k steps by fours at D = 128, where a group is the whole 32-key tile),
+///   with a group's accumulators moved by selects: unrolled, the compiler issued the loads of
+///   every step ahead and spilled 60-420 bytes.
 
 #include <kfa/backends/cuda/ldmatrix.hpp>
 #include <kfa/backends/cuda/mma.hpp>
@@ -102,6 +103,7 @@ struct WarpForwardTf32x3 {
   static constexpr int units = 2 * D;            ///< 16-bit units per float row
   static constexpr bool q_split = D <= 64;       ///< Q kept as hi and lo (else split per use)
   static constexpr int partial = 4;              ///< k steps per partial sum of S (see add_partial)
+  static constexpr int group = q_split ? 16 : keys;  ///< keys per group of S's product
   static_assert(D == 64 || D == 128, "head dims 64 and 128");
   static_assert(!q_split || rows <= keys, "Q_i is staged through the V buffer");
 
@@ -220,39 +222,51 @@ struct WarpForwardTf32x3 {
       stage_tile<W, keys, units>(vs, j0, nc, v_row);
       W::cp_async_commit();
 
-      // S = Q K_j^T by groups of 16 keys (two n8 accumulators) in a rolled loop, the group's
-      // accumulators moved into s by selects; with Q read at each use, its k steps by fours
-      // (the file's description says why).
+      // S = Q K_j^T by groups of `group` keys in a rolled loop, a group's accumulators moved
+      // into s by selects; with Q read at each use, its k steps by fours (the file's
+      // description says why) and a group the whole tile (each Q fragment read and split once
+      // a tile).
       FragC s[1][nb];
       KFA_NO_UNROLL
-      for (int n0 = 0; n0 < keys; n0 += 16) {
-        FragC acc[2] = {zero_c(), zero_c()};
+      for (int n0 = 0; n0 < keys; n0 += group) {
+        FragC acc[group / 8];
+        KFA_UNROLL
+        for (int a = 0; a < group / 8; ++a)
+          acc[a] = zero_c();
         constexpr int ksteps = q_split ? kd : 4;
         KFA_NO_UNROLL
         for (int k0 = 0; k0 < kd; k0 += ksteps) {
           KFA_UNROLL
           for (int i = 0; i < ksteps; i += partial) {  // k steps a partial sum
-            FragC t[2] = {zero_c(), zero_c()};
+            FragC t[group / 8];
+            KFA_UNROLL
+            for (int a = 0; a < group / 8; ++a)
+              t[a] = zero_c();
             KFA_UNROLL
             for (int h = 0; h < partial; ++h) {
               const int kk = k0 + i + h;
-              std::uint32_t kb[4];
-              W::ldmatrix_x4(kb, ks + (k_at[kk % 4] + n0 * units + 64 * (kk / 4)));
-              float f[4];
-              std::memcpy(f, kb, sizeof f);
               const SplitA qa = q_fragment(kk);
-              mma_tf32x3<W>(t[0], qa, f[0], f[1]);
-              mma_tf32x3<W>(t[1], qa, f[2], f[3]);
+              KFA_UNROLL
+              for (int m = 0; m < group / 16; ++m) {  // 16 keys a K load
+                std::uint32_t kb[4];
+                W::ldmatrix_x4(kb, ks + (k_at[kk % 4] + (n0 + 16 * m) * units + 64 * (kk / 4)));
+                float f[4];
+                std::memcpy(f, kb, sizeof f);
+                mma_tf32x3<W>(t[2 * m], qa, f[0], f[1]);
+                mma_tf32x3<W>(t[2 * m + 1], qa, f[2], f[3]);
+              }
             }
-            add_partial(acc[0], t[0]);
-            add_partial(acc[1], t[1]);
+            KFA_UNROLL
+            for (int a = 0; a < group / 8; ++a)
+              add_partial(acc[a], t[a]);
           }
         }
         KFA_UNROLL
-        for (int i = 0; i < nb; i += 2)
+        for (int i = 0; i < nb; i += group / 8)
           if (n0 == 8 * i) {
-            s[0][i] = acc[0];
-            s[0][i + 1] = acc[1];
+            KFA_UNROLL
+            for (int a = 0; a < group / 8; ++a)
+              s[0][i + a] = acc[a];
           }
       }
       const bool inside = nc == keys && score.tile_inside(q0, nq, j0, nc);  // team-wide
