@@ -65,7 +65,8 @@ export PYTHONUNBUFFERED=1
 say "== GPU ($(date -u +%FT%TZ))"
 timeout 30 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv \
   2>&1 | tee -a "$SUMMARY"
-# Which kernels the build holds (KFA_CUDA_WARP_TILES, KFA_CUDA_WARP_BACKWARD, KFA_CUDA_TF32).
+# Which kernels the build holds (KFA_CUDA_WARP_TILES, KFA_CUDA_TF32X3, KFA_CUDA_WARP_BACKWARD,
+# KFA_CUDA_TF32).
 say "build options: $(grep -E '^KFA_CUDA_[A-Z0-9_]+:' "$BUILD/CMakeCache.txt" 2>/dev/null |
   tr '\n' ' ')"
 
@@ -108,6 +109,11 @@ if command -v compute-sanitizer >/dev/null && [ -x "$BUILD/tests/test_narrow_cud
     f=${rest#*:}
     san_cap=$(cap $(( (san_end - $(date +%s)) / (${#runs[@]} - i) )))
     log=$OUT/logs/sanitizer-$tool-${f//[^A-Za-z0-9]/_}.log
+    if [ ! -x "$BUILD/tests/$suite" ]; then
+      status=1
+      say "$tool $f: no $suite in the build"
+      continue
+    fi
     timeout -k 5 "$san_cap" compute-sanitizer --tool "$tool" --print-limit 20 \
       "$BUILD/tests/$suite" --gtest_filter="$f" >"$log" 2>&1
     rc=$?

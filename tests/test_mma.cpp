@@ -1658,8 +1658,8 @@ TEST(WarpForward, SimulatedTeamFloatLargeLogits) {
     check_simulated_team<kc::tf32_tag, 128>(SimMask::none, true, true, amp);
   }
 }
-// A team whose rows and keys start at 32 (split-KV's chunks start past key 0): three of the
-// four warps hold no row, and key tiles start off the multiples of 64.
+// A team whose rows and keys start at 32 (split-KV's chunks start past key 0): the last warps
+// hold few rows or none, and key tiles start off the multiples of 64.
 TEST(WarpForward, SimulatedTeamOrigin) {
   for (const SimMask mask : {SimMask::lower, SimMask::none}) {
     check_simulated_team<kc::tf32_tag, 64>(mask, true, true, 1.0f, 32);
