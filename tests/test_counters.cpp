@@ -303,9 +303,10 @@ TEST(IoModel, EqualsTheBytesOfTheRowsTheKernelsStage) {
         const auto fwd =
             kfa::forward_traffic(s.batch, s.heads_q, s.seqlen_q, s.seqlen_k, d, 4, 4, p,
                                  traits::block_q(wide), traits::block_k(wide), s.head_dim_v);
-        if (forward_tiles(s, p) > 0 || c.tiles(TileCounter::forward) > 0)  // a counted forward
+        if (forward_tiles(s, p) > 0 || c.tiles(TileCounter::forward) > 0) {  // a counted forward
           EXPECT_DOUBLE_EQ(fwd.read,
                            b * hq * nq * D * e + rows(TileCounter::forward) * (D + Dv) * e);
+        }
         EXPECT_DOUBLE_EQ(fwd.written, b * hq * nq * (Dv * e + lse));
         const auto bwd = kfa::backward_traffic(s.batch, s.heads_q, s.heads_k, s.seqlen_q,
                                                s.seqlen_k, d, 4, 4, 4, p, bt, mode, s.head_dim_v);

@@ -50,7 +50,8 @@ namespace kfa::backends::cuda {
 
 /// An A fragment split for 3xTF32: the high and low tf32 parts of each element.
 struct SplitA {
-  FragA<tf32_tag> hi, lo;  ///< hi + lo is the float
+  FragA<tf32_tag> hi;  ///< the elements rounded to tf32
+  FragA<tf32_tag> lo;  ///< the rests, element - hi, rounded to tf32
 };
 
 /// The A fragment of four float elements a0..a3 split into tf32 hi and lo.
