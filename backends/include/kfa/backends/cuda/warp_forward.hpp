@@ -48,6 +48,25 @@ KFA_MMA_FUNCTION void stage_tile(std::uint16_t* tile, int r0, int n, const Row& 
   }
 }
 
+/// The key tiles of a team's forward loop: Keys keys each from a start up to k_end (the last
+/// may be partial), skipping those no row of [q0, q0 + nq) sees (`score.tile_visible`, the same
+/// verdict in every lane).
+template <int Keys, class Score>
+struct KeyTiles {
+  const Score& score;  ///< tile_visible(q0, nq, j0, nc)
+  int q0;              ///< the team's first query row
+  int nq;              ///< and its rows
+  int k_end;           ///< the end of its keys
+  /// Keys in the tile at j.
+  KFA_MMA_FUNCTION int size(int j) const { return k_end - j < Keys ? k_end - j : Keys; }
+  /// The first tile from j on that some row sees, or k_end and beyond when none does.
+  KFA_MMA_FUNCTION int next(int j) const {
+    while (j < k_end && !score.tile_visible(q0, nq, j, size(j)))
+      j += Keys;
+    return j;
+  }
+};
+
 /// One key tile's softmax step on a warp's R blocks of 16 query rows, S = Q K_j^T in the
 /// accumulators `s` (NB fragments of 8 keys from j0, nc of them in the tile; any product type,
 /// as every mma shape lays C out alike): the scores (scale, softcap and mask by `score`, as
@@ -205,21 +224,14 @@ struct WarpForward {
     std::uint16_t* vs = smem + static_cast<std::ptrdiff_t>(keys) * D;
     const int lane = W::lane(), warp = W::warp();
 
-    // Keys in the tile at j (the last may be partial); the first tile any row sees, and the
-    // one after `j`: the same verdict in every lane.
-    const auto tile_keys = [&](int j) { return k_end - j < keys ? k_end - j : keys; };
-    const auto next_tile = [&](int j) {
-      while (j < k_end && !score.tile_visible(q0, nq, j, tile_keys(j)))
-        j += keys;
-      return j;
-    };
+    const KeyTiles<keys, Score> tiles{score, q0, nq, k_end};
     // Q_i into registers through shared memory: with 64 rows through the V buffer, K of the
     // first tile loading beside it; with 128 through both buffers (contiguous, and the swizzle
     // depends on the row alone), K after the fragments are read.
-    int j0 = next_tile(k_begin);
+    int j0 = tiles.next(k_begin);
     if constexpr (rows <= keys) {
       stage(vs, q0, nq, q_row);
-      if (j0 < k_end) stage(ks, j0, tile_keys(j0), k_row);
+      if (j0 < k_end) stage(ks, j0, tiles.size(j0), k_row);
     } else {
       stage<rows>(ks, q0, nq, q_row);
     }
@@ -239,7 +251,7 @@ struct WarpForward {
     if constexpr (rows > keys) {
       W::barrier();  // every warp has its Q fragments: K may overwrite them
       if (j0 < k_end) {
-        stage(ks, j0, tile_keys(j0), k_row);
+        stage(ks, j0, tiles.size(j0), k_row);
         W::cp_async_commit();
       }
     }
@@ -257,7 +269,7 @@ struct WarpForward {
     }
 
     while (j0 < k_end) {
-      const int nc = tile_keys(j0);
+      const int nc = tiles.size(j0);
       W::cp_async_wait_all();  // K_j (the only copies in flight)
       W::barrier();  // K_j seen by all; every warp is past P V_{j-1} (or Q's fragments): V free
       stage(vs, j0, nc, v_row);
@@ -290,9 +302,9 @@ struct WarpForward {
 
       W::cp_async_wait_all();  // V_j
       W::barrier();            // V_j seen by all; every warp is past S = Q K_j^T: K is free
-      const int j1 = next_tile(j0 + keys);
+      const int j1 = tiles.next(j0 + keys);
       if (j1 < k_end) {
-        stage(ks, j1, tile_keys(j1), k_row);
+        stage(ks, j1, tiles.size(j1), k_row);
         W::cp_async_commit();
       }
 

@@ -155,18 +155,13 @@ struct WarpForwardTf32x3 {
     const int lane = W::lane(), warp = W::warp();
     const int g = group_id(lane);
 
-    const auto tile_keys = [&](int j) { return k_end - j < keys ? k_end - j : keys; };
-    const auto next_tile = [&](int j) {
-      while (j < k_end && !score.tile_visible(q0, nq, j, tile_keys(j)))
-        j += keys;
-      return j;
-    };
+    const KeyTiles<keys, Score> tiles{score, q0, nq, k_end};
     // D = 64: Q_i into registers (split) through the V buffer, K of the first tile beside it.
     // D = 128: Q is read where it lies at each use (a lane's two rows; a row past nq reads the
     // last row, whose results are not written): 64 more registers did not fit beside O~.
-    int j0 = next_tile(k_begin);
+    int j0 = tiles.next(k_begin);
     if constexpr (q_split) stage_tile<W, keys, units>(vs, q0, nq, q_row);
-    if (j0 < k_end) stage_tile<W, keys, units>(ks, j0, tile_keys(j0), k_row);
+    if (j0 < k_end) stage_tile<W, keys, units>(ks, j0, tiles.size(j0), k_row);
     W::cp_async_commit();
     SplitA qh[q_split ? kd : 1];
     if constexpr (q_split) {
@@ -217,7 +212,7 @@ struct WarpForwardTf32x3 {
     }
 
     while (j0 < k_end) {
-      const int nc = tile_keys(j0);
+      const int nc = tiles.size(j0);
       W::cp_async_wait_all();  // K_j (the only copies in flight)
       W::barrier();  // K_j seen by all; every warp is past P V_{j-1} (or Q's fragments): V free
       stage_tile<W, keys, units>(vs, j0, nc, v_row);
@@ -275,9 +270,9 @@ struct WarpForwardTf32x3 {
 
       W::cp_async_wait_all();  // V_j
       W::barrier();            // V_j seen by all; every warp is past S = Q K_j^T: K is free
-      const int j1 = next_tile(j0 + keys);
+      const int j1 = tiles.next(j0 + keys);
       if (j1 < k_end) {
-        stage_tile<W, keys, units>(ks, j1, tile_keys(j1), k_row);
+        stage_tile<W, keys, units>(ks, j1, tiles.size(j1), k_row);
         W::cp_async_commit();
       }
 
