@@ -12,7 +12,9 @@
 # COMPARE: "all" (default), "forward" (step 5's forward comparison only), "narrow" (bf16 and
 # half only: the forward, then the backward and forward + backward), "dropout" (bf16 with
 # dropout p = 0.1 on both sides: the register kernels' dropout forms against SDPA's) or
-# "float" (the float forward alone: the 3xTF32 register kernel against the FP32 peak).
+# "float" (the float forward alone: the 3xTF32 register kernel against the FP32 peak) or
+# "workspace" (bench_gpu's bf16 backward, one binary, alternately with KFA_WORKSPACE_CACHE=0 and
+# 1, three rounds: what the pool of temporaries saves per call, kfa/workspace.hpp).
 #
 # Steps, each writing under RESULTS (logs/ and results/, then tarred as logs.tar.gz and
 # results.tar.gz after every step, so a run cut short still leaves what it finished):
@@ -35,7 +37,7 @@
 # arguments.
 set -u
 usage() {
-  echo "usage: $0 BUILD RESULTS [SECONDS [all|forward|narrow|dropout|float]]" >&2
+  echo "usage: $0 BUILD RESULTS [SECONDS [all|forward|narrow|dropout|float|workspace]]" >&2
   exit 2
 }
 [ $# -ge 2 ] || usage
@@ -44,7 +46,7 @@ OUT=$2
 BUDGET=${3:-540}
 COMPARE=${4:-all}
 case $BUDGET in '' | *[!0-9]*) usage ;; esac
-case $COMPARE in all | forward | narrow | dropout | float) ;; *) usage ;; esac
+case $COMPARE in all | forward | narrow | dropout | float | workspace) ;; *) usage ;; esac
 [ -x "$BUILD/perf/bench_gpu" ] || { echo "gpu_check: no $BUILD/perf/bench_gpu" >&2; exit 2; }
 HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$OUT/logs" "$OUT/results" || exit 2
@@ -164,6 +166,21 @@ elif [ "$COMPARE" = narrow ]; then
   compare gpu-backward $(( $(left) - 10 )) --passes bwd,fwd_bwd --types bf16,half
 elif [ "$COMPARE" = float ]; then
   compare gpu-float-forward $(( $(left) - 10 )) --passes fwd --types float
+elif [ "$COMPARE" = workspace ]; then
+  # The pool off (0) and on (1), alternating in one session; the same binary and cases.
+  ws_cap=$(cap $(( ($(left) - 10) / 6 )))
+  for round in 1 2 3; do
+    for cache in 0 1; do
+      log=$OUT/results/workspace-cache$cache-round$round.json
+      KFA_WORKSPACE_CACHE=$cache timeout -k 5 "$ws_cap" "$BUILD/perf/bench_gpu" --n=1024,4096 \
+        --d=64,128 '--benchmark_filter=BM_kfa_bwd<bf16>' --benchmark_min_time=0.2 \
+        --benchmark_out="$log" --benchmark_out_format=json >"$OUT/logs/workspace-$cache-$round.log" 2>&1
+      rc=$?
+      [ $rc -eq 0 ] || status=1
+      say "workspace cache=$cache round $round rc=$rc ($ws_cap s)"
+    done
+    pack
+  done
 elif [ "$COMPARE" = dropout ]; then
   compare gpu-dropout-forward $(( $(left) * 35 / 100 )) --passes fwd --types bf16 --dropout 0.1
   compare gpu-dropout-backward $(( $(left) - 10 )) --passes bwd,fwd_bwd --types bf16 --dropout 0.1

@@ -656,6 +656,19 @@ TEST(CApi, LastErrorIsThreadLocal) {
   EXPECT_STREQ(kfa_last_error(), "");
 }
 
+// The workspace entry points: a backward's temporaries stay (unless KFA_WORKSPACE_CACHE=0)
+// until kfa_release_workspaces frees them; the call reports the bytes.
+TEST(CApi, ReleasesWorkspaces) {
+  Arrays<float> a({1, 2, 2, 40, 40, 16}, false, 3);
+  ASSERT_EQ(c_forward(a, kfa_params_default()), KFA_OK) << kfa_last_error();
+  ASSERT_EQ(c_backward(a, kfa_params_default(), false), KFA_OK) << kfa_last_error();
+  const std::int64_t held = kfa_workspace_bytes();
+  EXPECT_GE(held, 0);
+  if (kfa::impl::workspace_cache_enabled()) EXPECT_GE(held, 2 * 40 * 4);  // delta's B Hq Nq
+  EXPECT_EQ(kfa_release_workspaces(), KFA_OK);
+  EXPECT_EQ(kfa_workspace_bytes(), 0);
+}
+
 // Kokkos is this program's: kfa_initialize and kfa_finalize leave it alone.
 TEST(CApi, LeavesTheCallersKokkosAlone) {
   ASSERT_TRUE(Kokkos::is_initialized());

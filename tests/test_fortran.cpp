@@ -41,6 +41,7 @@ void fortran_term_f32(int d, int nq, int hq, int nk, int hk, int b, const float*
                       const float* v, float* o, float* lse, const std::uint8_t* mask,
                       const std::int32_t* key_lengths, int which, int* status);
 void fortran_last_error(char* buf, int n);
+void fortran_release_workspaces(std::int64_t* bytes, int* status);
 }
 
 namespace {
@@ -229,6 +230,17 @@ TEST(Fortran, VarlenSameBitsAsC) {
   EXPECT_TRUE(same_bits(f.dq, c.dq));
   EXPECT_TRUE(same_bits(f.dk, c.dk));
   EXPECT_TRUE(same_bits(f.dv, c.dv));
+}
+
+// kfa_release_workspaces and kfa_workspace_bytes from Fortran: nothing held after a release.
+TEST(Fortran, ReleasesWorkspaces) {
+  Arrays<float> a({1, 2, 2, 20, 20, 16}, false, 4);
+  ASSERT_EQ(fortran_forward(a, 0), KFA_OK) << fortran_message();
+  std::int64_t bytes = -1;
+  int status = -1;
+  fortran_release_workspaces(&bytes, &status);
+  EXPECT_EQ(status, KFA_OK);
+  EXPECT_EQ(bytes, 0);
 }
 
 TEST(Fortran, StatusAndMessage) {

@@ -9,8 +9,11 @@
 #include "call.hpp"
 #include "passes.hpp"
 
+#include <kfa/workspace.hpp>
+
 #include <Kokkos_Core.hpp>
 
+#include <cstdint>
 #include <type_traits>
 
 namespace {
@@ -97,6 +100,17 @@ kfa_status kfa_finalize(void) {
 
 const char* kfa_last_error(void) {
   return kfa::c_api::last_error.c_str();
+}
+
+kfa_status kfa_release_workspaces(void) {
+  return guarded([] { kfa::release_workspaces(); });
+}
+
+int64_t kfa_workspace_bytes(void) {
+  std::int64_t bytes = -1;
+  if (guarded([&] { bytes = static_cast<std::int64_t>(kfa::workspace_bytes()); }) != KFA_OK)
+    return -1;
+  return bytes;
 }
 
 kfa_term kfa_term_mask(kfa_tensor mask) {

@@ -15,8 +15,8 @@ module kfa
   private
 
   public :: kfa_params, kfa_params_default, kfa_initialize, kfa_finalize, kfa_last_error, &
-            kfa_forward, kfa_backward, kfa_mpi_forward, kfa_mpi_backward, kfa_varlen_forward, &
-            kfa_varlen_backward
+            kfa_release_workspaces, kfa_workspace_bytes, kfa_forward, kfa_backward, &
+            kfa_mpi_forward, kfa_mpi_backward, kfa_varlen_forward, kfa_varlen_backward
 
   !> Status codes (kfa_status in kfa.h).
   integer(c_int), parameter, public :: KFA_OK = 0, KFA_ERROR_INVALID_ARGUMENT = 1, &
@@ -87,6 +87,16 @@ module kfa
       import :: c_ptr
       type(c_ptr) :: p
     end function c_last_error
+
+    function c_release_workspaces() bind(c, name='kfa_release_workspaces') result(s)
+      import :: c_int
+      integer(c_int) :: s
+    end function c_release_workspaces
+
+    function c_workspace_bytes() bind(c, name='kfa_workspace_bytes') result(n)
+      import :: c_int64_t
+      integer(c_int64_t) :: n
+    end function c_workspace_bytes
 
     function c_strlen(s) bind(c, name='strlen') result(n)
       import :: c_ptr, c_size_t
@@ -304,6 +314,19 @@ contains
     integer, intent(out), optional :: status
     call finish(c_finalize(), status)
   end subroutine kfa_finalize
+
+  !> Frees the memory kfa keeps between passes for their temporaries
+  !> (kfa_release_workspaces in kfa.h).
+  subroutine kfa_release_workspaces(status)
+    integer, intent(out), optional :: status
+    call finish(c_release_workspaces(), status)
+  end subroutine kfa_release_workspaces
+
+  !> Bytes kfa holds for those temporaries now (kfa_workspace_bytes in kfa.h; -1 on failure).
+  function kfa_workspace_bytes() result(n)
+    integer(c_int64_t) :: n
+    n = c_workspace_bytes()
+  end function kfa_workspace_bytes
 
   !> The message of this thread's last failed kfa call ("" after a success).
   function kfa_last_error() result(msg)

@@ -1,8 +1,8 @@
 ! Calls of the Fortran module kfa, made from Fortran on the arrays a C++ suite (test_fortran.cpp)
 ! passes in, so that the suite compares them bitwise with the C++ API on the same memory.
 module kfa_test_calls
-  use, intrinsic :: iso_c_binding, only: c_int, c_int8_t, c_int32_t, c_float, c_double, &
-                                         c_char, c_null_char
+  use, intrinsic :: iso_c_binding, only: c_int, c_int8_t, c_int32_t, c_int64_t, c_float, &
+                                         c_double, c_char, c_null_char
   use kfa
   implicit none
 contains
@@ -173,6 +173,16 @@ contains
     call kfa_varlen_backward(q, k, v, o, lse, dout, cu_q, cu_k, dq, dk, dv, p, status=s)
     status = s
   end subroutine varlen_f32
+
+  ! kfa_release_workspaces through the module, then kfa_workspace_bytes: the bytes left.
+  subroutine release_workspaces(bytes, status) bind(c, name='fortran_release_workspaces')
+    integer(c_int64_t), intent(out) :: bytes
+    integer(c_int), intent(out) :: status
+    integer :: s
+    call kfa_release_workspaces(status=s)
+    status = s
+    bytes = kfa_workspace_bytes()
+  end subroutine release_workspaces
 
   ! kfa_last_error() through the module, copied into buf (at most n - 1 characters).
   subroutine last_error(buf, n) bind(c, name='fortran_last_error')

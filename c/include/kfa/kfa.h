@@ -177,6 +177,14 @@ kfa_status kfa_finalize(void);
 /// succeeded. Valid until this thread's next kfa call.
 const char* kfa_last_error(void);
 
+/// Frees the memory kfa keeps between passes for their temporaries (kfa::release_workspaces
+/// in <kfa/workspace.hpp>: the backward's delta, the query pass's transposed K and V, split-KV
+/// partials); the next pass that needs some allocates it again. Finalising Kokkos frees it too.
+kfa_status kfa_release_workspaces(void);
+
+/// Bytes kfa holds for those temporaries now (kfa::workspace_bytes), or -1 on failure.
+int64_t kfa_workspace_bytes(void);
+
 /// Forward pass in float: o and lse from q, k, v (kfa::forward).
 /// q: (B, Hq, Nq, D); k, v: (B, Hk, Nk, D) with Hq a multiple of Hk; o: like q;
 /// lse: (B, Hq, Nq). memory: a kfa_memory value. Returns when the results are written.

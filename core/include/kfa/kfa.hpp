@@ -16,3 +16,4 @@
 #include <kfa/params.hpp>
 #include <kfa/varlen.hpp>
 #include <kfa/welford.hpp>
+#include <kfa/workspace.hpp>

@@ -38,6 +38,7 @@
 #include <kfa/impl/rule.hpp>
 #include <kfa/impl/score.hpp>
 #include <kfa/impl/validate.hpp>
+#include <kfa/impl/workspace.hpp>
 #include <kfa/params.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -774,14 +775,11 @@ struct QueryKernel : BackwardCommon<ExecSpace, T, Views, Rule> {
 
   transposed_view kt_all, vt_all;
 
-  QueryKernel(const ExecSpace& space, const base& common) : base(common) {
-    const auto b = this->t.k.extent(0), hk = this->t.k.extent(1);
-    const auto n = this->t.k.extent(2), d = this->t.k.extent(3), dv = this->t.v.extent(3);
-    auto alloc = [](const char* label) {
-      return Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing);
-    };
-    kt_all = transposed_view(alloc("kfa::backward::k_transposed"), b, hk, d, n);
-    vt_all = transposed_view(alloc("kfa::backward::v_transposed"), b, hk, dv, n);
+  /// kt and vt: (B, Hk, D, Nk) and (B, Hk, Dv, Nk) buffers (temporaries of the caller, which
+  /// keep them until the kernel has run), filled here with K and V transposed.
+  QueryKernel(const ExecSpace& space, const base& common, const transposed_view& kt,
+              const transposed_view& vt)
+      : base(common), kt_all(kt), vt_all(vt) {
     transpose_rows(space, this->t.k, kt_all);
     transpose_rows(space, this->t.v, vt_all);
   }
@@ -1008,9 +1006,16 @@ void launch_backward(const ExecSpace& space,
     }
   common.launch(space, "kfa::backward::dkdv",
                 KeyValueKernel<ExecSpace, T, Views, Rule>(common, atomic_dq), true);
-  if (!atomic_dq)
-    common.launch(space, "kfa::backward::dq", QueryKernel<ExecSpace, T, Views, Rule>(space, common),
-                  false);
+  if (!atomic_dq) {
+    using Query = QueryKernel<ExecSpace, T, Views, Rule>;
+    const auto& k = common.t.k;
+    const auto& v = common.t.v;
+    const Temporary<typename Query::transposed_view, ExecSpace> kt(space, k.extent(0), k.extent(1),
+                                                                   k.extent(3), k.extent(2));
+    const Temporary<typename Query::transposed_view, ExecSpace> vt(space, v.extent(0), v.extent(1),
+                                                                   v.extent(3), v.extent(2));
+    common.launch(space, "kfa::backward::dq", Query(space, common, kt.view(), vt.view()), false);
+  }
 }
 
 /// DqMode::symmetric's premise, checked before any launch: the problem is self-attention.
@@ -1043,9 +1048,13 @@ void backward_validated(const ExecSpace& space, const Q& q, const K& k, const V&
   const Lse* stat = nullptr;
   if constexpr (!Rule::softmax) stat = &lse;
   const bool rsum = !Rule::softmax;
-  Kokkos::View<typename Common::acc_t***, Kokkos::LayoutRight, typename ExecSpace::memory_space>
-      delta(Kokkos::view_alloc(std::string("kfa::backward::delta"), Kokkos::WithoutInitializing),
-            q.extent(0), q.extent(1), q.extent(2));
+  // Temporaries from the workspace pool (impl/workspace.hpp): their destructors fence `space`
+  // after every launch below.
+  const Temporary<Kokkos::View<typename Common::acc_t***, Kokkos::LayoutRight,
+                               typename ExecSpace::memory_space>,
+                  ExecSpace>
+      delta_memory(space, q.extent(0), q.extent(1), q.extent(2));
+  const auto& delta = delta_memory.view();
   const DqMode mode = dq_mode_of<ExecSpace>(params);
   if (mode == DqMode::symmetric) validate_symmetric("backward", q, k);
   const bool atomic_dq = mode == DqMode::atomic;
@@ -1054,9 +1063,9 @@ void backward_validated(const ExecSpace& space, const Q& q, const K& k, const V&
       // 16-bit atomic adds would round dQ's running sum once per key tile: the key-tile teams
       // add into a float copy, rounded to T once at the end (FlashAttention-2's dq_accum).
       using Acc4 = Kokkos::View<float****, Kokkos::LayoutRight, typename ExecSpace::memory_space>;
-      Acc4 dq_acc(
-          Kokkos::view_alloc(std::string("kfa::backward::dq_accum"), Kokkos::WithoutInitializing),
-          q.extent(0), q.extent(1), q.extent(2), q.extent(3));
+      const Temporary<Acc4, ExecSpace> dq_memory(space, q.extent(0), q.extent(1), q.extent(2),
+                                                 q.extent(3));
+      const Acc4& dq_acc = dq_memory.view();
       if constexpr (Rule::softmax)
         backward_delta(space, delta, dout, o, dlse, dq_acc, true);
       else

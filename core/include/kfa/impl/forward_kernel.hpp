@@ -36,6 +36,7 @@
 #include <kfa/impl/score.hpp>
 #include <kfa/impl/split_kv.hpp>
 #include <kfa/impl/validate.hpp>
+#include <kfa/impl/workspace.hpp>
 #include <kfa/params.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -102,7 +103,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
                                     std::is_same_v<typename V::non_const_value_type, value_type>;
   bool warp = false;
   int splits = 1;  // chunks of key tiles per query tile (1: no split-KV)
-  SplitPartials<acc_t, typename ExecSpace::memory_space> part;  // allocated when splits > 1
+  SplitPartials<acc_t, typename ExecSpace::memory_space> part;  // lent by launch if splits > 1
   Rule rule;
   bool mask_rows = false;  // multi-scale: a mask tensor whose rows have unit stride
   TileCount<typename ExecSpace::memory_space> tiles_staged;  // KFA_TEST_COUNTERS only
@@ -150,8 +151,12 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
                               : choose_splits(teams, key_tiles, traits::concurrent_teams(space));
     if (splits > key_tiles) splits = key_tiles > 1 ? key_tiles : 1;
     if constexpr (Seqs::packed) splits = 1;  // one team per (sequence, head, query tile)
-    if (splits > 1)
-      part = decltype(part)(splits, static_cast<int>(q.extent(0)), heads_q, seqlen_q, head_dim_v);
+    if (splits > 1) {
+      part.splits = splits;
+      part.batch = static_cast<int>(q.extent(0));
+      part.heads = heads_q;
+      part.seqlen_q = seqlen_q;
+    }
   }
 
   static constexpr bool key_major = traits::key_major_scores;  ///< S^T = K_j Q_i^T
@@ -199,24 +204,39 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   KOKKOS_INLINE_FUNCTION int ldq() const { return Br + traits::pad; }
 
   void launch(const ExecSpace& space) const {
+    if (splits > 1) {  // the partials on temporaries for this launch and the merge
+      using rows_view = typename decltype(part)::rows_view;
+      const Temporary<rows_view, ExecSpace> o_memory(space, part.rows(), head_dim_v);
+      const Temporary<rows_view, ExecSpace> ml_memory(space, part.rows(), 2);
+      ForwardKernel lent = *this;
+      lent.part.o = o_memory.view();
+      lent.part.ml = ml_memory.view();
+      lent.run(space);
+    } else {
+      run(space);
+    }
+  }
+
+ private:
+  void run(const ExecSpace& space) const {
     long long league = static_cast<long long>(q.extent(0)) * heads_q * q_tiles * splits;
     if constexpr (Seqs::packed) league = static_cast<long long>(heads_q) * seqs.total_tiles;
     const typename base::Shape shape{head_dim, Br, Bc};
     bool launched = false;
     if constexpr (warp_type)
       if (warp) {
-        const auto run = [&](auto kernel) {
+        const auto go = [&](auto kernel) {
           base::launch(space, "forward", "kfa::forward", kernel, league, scratch_bytes(),
                        scratch_level, shape);
         };
         if (head_dim == 64 && dropout.enabled)
-          run(WarpKernel<64, true>{*this});
+          go(WarpKernel<64, true>{*this});
         else if (head_dim == 64)
-          run(WarpKernel<64, false>{*this});
+          go(WarpKernel<64, false>{*this});
         else if (dropout.enabled)
-          run(WarpKernel<128, true>{*this});
+          go(WarpKernel<128, true>{*this});
         else
-          run(WarpKernel<128, false>{*this});
+          go(WarpKernel<128, false>{*this});
         launched = true;
       }
     if (!launched)
@@ -226,6 +246,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       SplitMerge<ExecSpace, acc_t, O, Lse, Rule>{part, o, lse, head_dim_v}.launch(space);
   }
 
+ public:
   /// Where a team is: batch, query head, its key/value head, first query row and row count.
   struct Place {
     int b, h, hk, q0, nr;

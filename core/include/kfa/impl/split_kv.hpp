@@ -48,23 +48,17 @@ KOKKOS_INLINE_FUNCTION void split_range(int first, int tiles, int splits, int sp
   count = per + (split < extra ? 1 : 0);
 }
 
-/// Per-split partials of a forward pass, rows ordered (split, batch, head, query).
+/// Per-split partials of a forward pass, rows ordered (split, batch, head, query). The views
+/// are the launch's temporaries (impl/workspace.hpp; ForwardKernel::launch lends them).
 template <class Acc, class MemorySpace>
 struct SplitPartials {
-  Kokkos::View<Acc**, Kokkos::LayoutRight, MemorySpace> o;   ///< O~ rows (rows, head_dim)
-  Kokkos::View<Acc**, Kokkos::LayoutRight, MemorySpace> ml;  ///< (rows, 2): m and l
+  using rows_view = Kokkos::View<Acc**, Kokkos::LayoutRight, MemorySpace>;  ///< of o and ml
+  rows_view o;   ///< O~ rows (rows(), head_dim)
+  rows_view ml;  ///< (rows(), 2): m and l
   int splits = 1, batch = 0, heads = 0, seqlen_q = 0;
 
-  SplitPartials() = default;
-  SplitPartials(int splits_, int batch_, int heads_, int seqlen_q_, int head_dim)
-      : splits(splits_), batch(batch_), heads(heads_), seqlen_q(seqlen_q_) {
-    const std::size_t rows = std::size_t(splits) * batch * heads * seqlen_q;
-    o = decltype(o)(
-        Kokkos::view_alloc(std::string("kfa::split_kv::o"), Kokkos::WithoutInitializing), rows,
-        head_dim);
-    ml = decltype(ml)(
-        Kokkos::view_alloc(std::string("kfa::split_kv::ml"), Kokkos::WithoutInitializing), rows, 2);
-  }
+  /// Rows of the partials: one per (split, batch, head, query).
+  std::size_t rows() const { return std::size_t(splits) * batch * heads * seqlen_q; }
 
   KOKKOS_INLINE_FUNCTION std::size_t row(int split, int b, int h, int i) const {
     return ((std::size_t(split) * batch + b) * heads + h) * seqlen_q + i;
