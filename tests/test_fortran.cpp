@@ -236,6 +236,8 @@ TEST(Fortran, VarlenSameBitsAsC) {
 TEST(Fortran, ReleasesWorkspaces) {
   Arrays<float> a({1, 2, 2, 20, 20, 16}, false, 4);
   ASSERT_EQ(fortran_forward(a, 0), KFA_OK) << fortran_message();
+  ASSERT_EQ(fortran_backward(a, 0, 0), KFA_OK) << fortran_message();  // takes delta
+  EXPECT_GT(kfa_workspace_bytes(), kfa::impl::workspace_cache_enabled() ? 0 : -1);
   std::int64_t bytes = -1;
   int status = -1;
   fortran_release_workspaces(&bytes, &status);

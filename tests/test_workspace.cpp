@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -118,9 +120,17 @@ TEST(Workspace, ThreadsNeverShareABuffer) {
     th.join();
   for (int t = 0; t < kThreads; ++t)
     EXPECT_EQ(failures[t], 0) << "thread " << t;
-  // At most one buffer per thread was ever needed at once.
+  // At most one buffer per thread was ever needed at once, none over 4096 words.
+  if (caching()) EXPECT_LE(HostPool::get().bytes(), std::size_t(kThreads) * 4 * 4096);
   kfa::release_workspaces();
   EXPECT_EQ(HostPool::get().bytes(), 0u);
+}
+
+double max_abs(const Tensor4& a) {
+  double m = 0;
+  for (std::size_t e = 0; e < a.span(); ++e)
+    m = std::max(m, std::fabs(a.data()[e]));
+  return m;
 }
 
 bool same_bits(const Tensor4& a, const Tensor4& b) {
@@ -142,20 +152,25 @@ TEST(Workspace, ResultsDoNotDependOnEarlierCalls) {
   atomic.dq_mode = kfa::DqMode::atomic;
   query.dq_mode = kfa::DqMode::query_pass;
   split.num_splits = 3;
+  // dQ by atomics adds in an order threads and GPUs do not repeat: within a few roundings
+  // there (a left-over accumulator would be off by dQ itself), bitwise elsewhere.
   for (const kfa::Params& p : {atomic, query}) {
     SCOPED_TRACE(describe(p));
     const auto first = run_backward<float>(pa, p, da);
     run_backward<float>(pb, p, db);
     const auto again = run_backward<float>(pa, p, da);
-    EXPECT_TRUE(same_bits(first.dq, again.dq));
+    if (p.dq_mode == kfa::DqMode::atomic)
+      EXPECT_LE(kfa::reference::max_abs_diff(first.dq, again.dq), 1e-5 * max_abs(first.dq));
+    else
+      EXPECT_TRUE(same_bits(first.dq, again.dq));
     EXPECT_TRUE(same_bits(first.dk, again.dk));
     EXPECT_TRUE(same_bits(first.dv, again.dv));
   }
-  {
+  {  // the float dQ accumulator, zeroed each call; 2 bf16 roundings at the largest element
     const auto first = run_backward<kfa::bf16>(pa, atomic, da);
     run_backward<kfa::bf16>(pb, atomic, db);
     const auto again = run_backward<kfa::bf16>(pa, atomic, da);
-    EXPECT_TRUE(same_bits(first.dq, again.dq));
+    EXPECT_LE(kfa::reference::max_abs_diff(first.dq, again.dq), 0.008 * max_abs(first.dq));
   }
   {
     const auto first = run_forward<float>(pa, split);

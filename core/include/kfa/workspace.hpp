@@ -11,15 +11,18 @@
 /// waits for the whole device.
 ///
 /// - A call that used such memory returns after its own kernels have finished (it fences its
-///   execution space instance before the memory goes back to the pool); other calls do not
-///   wait. Calls from several threads at once each get memory of their own.
+///   execution space instance before the memory goes back to the pool). In steady state other
+///   calls do not wait for it; a first use, a larger request or a release allocates or frees
+///   (on CUDA: waits for the device). Calls from several threads at once each get memory of
+///   their own.
 /// - The pool grows to the largest sizes used (and to one buffer per temporary in use at the
 ///   same time) and holds that until kfa::release_workspaces() or Kokkos::finalize().
 /// - `KFA_WORKSPACE_CACHE=0` in the environment frees each buffer at the end of its call
 ///   instead (read once per process).
 /// The dense bias's gradient buffer (B x Hq x Nq x Nk, `kfa::masks::Bias` with dbias) is not
 /// pooled: it is allocated and freed per backward, as a buffer quadratic in the sequence length
-/// should not outlive its call.
+/// should not outlive its call. Nor are kfa::mpi's own buffers (its delta, shards and gathers)
+/// or those of kfa::nn and kfa::layer_norm; the passes kfa::mpi runs on its blocks are.
 
 #include <kfa/impl/workspace.hpp>
 

@@ -7,8 +7,8 @@
 /// Why: Kokkos allocates a View with the memory space's allocator on every construction; on
 /// CUDA (Kokkos 4.6 without MALLOC_ASYNC) that is cudaMalloc, and freeing is cudaFree, which
 /// waits for the whole device. A backward that allocated its temporaries per call therefore
-/// paid two allocations and a device-wide synchronisation every call; on the host, large
-/// allocations are fresh pages faulted in each call.
+/// paid one to three allocations and a device-wide synchronisation every call; on the host,
+/// large allocations are fresh pages faulted in each call.
 ///
 /// The contract (kfa/workspace.hpp says it to users):
 /// - A Temporary holds its memory from construction to destruction; no other Temporary gets
@@ -18,13 +18,17 @@
 ///   read it. A call that used temporaries therefore returns after its kernels have finished,
 ///   as it did when their cudaFree waited for the device (now only its own instance waits).
 /// - Idle memory stays in the pool until kfa::release_workspaces() or Kokkos::finalize (a
-///   finalize hook) frees it. KFA_WORKSPACE_CACHE=0 in the environment (read once) frees each
-///   buffer when its Temporary ends, as before the pool.
+///   finalize hook) frees it; after that hook nothing is kept. KFA_WORKSPACE_CACHE=0 in the
+///   environment (read once) frees each buffer when its Temporary ends, as before the pool.
+/// - Only in steady state does a call allocate nothing: a first use, a larger request, a
+///   release and every loan without the cache allocate or free (on CUDA a cudaMalloc or a
+///   cudaFree, which waits for the device), under the pool's lock.
 /// - The pool never hands out memory with contents a caller may rely on: every user writes its
 ///   temporary before reading it.
 
 #include <Kokkos_Core.hpp>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdlib>
 #include <mutex>
@@ -35,14 +39,17 @@
 namespace kfa::impl {
 
 /// Every pool made so far, as functions kfa::release_workspaces and kfa::workspace_bytes call,
-/// and whether a Kokkos finalize hook is registered to release them. Never destroyed (static
-/// destruction may run after Kokkos::finalize, when a View may no longer be freed; the hook
-/// has freed the memory by then).
+/// and the Kokkos finalize hook that releases them. Never destroyed (static destruction may
+/// run after Kokkos::finalize, when a View may no longer be freed; the hook has freed the
+/// memory by then).
 struct WorkspaceRegistry {
-  std::mutex mutex;                      ///< guards the fields below
+  std::mutex mutex;                      ///< guards release, bytes and hooked
   std::vector<void (*)()> release;       ///< each pool's release()
   std::vector<std::size_t (*)()> bytes;  ///< each pool's bytes()
-  bool hooked = false;                   ///< a finalize hook is registered
+  bool hooked = false;                   ///< the finalize hook is registered
+  /// The hook has run: from then on nothing is kept (a later finalize hook of the program
+  /// that calls kfa, or a Kokkos initialised again, must not leave memory in the pools).
+  std::atomic<bool> finalized{false};
   /// The process's registry.
   static WorkspaceRegistry& get() {
     static auto* registry = new WorkspaceRegistry;
@@ -70,17 +77,17 @@ struct WorkspaceRegistry {
       total += f();
     return total;
   }
-  /// Registers the finalize hook once per Kokkos initialisation (a finalize clears Kokkos' hook
-  /// list, and a program may initialise Kokkos again).
+  /// Registers the finalize hook, once per process. It is never pushed from inside a
+  /// finalize (Kokkos pops the hook it ran by position, so one pushed meanwhile would be
+  /// popped in its place and the other run twice): after it has run, pools keep nothing.
   void ensure_hook() {
     const std::lock_guard<std::mutex> lock(mutex);
     if (hooked) return;
     hooked = true;
     Kokkos::push_finalize_hook([] {
       auto& r = WorkspaceRegistry::get();
+      r.finalized = true;
       r.release_all();
-      const std::lock_guard<std::mutex> inner(r.mutex);
-      r.hooked = false;
     });
   }
 };
@@ -142,12 +149,13 @@ class WorkspacePool {
   }
 
   /// Ends the loan of `slot`; its buffer is freed instead of kept after release() ran during
-  /// the loan, or when the cache is off.
+  /// the loan, when the cache is off, or after Kokkos' finalize hook.
   void give_back(std::size_t slot) {
     const std::lock_guard<std::mutex> lock(mutex_);
     Slot& s = slots_[slot];
     s.busy = false;
-    if (s.drop || !workspace_cache_enabled()) s.buffer = buffer_t();
+    if (s.drop || !workspace_cache_enabled() || WorkspaceRegistry::get().finalized)
+      s.buffer = buffer_t();
     s.drop = false;
   }
 
