@@ -21,8 +21,9 @@
 ///   instead (read once per process).
 /// The dense bias's gradient buffer (B x Hq x Nq x Nk, `kfa::masks::Bias` with dbias) is not
 /// pooled: it is allocated and freed per backward, as a buffer quadratic in the sequence length
-/// should not outlive its call. Nor are kfa::mpi's own buffers (its delta, shards and gathers)
-/// or those of kfa::nn and kfa::layer_norm; the passes kfa::mpi runs on its blocks are.
+/// should not outlive its call. Nor are kfa::mpi's exchange buffers (shards and gathers) or
+/// those of kfa::nn and kfa::layer_norm; kfa::mpi's delta and the passes it runs on its blocks
+/// are.
 
 #include <kfa/impl/workspace.hpp>
 

@@ -61,6 +61,7 @@
 #include <kfa/impl/mpi/tree.hpp>
 #include <kfa/impl/profiling.hpp>
 #include <kfa/impl/validate.hpp>
+#include <kfa/impl/workspace.hpp>
 #include <kfa/multiscale.hpp>
 #include <kfa/params.hpp>
 #include <kfa/seqpar.hpp>
@@ -207,8 +208,11 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
   // The rule's row term of this rank's rows from the final O and statistic (softmax: delta =
   // rowsum(dO * O) - dLSE; multi-scale: c): with the global statistic every block's P is the
   // exact global one, so blocks need no re-merge.
-  const Rows<backends::accum_t<T>, typename ExecSpace::memory_space> delta(
-      "kfa::mpi::delta", q.extent(0), q.extent(1), q.extent(2));
+  // From the workspace pool (kfa/workspace.hpp), as the single-process backward's.
+  const kfa::impl::Temporary<Rows<backends::accum_t<T>, typename ExecSpace::memory_space>,
+                             ExecSpace>
+      delta_memory(space, q.extent(0), q.extent(1), q.extent(2));
+  const auto& delta = delta_memory.view();
   rule->delta(space, delta, dout, o, lse, dlse, dq);
   with_mode(sp.mode, [&](auto mode) {
     mode.backward(space, q, k, v, dout, lse, delta, dq, dk, dv, *rule, sp, rank, P);
