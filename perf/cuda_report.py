@@ -439,8 +439,8 @@ def main():
                          "KFA_CUDA_WARP_BACKWARD (the "
                          "tile path alone, as -DKFA_CUDA_WARP_TILES=OFF builds it)")
     a = ap.parse_args()
-    # Absolute: the patch is applied from inside the unpacked tree, where a relative
-    # ../shared/third_party names nothing.
+    # Absolute: the patch is applied from inside the unpacked tree, where a relative archive
+    # folder names nothing.
     a.archive_dir = a.archive_dir.resolve()
     nvcc = find_nvcc()
     if nvcc is None:

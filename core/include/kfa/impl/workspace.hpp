@@ -43,10 +43,14 @@ namespace kfa::impl {
 /// run after Kokkos::finalize, when a View may no longer be freed; the hook has freed the
 /// memory by then).
 struct WorkspaceRegistry {
-  std::mutex mutex;                      ///< guards release, bytes and hooked
-  std::vector<void (*)()> release;       ///< each pool's release()
-  std::vector<std::size_t (*)()> bytes;  ///< each pool's bytes()
-  bool hooked = false;                   ///< the finalize hook is registered
+  /// One pool's functions.
+  struct Pool {
+    void (*release)();       ///< its release()
+    std::size_t (*bytes)();  ///< its bytes()
+  };
+  std::mutex mutex;         ///< guards pools and hooked
+  std::vector<Pool> pools;  ///< every pool made so far
+  bool hooked = false;      ///< the finalize hook is registered
   /// The hook has run: from then on nothing is kept (a later finalize hook of the program
   /// that calls kfa, or a Kokkos initialised again, must not leave memory in the pools).
   std::atomic<bool> finalized{false};
@@ -55,26 +59,21 @@ struct WorkspaceRegistry {
     static auto* registry = new WorkspaceRegistry;
     return *registry;
   }
+  /// The pools, copied under the lock (a pool's functions take its own lock, not this one).
+  std::vector<Pool> snapshot() {
+    const std::lock_guard<std::mutex> lock(mutex);
+    return pools;
+  }
   /// Frees the idle memory of every pool.
   void release_all() {
-    std::vector<void (*)()> fns;
-    {
-      const std::lock_guard<std::mutex> lock(mutex);
-      fns = release;
-    }
-    for (auto* f : fns)
-      f();
+    for (const Pool& p : snapshot())
+      p.release();
   }
   /// Bytes held by every pool, idle or lent.
   std::size_t bytes_all() {
-    std::vector<std::size_t (*)()> fns;
-    {
-      const std::lock_guard<std::mutex> lock(mutex);
-      fns = bytes;
-    }
     std::size_t total = 0;
-    for (auto* f : fns)
-      total += f();
+    for (const Pool& p : snapshot())
+      total += p.bytes();
     return total;
   }
   /// Registers the finalize hook, once per process. It is never pushed from inside a
@@ -111,8 +110,8 @@ class WorkspacePool {
       auto* p = new WorkspacePool;
       auto& r = WorkspaceRegistry::get();
       const std::lock_guard<std::mutex> lock(r.mutex);
-      r.release.push_back([] { WorkspacePool::get().release(); });
-      r.bytes.push_back([] { return WorkspacePool::get().bytes(); });
+      r.pools.push_back(
+          {[] { WorkspacePool::get().release(); }, [] { return WorkspacePool::get().bytes(); }});
       return p;
     }();
     return *pool;
