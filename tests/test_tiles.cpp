@@ -335,8 +335,10 @@ struct has_words : std::false_type {};
 template <class Ops>
 struct has_words<Ops, std::enable_if_t<Ops::has_visibility_words>> : std::true_type {};
 
-TEST(Tiles, HostVisibilityWords) {
-  if constexpr (!has_words<HostOps>::value) {
+// A template, so that the branch for builds without the words is discarded, not compiled.
+template <class Ops>
+void check_visibility_words() {
+  if constexpr (!has_words<Ops>::value) {
     GTEST_SKIP() << "no visibility words on this build (needs AVX-512BW, VBMI and GFNI)";
   } else {
     const int lds = 53, keys = 150, ld_src = 211, ldw = 160;
@@ -356,7 +358,7 @@ TEST(Tiles, HostVisibilityWords) {
       const auto row = [&](int r) { return src.data() + static_cast<std::ptrdiff_t>(r) * ld_src; };
       std::vector<std::uint16_t> w(std::size_t(4) * ldw, 0xABCD);
       const auto w0 = w;
-      HostOps::visibility_words(cs.rows, cs.c0, cs.c1, row, w.data(), ldw);
+      Ops::visibility_words(cs.rows, cs.c0, cs.c1, row, w.data(), ldw);
       for (int g = 0; g < 4; ++g)
         for (int c = 0; c < ldw; ++c) {
           const std::uint16_t word = w[std::size_t(g) * ldw + c];
@@ -385,10 +387,10 @@ TEST(Tiles, HostVisibilityWords) {
       }
       auto m2 = m, l2 = l, alpha2 = alpha;
       on_one_team([&](const Member& team) {
-        HostOps::col_softmax(team, s.data(), lds, cs.c0, cs.c1, cs.rows, m.data(), l.data(),
-                             alpha.data(), w.data(), ldw);
-        HostOps::col_softmax(team, s_inf.data(), lds, cs.c0, cs.c1, cs.rows, m2.data(), l2.data(),
-                             alpha2.data());
+        Ops::col_softmax(team, s.data(), lds, cs.c0, cs.c1, cs.rows, m.data(), l.data(),
+                         alpha.data(), w.data(), ldw);
+        Ops::col_softmax(team, s_inf.data(), lds, cs.c0, cs.c1, cs.rows, m2.data(), l2.data(),
+                         alpha2.data());
       });
       for (int r = 0; r < cs.rows; ++r) {
         ASSERT_EQ(m[r], m2[r]) << "r=" << r;
@@ -400,6 +402,10 @@ TEST(Tiles, HostVisibilityWords) {
       }
     }
   }
+}
+
+TEST(Tiles, HostVisibilityWords) {
+  check_visibility_words<HostOps>();
 }
 
 // The bfloat16 pair products and packings (bf16x2.hpp) of the key-major bf16 forward, host
@@ -699,6 +705,68 @@ TEST(Tiles, HostExp2_16IsExp2) {
   }
 #else
   GTEST_SKIP() << "built without AVX-512";
+#endif
+}
+
+// exp2_8, exp2_16's AVX2 form where AVX-512 is absent: the same bounds, and the same bits as
+// exp2_16 where both exist; y above 127 taken as 127 (finite); lanes left out of the mask 0.
+TEST(Tiles, HostExp2_8IsExp2) {
+#if defined(__AVX2__) && defined(__FMA__)
+  std::vector<float> y;
+  for (float v = -130.0f; v <= 4.0f; v += 0.000731f)
+    y.push_back(v);
+  for (float v : {0.0f, -0.0f, -1.0f, -2.0f, -126.0f, -125.99999f, -126.00001f, 1e-30f, -1e-30f,
+                  127.0f, 126.5f})
+    y.push_back(v);
+  y.push_back(-std::numeric_limits<float>::infinity());
+  y.push_back(std::nanf(""));
+  while (y.size() % 16 != 0)
+    y.push_back(0.5f);
+  for (std::size_t i = 0; i < y.size(); i += 8) {
+    float out[8];
+    _mm256_storeu_ps(out, kfa::backends::host::exp2_8(_mm256_loadu_ps(&y[i])));
+    for (int l = 0; l < 8; ++l) {
+      const float v = y[i + l];
+      if (std::isnan(v)) {
+        ASSERT_TRUE(std::isnan(out[l]));
+      } else if (v < -126.0f) {
+        ASSERT_EQ(out[l], 0.0f) << "y=" << v;
+      } else {
+        const long double ref = std::exp2(static_cast<long double>(v));
+        ASSERT_LE(std::abs(static_cast<long double>(out[l]) - ref),
+                  2 * ulp_of<float>(static_cast<double>(ref)))
+            << "y=" << v;
+        if (v == std::floor(v)) {
+          ASSERT_EQ(static_cast<long double>(out[l]), ref) << "y=" << v;
+        }
+      }
+    }
+  }
+#ifdef __AVX512F__
+  for (std::size_t i = 0; i < y.size(); i += 16) {
+    float wide[16], narrow[16];
+    _mm512_storeu_ps(wide, kfa::backends::host::exp2_16(_mm512_loadu_ps(&y[i])));
+    _mm256_storeu_ps(narrow, kfa::backends::host::exp2_8(_mm256_loadu_ps(&y[i])));
+    _mm256_storeu_ps(narrow + 8, kfa::backends::host::exp2_8(_mm256_loadu_ps(&y[i + 8])));
+    for (int l = 0; l < 16; ++l) {
+      if (y[i + l] > 127.0f) continue;  // exp2_16 overflows to inf there
+      ASSERT_TRUE(std::memcmp(&wide[l], &narrow[l], sizeof(float)) == 0) << "y=" << y[i + l];
+    }
+  }
+#endif
+  // Far above the range: finite (taken as 127); lanes outside the mask 0 whatever y is.
+  float out[8];
+  const __m256 half = _mm256_castsi256_ps(_mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0));
+  _mm256_storeu_ps(out, kfa::backends::host::exp2_8(_mm256_set1_ps(200.0f), half));
+  for (int l = 0; l < 8; ++l) {
+    if (l < 4) {
+      EXPECT_EQ(out[l], std::exp2(127.0f)) << "lane " << l;
+    } else {
+      EXPECT_EQ(out[l], 0.0f) << "lane " << l;
+    }
+  }
+#else
+  GTEST_SKIP() << "built without AVX2 and FMA";
 #endif
 }
 

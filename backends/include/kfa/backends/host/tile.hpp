@@ -35,6 +35,11 @@
 /// Set while this header uses AVX-512 intrinsics (undefined at its end).
 #define KFA_HOST_AVX512 1
 #endif
+#if defined(__AVX2__) && defined(__FMA__)
+/// Set while this header uses AVX2 and FMA intrinsics (undefined at its end): the softmax's
+/// exponential on 8 lanes where AVX-512 is absent.
+#define KFA_HOST_AVX2 1
+#endif
 #endif
 
 namespace kfa::backends::host {
@@ -151,11 +156,13 @@ inline constexpr int lanes = vector_bytes / static_cast<int>(sizeof(Acc));
 /// of four vector registers first, then two, then one. With 32 registers (AVX-512): 6 x 4
 /// accumulators (6 broadcasts and 4 loads feed 24 FMAs per step; 8 x 2 measured 0.91 of the
 /// FMA peak on 64 x 64 x 64 products, libxsmm's 6 x 4 0.98), then 8 x 2 and 8 x 1. With 16
-/// (AVX2, SSE): 4 x 2, then 4 x 1 (no four-register block).
+/// (AVX2, SSE): 6 x 2, the shape of the AVX2 BLAS kernels (12 accumulators, 2 loads and a
+/// broadcast: 15 registers; 4 x 2's 8 chains left Zen 3's two FMA pipes waiting on their
+/// 4-cycle latency), then 8 x 1 (no four-register block).
 inline constexpr bool wide_blocks = vector_bytes == 64;
 /// Rows of the micro-kernel of a column block `regs` vector registers wide (see wide_blocks).
 KOKKOS_INLINE_FUNCTION constexpr int micro_rows(int regs) {
-  return wide_blocks ? (regs == 4 ? 6 : 8) : 4;
+  return wide_blocks ? (regs == 4 ? 6 : 8) : (regs == 2 ? 6 : 8);
 }
 
 // GCC and Clang on the host: the micro-kernel in their vector extension, so that the
@@ -280,6 +287,39 @@ inline __m512 exp2_16(__m512 y, __mmask16 lanes = 0xFFFF) {
 }
 #endif
 
+#ifdef KFA_HOST_AVX2
+/// exp2_16 on the 8 lanes of AVX2 (the softmax's column loop where AVX-512 is absent): the
+/// same f = y - floor(y) (one rounding, as vreduceps), the same polynomial, and 2^floor(y)
+/// built in the exponent bits (exact: the kept lanes have floor(y) in [-126, 127]), so the
+/// same bits as exp2_16 in every lane it keeps. y above 127 is taken as 127 (finite, as
+/// exp_float saturates); 0 below 2^-126, at -inf and in the lanes whose bits are clear in
+/// `lanes` (each lane all ones or all zeros; a hidden score far above the maximum raises
+/// nothing); NaN kept.
+inline __m256 exp2_8(__m256 y, __m256 lanes = _mm256_castsi256_ps(_mm256_set1_epi32(-1))) {
+  y = _mm256_min_ps(_mm256_set1_ps(127.0f), y);  // the second operand where y is NaN: kept
+  const __m256 n = _mm256_round_ps(y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(y, n);
+  __m256 p = _mm256_set1_ps(2.1612952696e-4f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.2467834167e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6754534170e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5485278368e-2f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022930861e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314706326e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  // 2^n for n in [-126, 127]; other lanes (NaN, -inf, y < -126) get bits the mask or NaN's
+  // propagation overrides.
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 keep = _mm256_and_ps(lanes, _mm256_cmp_ps(y, _mm256_set1_ps(-126.0f), _CMP_NLT_UQ));
+  return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/// The lanes [0, count) of 8 set to all ones, for masked loads and exp2_8.
+inline __m256i first_lanes8(int count) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+#endif
+
 #ifdef KFA_HOST_AVX512_BF16
 /// The pair words of 16 columns of two rows: lane c packs lo[c] (low half) and hi[c], each
 /// rounded by VCVTNE2PS2BF16 (ties to even, as bf16_round; denormals flush to 0). The
@@ -375,8 +415,15 @@ KOKKOS_INLINE_FUNCTION void micro_kernel(int k, const Acc* a, int a_rs, int a_cs
     const Acc* ap = a + static_cast<std::ptrdiff_t>(p) * a_cs;
     vec bv[V];
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v)
+    for (int v = 0; v < V; ++v) {
       std::memcpy(&bv[v], bp + v * L, sizeof(vec));  // an unaligned vector load
+#if defined(__x86_64__) || defined(__i386__)
+      // With 16 registers GCC 12 folds the load into every FMA that uses it (MR loads of B
+      // per step instead of V, plus the broadcasts: the load ports, not the FMA pipes, set
+      // the pace). An empty asm that takes bv[v] in a register keeps it there.
+      if constexpr (!wide_blocks) asm("" : "+x"(bv[v]));
+#endif
+    }
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const Acc ai = ap[static_cast<std::ptrdiff_t>(i) * a_rs];
@@ -545,7 +592,8 @@ struct TileOps<
 #endif
 
   /// PortableTileOps::philox16: with AVX-512 the 16 blocks in the lanes of four registers, a
-  /// round's two 32 x 32 -> 64-bit products as VPMULUDQ on the even and the odd lanes.
+  /// round's two 32 x 32 -> 64-bit products as VPMULUDQ on the even and the odd lanes; with
+  /// AVX2 the same in two halves of 8.
   static void philox16(std::uint32_t (&w)[4][16], std::uint32_t k0, std::uint32_t k1) {
 #ifdef KFA_HOST_AVX512
     const __m512i m0 = _mm512_set1_epi32(static_cast<int>(0xD2511F53u));
@@ -577,13 +625,44 @@ struct TileOps<
     _mm512_storeu_si512(w[1], c1);
     _mm512_storeu_si512(w[2], c2);
     _mm512_storeu_si512(w[3], c3);
+#elif defined(KFA_HOST_AVX2)
+    // The same rounds on AVX2: the 16 blocks as two halves of 8 lanes, VPMULUDQ likewise.
+    const __m256i m0 = _mm256_set1_epi32(static_cast<int>(0xD2511F53u));
+    const __m256i m1 = _mm256_set1_epi32(static_cast<int>(0xCD9E8D57u));
+    const auto mul = [](__m256i x, __m256i m, __m256i& lo) {
+      const __m256i even = _mm256_mul_epu32(x, m);
+      const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(x, 32), m);
+      lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+      return _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+    };
+    const auto load = [&](int e, int h) {
+      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[e] + 8 * h));
+    };
+    for (int h = 0; h < 2; ++h) {
+      std::uint32_t a = k0, b = k1;
+      __m256i c0 = load(0, h), c1 = load(1, h), c2 = load(2, h), c3 = load(3, h);
+      for (int round = 0; round < 10; ++round) {
+        __m256i lo0, lo1;
+        const __m256i hi0 = mul(c0, m0, lo0), hi1 = mul(c2, m1, lo1);
+        c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(a)));
+        c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(b)));
+        c1 = lo1;
+        c3 = lo0;
+        a += 0x9E3779B9u;  // the key schedule of philox4x32_10
+        b += 0xBB67AE85u;
+      }
+      const __m256i out[4] = {c0, c1, c2, c3};
+      for (int e = 0; e < 4; ++e)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(w[e] + 8 * h), out[e]);
+    }
 #else
     philox4x32_10_x16(w, k0, k1);
 #endif
   }
 
-  /// PortableTileOps::weigh16: float with AVX-512 as one multiply by the weights an unsigned
-  /// compare picks, without a branch per element (which mispredicted the dropped ones).
+  /// PortableTileOps::weigh16: float with AVX-512 (or AVX2, in halves) as one multiply by the
+  /// weights an unsigned compare picks, without a branch per element (which mispredicted the
+  /// dropped ones).
   static void weigh16(Acc* x, int n, const std::uint32_t (&w)[16], std::uint32_t threshold,
                       Acc scale) {
 #ifdef KFA_HOST_AVX512
@@ -598,13 +677,28 @@ struct TileOps<
       _mm512_mask_storeu_ps(x, lanes, v);
       return;
     }
+#elif defined(KFA_HOST_AVX2)
+    if constexpr (std::is_same_v<Acc, float>) {
+      // Two halves of 8; unsigned w >= threshold as max(w, threshold) == w.
+      const __m256i t = _mm256_set1_epi32(static_cast<int>(threshold));
+      const __m256 s = _mm256_set1_ps(scale);
+      for (int h = 0; h < 2 && 8 * h < n; ++h) {
+        const __m256i lanes = host::first_lanes8(n - 8 * h);
+        const __m256i wh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * h));
+        const __m256 kept = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_max_epu32(wh, t), wh));
+        _mm256_maskstore_ps(
+            x + 8 * h, lanes,
+            _mm256_mul_ps(_mm256_maskload_ps(x + 8 * h, lanes), _mm256_and_ps(kept, s)));
+      }
+      return;
+    }
 #endif
     PortableTileOps<Acc>::weigh16(x, n, w, threshold, scale);
   }
 
-  /// PortableTileOps::weights64: float with AVX-512 as four masked moves and a transpose of
-  /// the four word vectors in registers (a scalar loop over the 64 keys held 23 % of a
-  /// backward with dropout's samples, 2026-11-27-host-backward.md).
+  /// PortableTileOps::weights64: float with AVX-512 (or AVX2, in halves) as four masked moves
+  /// and a transpose of the four word vectors in registers (a scalar loop over the 64 keys held 23
+  /// % of a backward with dropout's samples, 2026-11-27-host-backward.md).
   static void weights64(const std::uint32_t (&w)[4][16], std::uint32_t threshold, Acc scale,
                         Acc (&z)[64]) {
 #ifdef KFA_HOST_AVX512
@@ -638,6 +732,36 @@ struct TileOps<
       _mm512_storeu_ps(z + 16, _mm512_maskz_shuffle_f32x4(all, b0, b1, 0xDD));
       _mm512_storeu_ps(z + 32, _mm512_maskz_shuffle_f32x4(all, b2, b3, 0x88));
       _mm512_storeu_ps(z + 48, _mm512_maskz_shuffle_f32x4(all, b2, b3, 0xDD));
+      return;
+    }
+#elif defined(KFA_HOST_AVX2)
+    if constexpr (std::is_same_v<Acc, float>) {
+      // Per half h (l = 8h .. 8h + 7): the weights of the four words, then the 4 x 8 transpose
+      // that puts key 4 l + e at z[32 h + 4 (l - 8h) + e].
+      const __m256i t = _mm256_set1_epi32(static_cast<int>(threshold));
+      const __m256 s = _mm256_set1_ps(scale);
+      for (int h = 0; h < 2; ++h) {
+        __m256 v[4];
+        for (int e = 0; e < 4; ++e) {
+          const __m256i we = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[e] + 8 * h));
+          v[e] = _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_max_epu32(we, t), we)),
+                               s);
+        }
+        const __m256 lo01 = _mm256_unpacklo_ps(v[0], v[1]), hi01 = _mm256_unpackhi_ps(v[0], v[1]);
+        const __m256 lo23 = _mm256_unpacklo_ps(v[2], v[3]), hi23 = _mm256_unpackhi_ps(v[2], v[3]);
+        const auto pd = [](__m256 x) { return _mm256_castps_pd(x); };
+        const auto ps = [](__m256d x) { return _mm256_castpd_ps(x); };
+        // aX: keys of l = X (low 128 bits) and l = X + 4 (high), relative to 8h.
+        const __m256 a0 = ps(_mm256_unpacklo_pd(pd(lo01), pd(lo23)));
+        const __m256 a1 = ps(_mm256_unpackhi_pd(pd(lo01), pd(lo23)));
+        const __m256 a2 = ps(_mm256_unpacklo_pd(pd(hi01), pd(hi23)));
+        const __m256 a3 = ps(_mm256_unpackhi_pd(pd(hi01), pd(hi23)));
+        float* zh = z + 32 * h;
+        _mm256_storeu_ps(zh + 0, _mm256_permute2f128_ps(a0, a1, 0x20));
+        _mm256_storeu_ps(zh + 8, _mm256_permute2f128_ps(a2, a3, 0x20));
+        _mm256_storeu_ps(zh + 16, _mm256_permute2f128_ps(a0, a1, 0x31));
+        _mm256_storeu_ps(zh + 24, _mm256_permute2f128_ps(a2, a3, 0x31));
+      }
       return;
     }
 #endif
@@ -876,6 +1000,26 @@ struct TileOps<
         // The lanes added in order (GCC 12's _mm512_reduce_add_ps warns as in host::max16).
         float lane[16];
         _mm512_storeu_ps(lane, sum);
+        float total = 0.0f;
+        for (float part : lane)
+          total += part;
+        return total;
+      }
+#elif defined(KFA_HOST_AVX2)
+    if constexpr (std::is_same_v<Acc, float>)
+      if (shift > -infinity<float>() && shift < infinity<float>()) {
+        // The AVX-512 form above on 8 lanes (host::exp2_8), the last ones masked.
+        const __m256 s = _mm256_set1_ps(shift), log2e = _mm256_set1_ps(1.44269504088896341f);
+        __m256 sum = _mm256_setzero_ps();
+        for (int c = c0; c < c1; c += 8) {
+          const __m256i lanes = host::first_lanes8(c1 - c);
+          const __m256 y = _mm256_mul_ps(_mm256_sub_ps(_mm256_maskload_ps(x + c, lanes), s), log2e);
+          const __m256 p = host::exp2_8(y, _mm256_castsi256_ps(lanes));  // 0 past c1
+          _mm256_maskstore_ps(x + c, lanes, p);
+          sum = _mm256_add_ps(sum, p);
+        }
+        float lane[8];
+        _mm256_storeu_ps(lane, sum);
         float total = 0.0f;
         for (float part : lane)
           total += part;
@@ -1233,6 +1377,47 @@ struct TileOps<
         _mm512_storeu_ps(m + c0, top);
       }
     }
+#elif defined(KFA_HOST_AVX2)
+    // The AVX-512 loop above on 8 columns (queries) at a time, without the words (mask_words
+    // needs AVX-512): four chains of maxima, then 2^((x - m') log2(e)) by host::exp2_8.
+    if constexpr (std::is_same_v<Acc, float> && !Seen) {
+      (void)seen, (void)ldw;
+      const __m256 minus_inf = _mm256_set1_ps(-infinity<float>());
+      const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+      for (; c0 + 8 <= n; c0 += 8) {
+        const __m256 m_old = _mm256_loadu_ps(m + c0);
+        // vmaxps gives its second operand where either is NaN: a NaN score is skipped, as in
+        // max16.
+        __m256 tops[4] = {m_old, minus_inf, minus_inf, minus_inf};
+        const auto take = [&](__m256& t, int j) {
+          t = _mm256_max_ps(_mm256_loadu_ps(s + static_cast<std::ptrdiff_t>(j) * lds + c0), t);
+        };
+        int j = j0;
+        for (; j + 4 <= j1; j += 4)
+          for (int u = 0; u < 4; ++u)
+            take(tops[u], j + u);
+        for (; j < j1; ++j)
+          take(tops[0], j);
+        const __m256 top =
+            _mm256_max_ps(_mm256_max_ps(tops[0], tops[1]), _mm256_max_ps(tops[2], tops[3]));
+        const __m256 shift =
+            _mm256_andnot_ps(_mm256_cmp_ps(top, minus_inf, _CMP_EQ_OQ), top);  // 0 at -inf
+        const auto exp_of = [&](__m256 x) {
+          return host::exp2_8(_mm256_mul_ps(_mm256_sub_ps(x, shift), log2e));
+        };
+        __m256 sum = _mm256_setzero_ps();
+        for (int jj = j0; jj < j1; ++jj) {
+          float* x = s + static_cast<std::ptrdiff_t>(jj) * lds + c0;
+          const __m256 p = exp_of(_mm256_loadu_ps(x));
+          _mm256_storeu_ps(x, p);
+          sum = _mm256_add_ps(sum, p);
+        }
+        const __m256 a = exp_of(m_old);
+        _mm256_storeu_ps(alpha + c0, a);
+        _mm256_storeu_ps(l + c0, _mm256_fmadd_ps(a, _mm256_loadu_ps(l + c0), sum));
+        _mm256_storeu_ps(m + c0, top);
+      }
+    }
 #endif
     if (c0 >= n) return;
     if constexpr (Seen)  // the last columns: hidden scores written as -inf, then the rule as
@@ -1270,4 +1455,5 @@ struct TileOps<
 
 #undef KFA_HOST_VECTOR_EXTENSION
 #undef KFA_HOST_AVX512
+#undef KFA_HOST_AVX2
 #undef KFA_HOST_AVX
