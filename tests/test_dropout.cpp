@@ -136,7 +136,7 @@ void check_walks() {
   EXPECT_GT(kept, 0);
   EXPECT_GT(dropped, 0);
   for (int k0 : {10, 11})
-    for (int nr : {1, 16, 21})
+    for (int nr : {1, 13, 16, 21})
       for (auto [cb, ce] : {std::pair{0, 64}, {3, 70}, {5, 6}}) {
         const int q0 = 7, lds = nr + 3, rows = ce + 1;
         std::vector<float> s(static_cast<std::size_t>(rows) * lds, 2.0f);

@@ -288,13 +288,13 @@ inline __m512 exp2_16(__m512 y, __mmask16 lanes = 0xFFFF) {
 #endif
 
 #ifdef KFA_HOST_AVX2
-/// exp2_16 on the 8 lanes of AVX2 (the softmax's column loop where AVX-512 is absent): the
-/// same f = y - floor(y) (one rounding, as vreduceps), the same polynomial, and 2^floor(y)
-/// built in the exponent bits (exact: the kept lanes have floor(y) in [-126, 127]), so the
-/// same bits as exp2_16 in every lane it keeps. y above 127 is taken as 127 (finite, as
-/// exp_float saturates); 0 below 2^-126, at -inf and in the lanes whose bits are clear in
-/// `lanes` (each lane all ones or all zeros; a hidden score far above the maximum raises
-/// nothing); NaN kept.
+/// exp2_16 on the 8 lanes of AVX2 (the softmax's column loop where AVX-512 is absent): f =
+/// y - floor(y) rounded to nearest (exp2_16 without AVX-512 DQ does the same; vreduceps
+/// rounds it down, which moves f by an ulp for y in (-0.5, 0)), the same polynomial, and
+/// 2^floor(y) built in the exponent bits (exact: the kept lanes have floor(y) in [-126, 127]).
+/// Within 2 ulp of exp2 like exp2_16. y above 127 is taken as 127 (finite, as exp_float
+/// saturates); 0 below 2^-126, at -inf and in the lanes whose bits are clear in `lanes` (each
+/// lane all ones or all zeros; a hidden score far above the maximum raises nothing); NaN kept.
 inline __m256 exp2_8(__m256 y, __m256 lanes = _mm256_castsi256_ps(_mm256_set1_epi32(-1))) {
   y = _mm256_min_ps(_mm256_set1_ps(127.0f), y);  // the second operand where y is NaN: kept
   const __m256 n = _mm256_round_ps(y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
@@ -417,7 +417,7 @@ KOKKOS_INLINE_FUNCTION void micro_kernel(int k, const Acc* a, int a_rs, int a_cs
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) {
       std::memcpy(&bv[v], bp + v * L, sizeof(vec));  // an unaligned vector load
-#if defined(__x86_64__) || defined(__i386__)
+#ifdef KFA_HOST_AVX
       // With 16 registers GCC 12 folds the load into every FMA that uses it (MR loads of B
       // per step instead of V, plus the broadcasts: the load ports, not the FMA pipes, set
       // the pace). An empty asm that takes bv[v] in a register keeps it there.
@@ -683,12 +683,16 @@ struct TileOps<
       const __m256i t = _mm256_set1_epi32(static_cast<int>(threshold));
       const __m256 s = _mm256_set1_ps(scale);
       for (int h = 0; h < 2 && 8 * h < n; ++h) {
-        const __m256i lanes = host::first_lanes8(n - 8 * h);
         const __m256i wh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * h));
         const __m256 kept = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_max_epu32(wh, t), wh));
-        _mm256_maskstore_ps(
-            x + 8 * h, lanes,
-            _mm256_mul_ps(_mm256_maskload_ps(x + 8 * h, lanes), _mm256_and_ps(kept, s)));
+        float* xh = x + 8 * h;
+        if (n - 8 * h >= 8) {  // plain loads and stores (masked stores are slow on Zen)
+          _mm256_storeu_ps(xh, _mm256_mul_ps(_mm256_loadu_ps(xh), _mm256_and_ps(kept, s)));
+        } else {
+          const __m256i lanes = host::first_lanes8(n - 8 * h);
+          _mm256_maskstore_ps(xh, lanes,
+                              _mm256_mul_ps(_mm256_maskload_ps(xh, lanes), _mm256_and_ps(kept, s)));
+        }
       }
       return;
     }
@@ -1011,7 +1015,14 @@ struct TileOps<
         // The AVX-512 form above on 8 lanes (host::exp2_8), the last ones masked.
         const __m256 s = _mm256_set1_ps(shift), log2e = _mm256_set1_ps(1.44269504088896341f);
         __m256 sum = _mm256_setzero_ps();
-        for (int c = c0; c < c1; c += 8) {
+        int c = c0;
+        for (; c + 8 <= c1; c += 8) {  // plain loads and stores (masked stores are slow on Zen)
+          const __m256 p =
+              host::exp2_8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + c), s), log2e));
+          _mm256_storeu_ps(x + c, p);
+          sum = _mm256_add_ps(sum, p);
+        }
+        if (c < c1) {
           const __m256i lanes = host::first_lanes8(c1 - c);
           const __m256 y = _mm256_mul_ps(_mm256_sub_ps(_mm256_maskload_ps(x + c, lanes), s), log2e);
           const __m256 p = host::exp2_8(y, _mm256_castsi256_ps(lanes));  // 0 past c1
