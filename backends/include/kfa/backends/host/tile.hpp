@@ -635,10 +635,10 @@ struct TileOps<
       lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
       return _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
     };
-    const auto load = [&](int e, int h) {
+    const auto load = [&](int e, std::ptrdiff_t h) {
       return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[e] + 8 * h));
     };
-    for (int h = 0; h < 2; ++h) {
+    for (std::ptrdiff_t h = 0; h < 2; ++h) {
       std::uint32_t a = k0, b = k1;
       __m256i c0 = load(0, h), c1 = load(1, h), c2 = load(2, h), c3 = load(3, h);
       for (int round = 0; round < 10; ++round) {
@@ -682,14 +682,15 @@ struct TileOps<
       // Two halves of 8; unsigned w >= threshold as max(w, threshold) == w.
       const __m256i t = _mm256_set1_epi32(static_cast<int>(threshold));
       const __m256 s = _mm256_set1_ps(scale);
-      for (int h = 0; h < 2 && 8 * h < n; ++h) {
+      for (std::ptrdiff_t h = 0; h < 2 && 8 * h < n; ++h) {
         const __m256i wh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * h));
         const __m256 kept = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_max_epu32(wh, t), wh));
         float* xh = x + 8 * h;
-        if (n - 8 * h >= 8) {  // plain loads and stores (masked stores are slow on Zen)
+        const int left = n - 8 * static_cast<int>(h);
+        if (left >= 8) {  // plain loads and stores (masked stores are slow on Zen)
           _mm256_storeu_ps(xh, _mm256_mul_ps(_mm256_loadu_ps(xh), _mm256_and_ps(kept, s)));
         } else {
-          const __m256i lanes = host::first_lanes8(n - 8 * h);
+          const __m256i lanes = host::first_lanes8(left);
           _mm256_maskstore_ps(xh, lanes,
                               _mm256_mul_ps(_mm256_maskload_ps(xh, lanes), _mm256_and_ps(kept, s)));
         }
@@ -744,7 +745,7 @@ struct TileOps<
       // that puts key 4 l + e at z[32 h + 4 (l - 8h) + e].
       const __m256i t = _mm256_set1_epi32(static_cast<int>(threshold));
       const __m256 s = _mm256_set1_ps(scale);
-      for (int h = 0; h < 2; ++h) {
+      for (std::ptrdiff_t h = 0; h < 2; ++h) {
         __m256 v[4];
         for (int e = 0; e < 4; ++e) {
           const __m256i we = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[e] + 8 * h));
