@@ -37,7 +37,7 @@
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
 /// Set while this header uses AVX2 and FMA intrinsics (undefined at its end): the softmax's
-/// exponential on 8 lanes where AVX-512 is absent.
+/// exponential and dropout's generator and weights on 8 lanes where AVX-512 is absent.
 #define KFA_HOST_AVX2 1
 #endif
 #endif
