@@ -659,14 +659,38 @@ TEST(Tiles, HostExpFloat) {
   EXPECT_TRUE(std::isnan(kfa::backends::host::exp_float(std::nanf(""))));
 }
 
+// The softmax's 2^y forms (exp2_16, exp2_8) at one argument: NaN kept, 0 below -126 and at
+// -inf, within 2 ulp of exp2 in long double above, exact powers of two at the integers.
+void check_exp2(float v, float out) {
+  if (std::isnan(v)) {
+    ASSERT_TRUE(std::isnan(out));
+  } else if (v < -126.0f) {
+    ASSERT_EQ(out, 0.0f) << "y=" << v;
+  } else {
+    const long double ref = std::exp2(static_cast<long double>(v));
+    ASSERT_LE(std::abs(static_cast<long double>(out) - ref),
+              2 * ulp_of<float>(static_cast<double>(ref)))
+        << "y=" << v;
+    if (v == std::floor(v)) {
+      ASSERT_EQ(static_cast<long double>(out), ref) << "y=" << v;
+    }
+  }
+}
+
+// Their arguments' grid: -130 to 4 in steps of 0.000731.
+std::vector<float> exp2_arguments() {
+  std::vector<float> y;
+  for (float v = -130.0f; v <= 4.0f; v += 0.000731f)
+    y.push_back(v);
+  return y;
+}
+
 // The AVX-512 exp2_16 of the softmax's column loop: within 2 ulp of exp2 in long double from
 // 2^-126 to 4 (y = (x - m) log2(e) <= 0 up to rounding), 0 below -126 and at -inf, NaN kept,
 // exact powers of two at the integers; lanes left out of the mask 0.
 TEST(Tiles, HostExp2_16IsExp2) {
 #ifdef __AVX512F__
-  std::vector<float> y;
-  for (float v = -130.0f; v <= 4.0f; v += 0.000731f)
-    y.push_back(v);
+  std::vector<float> y = exp2_arguments();
   for (float v : {0.0f, -0.0f, -1.0f, -2.0f, -126.0f, -125.99999f, -126.00001f, 1e-30f, -1e-30f})
     y.push_back(v);
   y.push_back(-std::numeric_limits<float>::infinity());
@@ -677,20 +701,7 @@ TEST(Tiles, HostExp2_16IsExp2) {
     float out[16];
     _mm512_storeu_ps(out, kfa::backends::host::exp2_16(_mm512_loadu_ps(&y[i])));
     for (int l = 0; l < 16; ++l) {
-      const float v = y[i + l];
-      if (std::isnan(v)) {
-        ASSERT_TRUE(std::isnan(out[l]));
-      } else if (v < -126.0f) {
-        ASSERT_EQ(out[l], 0.0f) << "y=" << v;
-      } else {
-        const long double ref = std::exp2(static_cast<long double>(v));
-        ASSERT_LE(std::abs(static_cast<long double>(out[l]) - ref),
-                  2 * ulp_of<float>(static_cast<double>(ref)))
-            << "y=" << v;
-        if (v == std::floor(v)) {
-          ASSERT_EQ(static_cast<long double>(out[l]), ref) << "y=" << v;
-        }
-      }
+      ASSERT_NO_FATAL_FAILURE(check_exp2(y[i + l], out[l]));
     }
   }
   // Lanes left out of `lanes` are 0 whatever y is (a hidden score far above the maximum).
@@ -713,9 +724,7 @@ TEST(Tiles, HostExp2_16IsExp2) {
 // 127 (finite); lanes left out of the mask 0 whatever they hold (NaN, -inf, above the range).
 TEST(Tiles, HostExp2_8IsExp2) {
 #if defined(__AVX2__) && defined(__FMA__)
-  std::vector<float> y;
-  for (float v = -130.0f; v <= 4.0f; v += 0.000731f)
-    y.push_back(v);
+  std::vector<float> y = exp2_arguments();
   for (float v : {0.0f, -0.0f, -1.0f, -2.0f, -126.0f, -125.99999f, -126.00001f, 1e-30f, -1e-30f,
                   127.0f, 126.5f})
     y.push_back(v);
@@ -727,20 +736,7 @@ TEST(Tiles, HostExp2_8IsExp2) {
     float out[8];
     _mm256_storeu_ps(out, kfa::backends::host::exp2_8(_mm256_loadu_ps(&y[i])));
     for (int l = 0; l < 8; ++l) {
-      const float v = y[i + l];
-      if (std::isnan(v)) {
-        ASSERT_TRUE(std::isnan(out[l]));
-      } else if (v < -126.0f) {
-        ASSERT_EQ(out[l], 0.0f) << "y=" << v;
-      } else {
-        const long double ref = std::exp2(static_cast<long double>(v));
-        ASSERT_LE(std::abs(static_cast<long double>(out[l]) - ref),
-                  2 * ulp_of<float>(static_cast<double>(ref)))
-            << "y=" << v;
-        if (v == std::floor(v)) {
-          ASSERT_EQ(static_cast<long double>(out[l]), ref) << "y=" << v;
-        }
-      }
+      ASSERT_NO_FATAL_FAILURE(check_exp2(y[i + l], out[l]));
     }
   }
 #ifdef __AVX512F__

@@ -157,8 +157,9 @@ inline constexpr int lanes = vector_bytes / static_cast<int>(sizeof(Acc));
 /// accumulators (6 broadcasts and 4 loads feed 24 FMAs per step; 8 x 2 measured 0.91 of the
 /// FMA peak on 64 x 64 x 64 products, libxsmm's 6 x 4 0.98), then 8 x 2 and 8 x 1. With 16
 /// (AVX2, SSE): 6 x 2, the shape of the AVX2 BLAS kernels (12 accumulators, 2 loads and a
-/// broadcast: 15 registers; 4 x 2's 8 chains left Zen 3's two FMA pipes waiting on their
-/// 4-cycle latency), then 8 x 1 (no four-register block).
+/// broadcast: 15 registers), then 8 x 1 (no four-register block). With the register pin in
+/// micro_kernel it took 64 x 64 tile products on a Zen 3 from 38-56 to 62-86 GFLOP/s, where
+/// 4 x 2 had 8 accumulators (perf/results/2026-11-28-host-avx2.md).
 inline constexpr bool wide_blocks = vector_bytes == 64;
 /// Rows of the micro-kernel of a column block `regs` vector registers wide (see wide_blocks).
 KOKKOS_INLINE_FUNCTION constexpr int micro_rows(int regs) {
@@ -1016,18 +1017,20 @@ struct TileOps<
         // The AVX-512 form above on 8 lanes (host::exp2_8), the last ones masked.
         const __m256 s = _mm256_set1_ps(shift), log2e = _mm256_set1_ps(1.44269504088896341f);
         __m256 sum = _mm256_setzero_ps();
+        const auto exp_of = [&](__m256 v, __m256 lanes) {
+          return host::exp2_8(_mm256_mul_ps(_mm256_sub_ps(v, s), log2e), lanes);
+        };
+        const __m256 all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
         int c = c0;
         for (; c + 8 <= c1; c += 8) {  // plain loads and stores (masked stores are slow on Zen)
-          const __m256 p =
-              host::exp2_8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + c), s), log2e));
+          const __m256 p = exp_of(_mm256_loadu_ps(x + c), all);
           _mm256_storeu_ps(x + c, p);
           sum = _mm256_add_ps(sum, p);
         }
         if (c < c1) {
           const __m256i lanes = host::first_lanes8(c1 - c);
-          const __m256 y = _mm256_mul_ps(_mm256_sub_ps(_mm256_maskload_ps(x + c, lanes), s), log2e);
-          const __m256 p = host::exp2_8(y, _mm256_castsi256_ps(lanes));  // 0 past c1
-          _mm256_maskstore_ps(x + c, lanes, p);
+          const __m256 p = exp_of(_mm256_maskload_ps(x + c, lanes), _mm256_castsi256_ps(lanes));
+          _mm256_maskstore_ps(x + c, lanes, p);  // 0 past c1, not stored
           sum = _mm256_add_ps(sum, p);
         }
         float lane[8];
