@@ -17,25 +17,36 @@
 #include <kfa/backends/cuda/warp_forward_tf32x3.hpp>
 #include <kfa/backends/cuda/warp_softmax.hpp>
 
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
+#include <ucontext.h>
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+// The simulator's lanes switch stacks (below); AddressSanitizer is told of each switch.
+#if defined(__SANITIZE_ADDRESS__)
+#define KFA_SIM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KFA_SIM_ASAN 1
+#endif
+#endif
+#ifdef KFA_SIM_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
 
 namespace {
 
@@ -1178,33 +1189,130 @@ TEST(WarpBackward, HostSimulatedF16) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The team kernel of cuda/warp_forward.hpp, run on the host by a simulator: 128 threads are
+// The team kernel of cuda/warp_forward.hpp, run on the host by a simulator: 128 fibers are
 // the 4 warps' lanes, each runs the kernel's code as a CUDA thread would, and every warp-wide
-// primitive is a rendezvous of the warp's 32 threads: ldmatrix (each lane posts its row
+// primitive is a rendezvous of the warp's 32 lanes: ldmatrix (each lane posts its row
 // address, then gathers its elements by the ISA's rule above), mma.sync (each lane posts its
 // fragments, then computes its own elements of D from everybody's through the transcribed
 // tables, in double, rounded once), the quad shuffles; the team barrier waits for all 128.
 // cp.async lands at either end of the freedom the hardware has: at once (a copy that overwrites
 // a tile other warps still read shows), or only at the wait (a read before the wait shows).
 
+// The 128 lanes are fibers on the test's thread (ucontext), not threads: a lane runs alone until
+// it waits at a rendezvous, then the scheduler (run_simulated_team) resumes another. As 128
+// threads on a 2-core machine the suite took 222 s, most of it in the kernel waking lanes at
+// every rendezvous; as fibers, under a minute. A lane that never reaches a rendezvous the
+// others wait at is reported as a deadlock instead of hanging the suite.
+struct PendingCopy {
+  std::uint16_t* dst;
+  std::array<std::uint16_t, 8> bytes;  // the source as read at the copy's issue
+};
+
+struct Lane {
+  int warp = 0, lane = 0;
+  bool done = false;
+  // The lane's copies in flight: issued but not committed (a wait does not cover them, as
+  // cp.async.wait_group does not), and committed.
+  std::vector<PendingCopy> uncommitted, committed;
+  ucontext_t context{};
+  void* fake_stack = nullptr;  // AddressSanitizer's, while the lane is switched out
+};
+
+// The scheduler of the simulated team that runs (one at a time, on the test's thread).
+struct SimScheduler {
+  ucontext_t main{};
+  Lane* current = nullptr;
+  long progress = 0;            // rendezvous arrivals and finished lanes
+  std::function<void()> entry;  // the body every lane runs
+  // AddressSanitizer follows the switches between stacks (its fiber interface); the main
+  // stack's bounds come from the first switch.
+  const void* main_bottom = nullptr;
+  std::size_t main_size = 0;
+  void* main_fake_stack = nullptr;
+};
+SimScheduler sim;
+
+#ifdef KFA_SIM_ASAN
+constexpr std::size_t kLaneStack = std::size_t(1) << 20;  // its frames carry redzones
+#else
+constexpr std::size_t kLaneStack = std::size_t(256) << 10;
+#endif
+
+// The lanes' stacks, kept for the next team.
+char* lane_stack(int i) {
+  static std::vector<std::unique_ptr<char[]>> stacks;
+  while (int(stacks.size()) <= i)
+    stacks.emplace_back(new char[kLaneStack]);
+  return stacks[std::size_t(i)].get();
+}
+
+// From a lane back to the scheduler, which resumes it at its next turn.
+void sim_yield() {
+  Lane& me = *sim.current;
+#ifdef KFA_SIM_ASAN
+  __sanitizer_start_switch_fiber(&me.fake_stack, sim.main_bottom, sim.main_size);
+#endif
+  swapcontext(&me.context, &sim.main);
+#ifdef KFA_SIM_ASAN
+  __sanitizer_finish_switch_fiber(me.fake_stack, &sim.main_bottom, &sim.main_size);
+#endif
+}
+
+void sim_lane_main() {
+#ifdef KFA_SIM_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &sim.main_bottom, &sim.main_size);
+#endif
+  sim.entry();
+  sim.current->done = true;
+#ifdef KFA_SIM_ASAN
+  __sanitizer_start_switch_fiber(nullptr, sim.main_bottom, sim.main_size);  // the lane ends
+#endif
+}  // to uc_link: the scheduler
+
+// Lane i (warp i / 32) made ready to start at sim_lane_main on its stack. Not inlined, as
+// sim_resume below.
+[[gnu::noinline]] void sim_start(Lane& lane, int i) {
+  lane.warp = i / 32;
+  lane.lane = i % 32;
+  getcontext(&lane.context);
+  lane.context.uc_stack.ss_sp = lane_stack(i);
+  lane.context.uc_stack.ss_size = kLaneStack;
+  lane.context.uc_link = &sim.main;
+  makecontext(&lane.context, sim_lane_main, 0);
+}
+
+// From the scheduler to a lane until it yields or ends. Not inlined: getcontext and swapcontext
+// return twice as the compiler sees them (-Wclobbered), and the scheduler's loop variables stay
+// out of their frames.
+[[gnu::noinline]] void sim_resume(Lane& lane, char* stack) {
+  sim.current = &lane;
+#ifdef KFA_SIM_ASAN
+  __sanitizer_start_switch_fiber(&sim.main_fake_stack, stack, kLaneStack);
+#else
+  (void)stack;
+#endif
+  swapcontext(&sim.main, &lane.context);
+#ifdef KFA_SIM_ASAN
+  __sanitizer_finish_switch_fiber(sim.main_fake_stack, nullptr, nullptr);
+#endif
+}
+
 class Barrier {
  public:
   explicit Barrier(int n) : n_(n) {}
   void wait() {
-    std::unique_lock<std::mutex> lock(m_);
+    ++sim.progress;
     const long gen = gen_;
-    if (++count_ == n_) {
+    if (++count_ == n_) {  // the last to arrive releases the others and goes on
       count_ = 0;
       ++gen_;
-      cv_.notify_all();
       return;
     }
-    cv_.wait(lock, [&] { return gen_ != gen; });
+    while (gen_ == gen)
+      sim_yield();
   }
 
  private:
-  std::mutex m_;
-  std::condition_variable cv_;
   int n_, count_ = 0;
   long gen_ = 0;
 };
@@ -1226,16 +1334,8 @@ struct SimTeam {
   }
 };
 
-thread_local SimTeam* sim_team = nullptr;
-thread_local int sim_lane = 0, sim_warp = 0;
+SimTeam* sim_team = nullptr;
 bool sim_copies_late = false;  // cp.async lands at the wait, not at once
-struct PendingCopy {
-  std::uint16_t* dst;
-  std::array<std::uint16_t, 8> bytes;  // the source as read at the copy's issue
-};
-// A lane's copies in flight: issued but not committed (a wait does not cover them, as
-// cp.async.wait_group does not), and committed.
-thread_local std::vector<PendingCopy> sim_uncommitted, sim_committed;
 
 // (lane, element) of the fragment element at (row, col) of A or B: the tables inverted.
 template <int Elements, int Rows, int Cols>
@@ -1251,18 +1351,18 @@ std::array<std::array<std::pair<int, int>, Cols>, Rows> invert(const Entry* tabl
 // held in registers) or for sm_80.
 template <class Tag, bool Sm90 = true>
 struct SimWarp {
-  static int lane() { return sim_lane; }
-  static int warp() { return sim_warp; }
+  static int lane() { return sim.current->lane; }
+  static int warp() { return sim.current->warp; }
   static void barrier() { sim_team->team.wait(); }
-  static void warp_sync() { sim_team->warp[std::size_t(sim_warp)]->wait(); }
-  static SimTeam::Exchange& exchange() { return sim_team->x[std::size_t(sim_warp)]; }
+  static void warp_sync() { sim_team->warp[std::size_t(warp())]->wait(); }
+  static SimTeam::Exchange& exchange() { return sim_team->x[std::size_t(warp())]; }
 
   static void ldmatrix(std::uint32_t (&r)[4], const std::uint16_t* row, bool trans) {
     EXPECT_EQ(reinterpret_cast<std::uintptr_t>(row) % 16, 0u) << "ldmatrix row off 16 bytes";
     SimTeam::Exchange& x = exchange();
-    x.row[std::size_t(sim_lane)] = row;
+    x.row[std::size_t(lane())] = row;
     warp_sync();
-    const int t = sim_lane;
+    const int t = lane();
     for (int i = 0; i < 4; ++i) {
       std::uint32_t reg = 0;
       for (int h = 0; h < 2; ++h) {
@@ -1286,29 +1386,30 @@ struct SimWarp {
     PendingCopy c{dst, {}};
     if (valid) std::memcpy(c.bytes.data(), src, 16);
     if (sim_copies_late)
-      sim_uncommitted.push_back(c);
+      sim.current->uncommitted.push_back(c);
     else
       std::memcpy(dst, c.bytes.data(), 16);
   }
   static void cp_async_commit() {
-    sim_committed.insert(sim_committed.end(), sim_uncommitted.begin(), sim_uncommitted.end());
-    sim_uncommitted.clear();
+    Lane& me = *sim.current;
+    me.committed.insert(me.committed.end(), me.uncommitted.begin(), me.uncommitted.end());
+    me.uncommitted.clear();
   }
   static void cp_async_wait_all() {  // cp.async.wait_group 0: the committed groups
-    for (const PendingCopy& c : sim_committed)
+    for (const PendingCopy& c : sim.current->committed)
       std::memcpy(c.dst, c.bytes.data(), 16);
-    sim_committed.clear();
+    sim.current->committed.clear();
   }
   static void mma(kc::FragC& d, const kc::FragA<Tag>& a, const kc::FragB<Tag>& b) {
     constexpr int K = Type<Tag>::k;  // m16n8k16 (16-bit) or m16n8k8 (tf32)
     static const auto a_at = invert<(K == 16 ? 8 : 4), 16, K>(Type<Tag>::a_table);
     static const auto b_at = invert<(K == 16 ? 4 : 2), K, 8>(Type<Tag>::b_table);
     SimTeam::Exchange& x = exchange();
-    std::copy(std::begin(a.x), std::end(a.x), x.a[std::size_t(sim_lane)].begin());
-    std::copy(std::begin(b.x), std::end(b.x), x.b[std::size_t(sim_lane)].begin());
+    std::copy(std::begin(a.x), std::end(a.x), x.a[std::size_t(lane())].begin());
+    std::copy(std::begin(b.x), std::end(b.x), x.b[std::size_t(lane())].begin());
     warp_sync();
     for (int e = 0; e < 4; ++e) {
-      const int r = kC[e].row(sim_lane), c = kC[e].col(sim_lane);
+      const int r = kC[e].row(lane()), c = kC[e].col(lane());
       double sum = d.x[e];
       for (int k = 0; k < K; ++k) {
         const auto [al, ai] = a_at[std::size_t(r)][std::size_t(k)];
@@ -1330,9 +1431,9 @@ struct SimWarp {
   template <class F>
   static float quad(float v, F f) {
     SimTeam::Exchange& x = exchange();
-    x.value[std::size_t(sim_lane)] = v;
+    x.value[std::size_t(lane())] = v;
     warp_sync();
-    const int first = sim_lane & ~3;
+    const int first = lane() & ~3;
     float r = x.value[std::size_t(first)];
     for (int l = first + 1; l < first + 4; ++l)
       r = f(r, x.value[std::size_t(l)]);
@@ -1347,17 +1448,17 @@ struct SimWarp {
   }
   static float lane_pair(float v) {
     SimTeam::Exchange& x = exchange();
-    x.value[std::size_t(sim_lane)] = v;
+    x.value[std::size_t(lane())] = v;
     warp_sync();
-    const float r = x.value[std::size_t(sim_lane ^ 1)];
+    const float r = x.value[std::size_t(lane() ^ 1)];
     warp_sync();
     return r;
   }
   static std::uint32_t lane_xor_bits(std::uint32_t v, int m) {
     SimTeam::Exchange& x = exchange();
-    x.bits[std::size_t(sim_lane)] = v;
+    x.bits[std::size_t(lane())] = v;
     warp_sync();
-    const std::uint32_t r = x.bits[std::size_t(sim_lane ^ m)];
+    const std::uint32_t r = x.bits[std::size_t(lane() ^ m)];
     warp_sync();
     return r;
   }
@@ -1376,32 +1477,89 @@ struct SimWarp {
   }
 };
 
-// Runs `body(tile)` on one simulated team: 128 threads as 4 warps of 32 lanes, each with its
+// Runs `body(tile)` on one simulated team: 128 fibers as 4 warps of 32 lanes, each with its
 // ids set, and `tile` a 128-byte aligned shared memory of `bytes`. Returns the copies the lanes
-// left in flight (issued and never committed or waited for).
+// left in flight (issued and never committed or waited for), or -1 after a deadlock (a
+// failure is added).
 template <class Body>
 int run_simulated_team(int bytes, const Body& body) {
   SimTeam team;
+  sim_team = &team;
   std::vector<std::uint16_t> smem(std::size_t(bytes) / 2 + 64);
   std::uint16_t* tile = smem.data();
   while (reinterpret_cast<std::uintptr_t>(tile) % 128 != 0)
     ++tile;
-  std::vector<std::thread> lanes;
-  std::atomic<int> in_flight{0};
-  for (int w = 0; w < 4; ++w)
-    for (int l = 0; l < 32; ++l)
-      lanes.emplace_back([&, w, l] {
-        sim_team = &team;
-        sim_warp = w;
-        sim_lane = l;
-        body(tile);
-        in_flight += int(sim_uncommitted.size() + sim_committed.size());
-        sim_uncommitted.clear();
-        sim_committed.clear();
-      });
-  for (auto& th : lanes)
-    th.join();
-  return in_flight.load();
+  sim.entry = [&] { body(tile); };
+  std::vector<Lane> lanes(128);
+  for (int i = 0; i < 128; ++i)
+    sim_start(lanes[std::size_t(i)], i);
+  // A step resumes the lanes of one warp, drawn at random (a fixed seed: runs repeat) among the
+  // warps that can move, in a shuffled order; each lane runs to its next rendezvous. A warp thus
+  // runs ahead of the others by any number of steps until a team barrier holds it, as warps
+  // do on the device: a barrier the kernel lacks lets a warp overwrite shared memory another
+  // still reads. A warp whose step moved nothing waits for another's (it is `stuck` until any
+  // lane moves); when every warp left is stuck, the team is deadlocked.
+  std::mt19937 random(20261128u);
+  std::array<int, 32> order{};
+  for (int l = 0; l < 32; ++l)
+    order[std::size_t(l)] = l;
+  std::array<int, 4> left{32, 32, 32, 32};  // lanes not done, per warp
+  std::array<bool, 4> stuck{};
+  int in_flight = 0, running = 128;
+  while (running > 0) {
+    int movable[4], n = 0;
+    for (int w = 0; w < 4; ++w)
+      if (left[std::size_t(w)] > 0 && !stuck[std::size_t(w)]) movable[n++] = w;
+    if (n == 0) {
+      ADD_FAILURE() << "simulated team deadlocked: " << running
+                    << " lanes wait at a rendezvous no other lane reaches";
+      in_flight = -1;
+      break;
+    }
+    const int w = movable[std::uniform_int_distribution<int>(0, n - 1)(random)];
+    const long before = sim.progress;
+    std::shuffle(order.begin(), order.end(), random);
+    for (const int l : order) {
+      const int i = 32 * w + l;
+      Lane& lane = lanes[std::size_t(i)];
+      if (lane.done) continue;
+      sim_resume(lane, lane_stack(i));
+      if (lane.done) {
+        --running;
+        --left[std::size_t(w)];
+        ++sim.progress;
+        in_flight += int(lane.uncommitted.size() + lane.committed.size());
+      }
+    }
+    if (sim.progress != before)
+      stuck.fill(false);
+    else
+      stuck[std::size_t(w)] = true;
+  }
+  sim.current = nullptr;
+  sim_team = nullptr;
+  return in_flight;
+}
+
+// The simulator itself: a lane that waits at the team barrier when no other lane will is a
+// failure, not a hang; the next team runs as before.
+void simulate_deadlock() {
+  using W = SimWarp<kc::bf16_tag>;
+  const int left = run_simulated_team(256, [](std::uint16_t* /*tile*/) {
+    if (W::warp() == 0 && W::lane() == 0) W::barrier();
+  });
+  EXPECT_EQ(left, -1);
+}
+TEST(Simulator, ReportsDeadlock) {
+  EXPECT_NONFATAL_FAILURE(simulate_deadlock(), "simulated team deadlocked: 1 lanes wait");
+  int barriers_passed = 0;
+  EXPECT_EQ(run_simulated_team(256,
+                               [&](std::uint16_t* /*tile*/) {
+                                 SimWarp<kc::bf16_tag>::barrier();
+                                 ++barriers_passed;
+                               }),
+            0);
+  EXPECT_EQ(barriers_passed, 128);
 }
 
 // One team of the kernel on the simulator: 50 query rows against 150 keys (three key tiles,
