@@ -1281,9 +1281,9 @@ void sim_lane_main() {
   makecontext(&lane.context, sim_lane_main, 0);
 }
 
-// From the scheduler to a lane until it yields or ends. Not inlined: getcontext and swapcontext
-// return twice as the compiler sees them (-Wclobbered), and the scheduler's loop variables stay
-// out of their frames.
+// From the scheduler to a lane until it yields or ends. Not inlined, as sim_start above: the
+// context calls stay in small frames of their own, away from the scheduler's loop variables
+// (getcontext returns twice as GCC sees it: -Wclobbered).
 [[gnu::noinline]] void sim_resume(Lane& lane, char* stack) {
   sim.current = &lane;
 #ifdef KFA_SIM_ASAN
