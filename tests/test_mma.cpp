@@ -1215,6 +1215,7 @@ struct Lane {
   // cp.async.wait_group does not), and committed.
   std::vector<PendingCopy> uncommitted, committed;
   ucontext_t context{};
+  char* stack = nullptr;       // kLaneStack bytes (lane_stack)
   void* fake_stack = nullptr;  // AddressSanitizer's, while the lane is switched out
 };
 
@@ -1269,27 +1270,25 @@ void sim_lane_main() {
 #endif
 }  // to uc_link: the scheduler
 
-// Lane i (warp i / 32) made ready to start at sim_lane_main on its stack. Not inlined, as
-// sim_resume below.
+// Lane i (warp i / 32) made ready to start at sim_lane_main on its stack. sim_start and
+// sim_resume are not inlined: the context calls stay in small frames of their own, away from
+// the scheduler's loop variables (getcontext returns twice as GCC sees it: -Wclobbered).
 [[gnu::noinline]] void sim_start(Lane& lane, int i) {
   lane.warp = i / 32;
   lane.lane = i % 32;
+  lane.stack = lane_stack(i);
   getcontext(&lane.context);
-  lane.context.uc_stack.ss_sp = lane_stack(i);
+  lane.context.uc_stack.ss_sp = lane.stack;
   lane.context.uc_stack.ss_size = kLaneStack;
   lane.context.uc_link = &sim.main;
   makecontext(&lane.context, sim_lane_main, 0);
 }
 
-// From the scheduler to a lane until it yields or ends. Not inlined, as sim_start above: the
-// context calls stay in small frames of their own, away from the scheduler's loop variables
-// (getcontext returns twice as GCC sees it: -Wclobbered).
-[[gnu::noinline]] void sim_resume(Lane& lane, char* stack) {
+// From the scheduler to a lane until it yields or ends.
+[[gnu::noinline]] void sim_resume(Lane& lane) {
   sim.current = &lane;
 #ifdef KFA_SIM_ASAN
-  __sanitizer_start_switch_fiber(&sim.main_fake_stack, stack, kLaneStack);
-#else
-  (void)stack;
+  __sanitizer_start_switch_fiber(&sim.main_fake_stack, lane.stack, kLaneStack);
 #endif
   swapcontext(&sim.main, &lane.context);
 #ifdef KFA_SIM_ASAN
@@ -1505,13 +1504,14 @@ int run_simulated_team(int bytes, const Body& body) {
     order[std::size_t(l)] = l;
   std::array<int, 4> left{32, 32, 32, 32};  // lanes not done, per warp
   std::array<bool, 4> stuck{};
-  int in_flight = 0, running = 128;
-  while (running > 0) {
+  const auto lanes_left = [&] { return left[0] + left[1] + left[2] + left[3]; };
+  int in_flight = 0;
+  while (lanes_left() > 0) {
     int movable[4], n = 0;
     for (int w = 0; w < 4; ++w)
       if (left[std::size_t(w)] > 0 && !stuck[std::size_t(w)]) movable[n++] = w;
     if (n == 0) {
-      ADD_FAILURE() << "simulated team deadlocked: " << running
+      ADD_FAILURE() << "simulated team deadlocked: " << lanes_left()
                     << " lanes wait at a rendezvous no other lane reaches";
       in_flight = -1;
       break;
@@ -1520,12 +1520,10 @@ int run_simulated_team(int bytes, const Body& body) {
     const long before = sim.progress;
     std::shuffle(order.begin(), order.end(), random);
     for (const int l : order) {
-      const int i = 32 * w + l;
-      Lane& lane = lanes[std::size_t(i)];
+      Lane& lane = lanes[std::size_t(32) * std::size_t(w) + std::size_t(l)];
       if (lane.done) continue;
-      sim_resume(lane, lane_stack(i));
+      sim_resume(lane);
       if (lane.done) {
-        --running;
         --left[std::size_t(w)];
         ++sim.progress;
         in_flight += int(lane.uncommitted.size() + lane.committed.size());
