@@ -1492,13 +1492,17 @@ int run_simulated_team(int bytes, const Body& body) {
   std::vector<Lane> lanes(128);
   for (int i = 0; i < 128; ++i)
     sim_start(lanes[std::size_t(i)], i);
-  // A step resumes the lanes of one warp, drawn at random (a fixed seed: runs repeat) among the
-  // warps that can move, in a shuffled order; each lane runs to its next rendezvous. A warp thus
+  // A step resumes the lanes of one warp, drawn at random among the warps that can move, in a
+  // shuffled order; each lane runs to its next rendezvous. The k-th team a process simulates
+  // draws from seed 20261128 + k: each team sees another interleaving, and a run of the same
+  // tests repeats them all (the seed is printed with a deadlock). A warp thus
   // runs ahead of the others by any number of steps until a team barrier holds it, as warps
   // do on the device: a barrier the kernel lacks lets a warp overwrite shared memory another
   // still reads. A warp whose step moved nothing waits for another's (it is `stuck` until any
   // lane moves); when every warp left is stuck, the team is deadlocked.
-  std::mt19937 random(20261128u);
+  static unsigned teams_simulated = 0;
+  const unsigned seed = 20261128u + teams_simulated++;
+  std::mt19937 random(seed);
   std::array<int, 32> order{};
   for (int l = 0; l < 32; ++l)
     order[std::size_t(l)] = l;
@@ -1512,7 +1516,8 @@ int run_simulated_team(int bytes, const Body& body) {
       if (left[std::size_t(w)] > 0 && !stuck[std::size_t(w)]) movable[n++] = w;
     if (n == 0) {
       ADD_FAILURE() << "simulated team deadlocked: " << lanes_left()
-                    << " lanes wait at a rendezvous no other lane reaches";
+                    << " lanes wait at a rendezvous no other lane reaches (team seed " << seed
+                    << ")";
       in_flight = -1;
       break;
     }

@@ -121,7 +121,9 @@ TEST(Workspace, ThreadsNeverShareABuffer) {
   for (int t = 0; t < kThreads; ++t)
     EXPECT_EQ(failures[t], 0) << "thread " << t;
   // At most one buffer per thread was ever needed at once, none over 4096 words.
-  if (caching()) EXPECT_LE(HostPool::get().bytes(), std::size_t(kThreads) * 4 * 4096);
+  if (caching()) {
+    EXPECT_LE(HostPool::get().bytes(), std::size_t(kThreads) * 4 * 4096);
+  }
   kfa::release_workspaces();
   EXPECT_EQ(HostPool::get().bytes(), 0u);
 }
