@@ -19,13 +19,16 @@
 
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -1239,12 +1242,22 @@ SimScheduler sim;
 // the sanitizers, 11 of them system time; with 256 KiB, 107 s.
 constexpr std::size_t kLaneStack = std::size_t(256) << 10;
 
-// The lanes' stacks, kept for the next team.
+// The lanes' stacks, kept for the next team. Each lies above a page no access may touch, so
+// that a lane that outgrows its stack (a thread's is 8 MiB) faults at once instead of writing
+// over the next lane's.
 char* lane_stack(int i) {
-  static std::vector<std::unique_ptr<char[]>> stacks;
-  while (int(stacks.size()) <= i)
-    stacks.emplace_back(new char[kLaneStack]);
-  return stacks[std::size_t(i)].get();
+  static std::vector<char*> stacks;
+  static const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  while (int(stacks.size()) <= i) {
+    void* base = mmap(nullptr, page + kLaneStack, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED || mprotect(base, page, PROT_NONE) != 0) {
+      ADD_FAILURE() << "no stack for simulated lane " << stacks.size();
+      std::abort();
+    }
+    stacks.push_back(static_cast<char*>(base) + page);  // the stack grows down to the guard
+  }
+  return stacks[std::size_t(i)];
 }
 
 // From a lane back to the scheduler, which resumes it at its next turn.
