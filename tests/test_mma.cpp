@@ -1233,6 +1233,7 @@ struct SimScheduler {
   const void* main_bottom = nullptr;
   std::size_t main_size = 0;
   void* main_fake_stack = nullptr;
+  unsigned teams = 0;  // teams simulated so far in this process (run_simulated_team's seeds)
 };
 SimScheduler sim;
 
@@ -1513,8 +1514,7 @@ int run_simulated_team(int bytes, const Body& body) {
   // do on the device: a barrier the kernel lacks lets a warp overwrite shared memory another
   // still reads. A warp whose step moved nothing waits for another's (it is `stuck` until any
   // lane moves); when every warp left is stuck, the team is deadlocked.
-  static unsigned teams_simulated = 0;
-  const unsigned seed = 20261128u + teams_simulated++;
+  const unsigned seed = 20261128u + sim.teams++;
   std::mt19937 random(seed);
   std::array<int, 32> order{};
   for (int l = 0; l < 32; ++l)
