@@ -4,7 +4,8 @@
 /// that can access HostSpace.
 /// One thread per team and no vector lanes: the host tile products (host/tile.hpp) do a whole
 /// tile on one thread in vector registers. Tiles are sized to stay in L2 for head_dim <= 128
-/// (Q_i, O_i, K_j, V_j and S_ij about 80 KiB in float at Br = Bc = 64).
+/// (Q_i, O_i, K_j, V_j and S_ij: 144 KiB in float at Br = Bc = 64 and head_dim 128, 184 KiB
+/// at Br = 96; the cores measured have 512 KiB of L2 or more).
 
 #include <kfa/backends/generic/tile.hpp>
 
@@ -18,13 +19,25 @@
 
 namespace kfa::backends {
 
-/// Host tile traits: one thread per team, Br = 64, Bc = 128 up to head_dim 64, 64 up to 128,
-/// 32 above.
+/// Host tile traits: one thread per team, Br = 64 with AVX-512 and 96 without, Bc = 128 up to
+/// head_dim 64, 64 up to 128, 32 above.
 template <class ExecSpace, class T>
 struct TileTraits<
     ExecSpace, T,
     std::enable_if_t<Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible>> {
-  static constexpr int block_q(int /*head_dim*/) { return 64; }  ///< Br
+  /// Br. 96 on 16-register ISAs (AVX2 and below, the products' 6 x 2 micro-kernel): P V's 96
+  /// rows are 16 blocks of 6 with no 4-row block left over, and each K_j, V_j streamed from
+  /// memory serves 96 queries instead of 64. On a Zen 3 core it took float forwards at
+  /// N = 16384 up 5-13 %, level at N <= 4096 (-2 to +3 %), where 128 lost up to 13 % at
+  /// N = 1024 (perf/results/2026-11-29-host-query-tile.md). 64 with AVX-512 (6 x 4 blocks), where
+  /// 96 alone was not measured.
+  static constexpr int block_q(int /*head_dim*/) {
+#if defined(__AVX512F__)
+    return 64;
+#else
+    return 96;
+#endif
+  }
   /// Bc: K_j^T and V_j stay in L2 next to Q_i and O_i. 128 keys up to head_dim 64: there the
   /// products' depth (head_dim for S^T, Bc for P V) is short and each micro-kernel call's fixed
   /// cost (zeroing, storing its accumulators) weighs; the longer P V took 3.0-3.5 % off float
@@ -34,7 +47,9 @@ struct TileTraits<
     return head_dim <= 64 ? 128 : head_dim <= 128 ? 64 : 32;
   }
   /// Backward Br = Bc: about 290 KiB of float tiles at head_dim 128, within L2.
-  static constexpr int block_bwd(int head_dim) { return head_dim <= 128 ? 64 : 32; }
+  static constexpr int block_bwd(int head_dim) {
+    return head_dim <= 128 ? 64 : 32;
+  }
   static constexpr int team_size = 1;      ///< host teams are one thread
   static constexpr int vector_length = 1;  ///< the compiler vectorises instead
   static constexpr int pad = 0;            ///< rows packed: no banks to spread
