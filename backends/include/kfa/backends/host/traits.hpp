@@ -46,9 +46,17 @@ struct TileTraits<
   static constexpr int block_k(int head_dim) {
     return head_dim <= 64 ? 128 : head_dim <= 128 ? 64 : 32;
   }
-  /// Backward Br = Bc: about 290 KiB of float tiles at head_dim 128, within L2.
+  /// Backward Br = Bc: about 290 KiB of float tiles at head_dim 128 and 64 rows, within L2.
+  /// 96 rows up to head_dim 128 without AVX-512, as block_q (about 435 KiB at head_dim 128,
+  /// under a Zen 3's 512 KiB): float backwards 4-9 % faster at N >= 4096, D = 128 without a
+  /// mask, -8 to +18 % elsewhere in a noisy run, the median case +4 %
+  /// (perf/results/2026-11-29-host-query-tile.md).
   static constexpr int block_bwd(int head_dim) {
+#if defined(__AVX512F__)
     return head_dim <= 128 ? 64 : 32;
+#else
+    return head_dim <= 128 ? 96 : 32;
+#endif
   }
   static constexpr int team_size = 1;      ///< host teams are one thread
   static constexpr int vector_length = 1;  ///< the compiler vectorises instead
