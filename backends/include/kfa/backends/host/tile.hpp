@@ -177,6 +177,10 @@ KOKKOS_INLINE_FUNCTION constexpr int micro_rows(int regs) {
 /// One vector register of Acc; loaded and stored with memcpy (tiles are not vector-aligned).
 template <class Acc>
 using vec_t [[gnu::vector_size(vector_bytes)]] = Acc;
+/// vec_t at any address of Acc that may alias Acc: a plain load of it is an unaligned vector load.
+template <class Acc>
+using unaligned_vec_t
+    [[gnu::vector_size(vector_bytes), gnu::aligned(alignof(Acc)), gnu::may_alias]] = Acc;
 #endif
 
 /// exp(x) for float, vectorisable: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by Cephes'
@@ -417,13 +421,18 @@ KOKKOS_INLINE_FUNCTION void micro_kernel(int k, const Acc* a, int a_rs, int a_cs
     vec bv[V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) {
-      std::memcpy(&bv[v], bp + v * L, sizeof(vec));  // an unaligned vector load
+      vec t = *reinterpret_cast<const unaligned_vec_t<Acc>*>(bp + v * L);
 #ifdef KFA_HOST_AVX
       // With 16 registers GCC 12 folds the load into every FMA that uses it (MR loads of B
       // per step instead of V, plus the broadcasts: the load ports, not the FMA pipes, set
-      // the pace). An empty asm that takes bv[v] in a register keeps it there.
-      if constexpr (!wide_blocks) asm("" : "+x"(bv[v]));
+      // the pace). An empty asm that takes the vector in a register keeps it there.
+      if constexpr (!wide_blocks) asm("" : "+x"(t));
 #endif
+      // A load by value into a temporary, not a memcpy into bv[v] or the asm on bv[v]: with
+      // either, GCC 12 kept bv in memory in some translation units (two stores to the stack
+      // every step, the forward 1.6x slower in perf/bench_forward than in
+      // perf/bench_attention; perf/results/2026-11-29-host-query-tile.md).
+      bv[v] = t;
     }
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
