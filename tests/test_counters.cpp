@@ -114,6 +114,7 @@ TEST(TileSkip, CausalSquareStagesHalfTheTiles) {
   }
   EXPECT_EQ(meeting_tiles(s, p, 64, 64), 136);  // the host count agrees: 16 * 17 / 2
   EXPECT_EQ(meeting_tiles(s, p, bt, bt), static_cast<long long>(backward_tiles));
+  EXPECT_EQ(meeting_tiles(s, p, br, bc), static_cast<long long>(forward_tiles));
 }
 
 TEST(TileSkip, EveryMaskEveryKernel) {

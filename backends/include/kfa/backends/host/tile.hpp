@@ -177,10 +177,6 @@ KOKKOS_INLINE_FUNCTION constexpr int micro_rows(int regs) {
 /// One vector register of Acc; loaded and stored with memcpy (tiles are not vector-aligned).
 template <class Acc>
 using vec_t [[gnu::vector_size(vector_bytes)]] = Acc;
-/// vec_t at any address of Acc that may alias Acc: a plain load of it is an unaligned vector load.
-template <class Acc>
-using unaligned_vec_t
-    [[gnu::vector_size(vector_bytes), gnu::aligned(alignof(Acc)), gnu::may_alias]] = Acc;
 #endif
 
 /// exp(x) for float, vectorisable: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by Cephes'
@@ -421,17 +417,20 @@ KOKKOS_INLINE_FUNCTION void micro_kernel(int k, const Acc* a, int a_rs, int a_cs
     vec bv[V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) {
-      vec t = *reinterpret_cast<const unaligned_vec_t<Acc>*>(bp + v * L);
+      vec t;
+      std::memcpy(&t, bp + v * L, sizeof(vec));  // an unaligned vector load
 #ifdef KFA_HOST_AVX
       // With 16 registers GCC 12 folds the load into every FMA that uses it (MR loads of B
       // per step instead of V, plus the broadcasts: the load ports, not the FMA pipes, set
       // the pace). An empty asm that takes the vector in a register keeps it there.
       if constexpr (!wide_blocks) asm("" : "+x"(t));
 #endif
-      // A load by value into a temporary, not a memcpy into bv[v] or the asm on bv[v]: with
-      // either, GCC 12 kept bv in memory in some translation units (two stores to the stack
-      // every step, the forward 1.6x slower in perf/bench_forward than in
-      // perf/bench_attention; perf/results/2026-11-29-host-query-tile.md).
+      // Loaded and pinned in a temporary, not in bv[v]: with the memcpy and the asm on bv[v],
+      // GCC 12 kept bv in memory in some translation units (two stores to the stack every
+      // step, the forward 1.6x slower in perf/bench_forward than in perf/bench_attention;
+      // perf/results/2026-11-29-host-query-tile.md). (A may_alias vector type for the load
+      // would do too, but Clang ignores alignment attributes on alias templates and loads it
+      // aligned.)
       bv[v] = t;
     }
 #pragma GCC unroll 8

@@ -28,9 +28,9 @@ struct TileTraits<
   /// Br. 96 on 16-register ISAs (AVX2 and below, the products' 6 x 2 micro-kernel): P V's 96
   /// rows are 16 blocks of 6 with no 4-row block left over, and each K_j, V_j streamed from
   /// memory serves 96 queries instead of 64. On a Zen 3 core it took float forwards at
-  /// N = 16384 up 5-13 %, level at N <= 4096 (-2 to +3 %), where 128 lost up to 13 % at
-  /// N = 1024 (perf/results/2026-11-29-host-query-tile.md). 64 with AVX-512 (6 x 4 blocks), where
-  /// 96 alone was not measured.
+  /// N = 16384 up by as much as 13 %, level at N <= 4096 (-2 to +3 %), where 128 lost up to
+  /// 13 % at N = 1024 (perf/results/2026-11-29-host-query-tile.md). 64 with AVX-512 (6 x 4
+  /// blocks), where 96 alone was not measured.
   static constexpr int block_q(int /*head_dim*/) {
 #if defined(__AVX512F__)
     return 64;
@@ -47,7 +47,7 @@ struct TileTraits<
     return head_dim <= 64 ? 128 : head_dim <= 128 ? 64 : 32;
   }
   /// Backward Br = Bc: about 290 KiB of float tiles at head_dim 128 and 64 rows, within L2.
-  /// 96 rows up to head_dim 128 without AVX-512, as block_q (about 435 KiB at head_dim 128,
+  /// 96 rows up to head_dim 128 without AVX-512, as block_q (about 457 KiB at head_dim 128,
   /// under a Zen 3's 512 KiB): float backwards 4-9 % faster at N >= 4096, D = 128 without a
   /// mask, -8 to +18 % elsewhere in a noisy run, the median case +4 %
   /// (perf/results/2026-11-29-host-query-tile.md).
