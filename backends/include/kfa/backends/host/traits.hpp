@@ -19,25 +19,30 @@
 
 namespace kfa::backends {
 
+namespace host {
+/// Rows of the host's query tiles (TileTraits::block_q, and block_bwd up to head_dim 128): 64
+/// where the products' micro-kernel is 6 x 4 vector registers (AVX-512, host::wide_blocks),
+/// 96 on 16-register ISAs (AVX2 and below, 6 x 2 blocks): P V's 96 rows are 16 blocks of 6
+/// with no 4-row block left over, and each K_j, V_j streamed from memory serves 96 queries
+/// instead of 64. On a Zen 3 core it took float forwards at N = 16384 up by as much as 13 %,
+/// level at N <= 4096 (-2 to +3 %), where 128 lost up to 13 % at N = 1024; backwards 4-9 %
+/// faster at N >= 4096, D = 128 without a mask, -8 to +18 % elsewhere in a noisy run, the
+/// median case +4 % (perf/results/2026-11-29-host-query-tile.md). On AVX-512, 96 alone was not
+/// measured.
+#if defined(__AVX512F__)
+inline constexpr int query_tile_rows = 64;
+#else
+inline constexpr int query_tile_rows = 96;
+#endif
+}  // namespace host
+
 /// Host tile traits: one thread per team, Br = 64 with AVX-512 and 96 without, Bc = 128 up to
 /// head_dim 64, 64 up to 128, 32 above.
 template <class ExecSpace, class T>
 struct TileTraits<
     ExecSpace, T,
     std::enable_if_t<Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible>> {
-  /// Br. 96 on 16-register ISAs (AVX2 and below, the products' 6 x 2 micro-kernel): P V's 96
-  /// rows are 16 blocks of 6 with no 4-row block left over, and each K_j, V_j streamed from
-  /// memory serves 96 queries instead of 64. On a Zen 3 core it took float forwards at
-  /// N = 16384 up by as much as 13 %, level at N <= 4096 (-2 to +3 %), where 128 lost up to
-  /// 13 % at N = 1024 (perf/results/2026-11-29-host-query-tile.md). 64 with AVX-512 (6 x 4
-  /// blocks), where 96 alone was not measured.
-  static constexpr int block_q(int /*head_dim*/) {
-#if defined(__AVX512F__)
-    return 64;
-#else
-    return 96;
-#endif
-  }
+  static constexpr int block_q(int /*head_dim*/) { return host::query_tile_rows; }  ///< Br
   /// Bc: K_j^T and V_j stay in L2 next to Q_i and O_i. 128 keys up to head_dim 64: there the
   /// products' depth (head_dim for S^T, Bc for P V) is short and each micro-kernel call's fixed
   /// cost (zeroing, storing its accumulators) weighs; the longer P V took 3.0-3.5 % off float
@@ -46,17 +51,10 @@ struct TileTraits<
   static constexpr int block_k(int head_dim) {
     return head_dim <= 64 ? 128 : head_dim <= 128 ? 64 : 32;
   }
-  /// Backward Br = Bc: about 290 KiB of float tiles at head_dim 128 and 64 rows, within L2.
-  /// 96 rows up to head_dim 128 without AVX-512, as block_q (about 457 KiB at head_dim 128,
-  /// under a Zen 3's 512 KiB): float backwards 4-9 % faster at N >= 4096, D = 128 without a
-  /// mask, -8 to +18 % elsewhere in a noisy run, the median case +4 %
-  /// (perf/results/2026-11-29-host-query-tile.md).
+  /// Backward Br = Bc: about 290 KiB of float tiles at head_dim 128 and 64 rows, 457 KiB at
+  /// 96 (host::query_tile_rows), within the 512 KiB of L2 of the cores measured.
   static constexpr int block_bwd(int head_dim) {
-#if defined(__AVX512F__)
-    return head_dim <= 128 ? 64 : 32;
-#else
-    return head_dim <= 128 ? 96 : 32;
-#endif
+    return head_dim <= 128 ? host::query_tile_rows : 32;
   }
   static constexpr int team_size = 1;      ///< host teams are one thread
   static constexpr int vector_length = 1;  ///< the compiler vectorises instead
