@@ -71,7 +71,8 @@ long long forward_tiles(const Shape& s, const kfa::Params& p) {
     using Ops = kfa::backends::TileOps<E, float>;
     if (Ops::warp_head_dim(s.head_dim) && s.dv() == s.head_dim && Ops::warp_runs(E{})) return 0;
   }
-  return meeting_tiles(s, p, Traits::block_q(s.head_dim), Traits::block_k(s.head_dim));
+  return meeting_tiles(s, p, Traits::block_q(s.head_dim, s.seqlen_k),
+                       Traits::block_k(s.head_dim));
 }
 
 Counts run_both(const Shape& s, const kfa::Params& p) {
@@ -95,7 +96,7 @@ TEST(TileSkip, CausalSquareStagesHalfTheTiles) {
   const Shape s{1, 2, 2, 1024, 1024, 64};
   // Forward, Br x Bc tiles: query tile i (rows up to min((i + 1) Br, N) - 1: the last tile is
   // short where Br does not divide N, 96 into 1024) sees key tiles 0 to that row / Bc.
-  const int br = traits::block_q(64), bc = traits::block_k(64);
+  const int br = traits::block_q(64, 1024), bc = traits::block_k(64);
   unsigned forward_tiles = 0;
   for (int i = 0; i * br < 1024; ++i)
     forward_tiles += static_cast<unsigned>((std::min((i + 1) * br, 1024) - 1) / bc + 1);
@@ -142,6 +143,22 @@ TEST(TileSkip, EveryMaskEveryKernel) {
       }
 }
 
+// Long key sequences: the forward stages the tiles of TileTraits::block_q(head_dim, seqlen_k),
+// without a mask and causal (on host builds without AVX-512, 192 query rows from
+// host::long_keys keys: 3 x 65 tiles here where 96 rows would stage 5 x 65).
+TEST(TileSkip, LongKeysStageTheirQueryTiles) {
+  const Shape s{1, 1, 1, 421, 8253, 32};
+  kfa::Params causal;
+  causal.causal = true;
+  for (kfa::Params p : {kfa::Params{}, causal}) {
+    p.num_splits = 1;
+    SCOPED_TRACE(describe(p));
+    Problem pb(s, seed_of(s, 0));
+    const auto c = count_tiles([&] { run_forward<float>(pb, p); });
+    EXPECT_EQ(c.tiles(TileCounter::forward), static_cast<unsigned long long>(forward_tiles(s, p)));
+  }
+}
+
 // Split-KV divides a query tile's visible key tiles among its splits, none twice, none lost.
 // 517 keys: 9 tiles of 64 (5 of the host's 128 at head_dim 64), so 17 splits leave empty ones.
 TEST(TileSkip, SplitsStageEachTileOnce) {
@@ -165,7 +182,7 @@ TEST(TileSkip, SplitsStageEachTileOnce) {
 // masks alone leave.
 TEST(TileSkip, DenseMaskHidesTilesInEveryKernel) {
   const Shape s{2, 2, 1, 150, 203, 32};
-  const int br = traits::block_q(s.head_dim), bc = traits::block_k(s.head_dim),
+  const int br = traits::block_q(s.head_dim, s.seqlen_k), bc = traits::block_k(s.head_dim),
             bt = traits::block_bwd(s.head_dim);
   // Blocks of the pattern as large as the largest tiles, so that whole tiles of every kernel
   // fall in its hidden blocks.
@@ -309,7 +326,7 @@ TEST(IoModel, EqualsTheBytesOfTheRowsTheKernelsStage) {
         const auto rows = [&](TileCounter k) { return double(c.rows(k)); };
         const auto fwd =
             kfa::forward_traffic(s.batch, s.heads_q, s.seqlen_q, s.seqlen_k, d, 4, 4, p,
-                                 traits::block_q(wide), traits::block_k(wide), s.head_dim_v);
+                                 traits::block_q(wide, s.seqlen_k), traits::block_k(wide), s.head_dim_v);
         if (forward_tiles(s, p) > 0 || c.tiles(TileCounter::forward) > 0) {  // a counted forward
           EXPECT_DOUBLE_EQ(fwd.read,
                            b * hq * nq * D * e + rows(TileCounter::forward) * (D + Dv) * e);

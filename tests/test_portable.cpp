@@ -158,7 +158,7 @@ TEST(TileShape, ByteCountsAreTheKernelsScratch) {
     const int td = d > dv ? d : dv;
     if constexpr (!Fwd::key_major) {
       EXPECT_EQ(Fwd::scratch_bytes(d, dv),
-                kfa::backends::forward_scratch_bytes(traits::block_q(td), traits::block_k(td), d,
+                kfa::backends::forward_scratch_bytes(traits::block_q(td, 0), traits::block_k(td), d,
                                                      int(sizeof(float)), traits::pad, dv))
           << "head_dim " << d << ", Dv " << dv;
     }

@@ -130,7 +130,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     if constexpr (warp_type)
       warp = ops::warp_head_dim(head_dim) && head_dim_v == head_dim && ops::warp_runs(space) &&
              base::rows_on_16_bytes(q) && base::rows_on_16_bytes(k) && base::rows_on_16_bytes(v);
-    Br = traits::block_q(tile_dim(head_dim, head_dim_v));
+    Br = traits::block_q(tile_dim(head_dim, head_dim_v), tile_keys());
     Bc = traits::block_k(tile_dim(head_dim, head_dim_v));
     if constexpr (warp_type)
       if (warp) {
@@ -167,17 +167,23 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     return head_dim > head_dim_v ? head_dim : head_dim_v;
   }
 
+  /// The key count the traits size Br for (TileTraits::block_q): the keys' extent, or 0 for
+  /// packed sequences, whose views hold every sequence's keys and whose lengths are not known
+  /// here.
+  int tile_keys() const { return Seqs::packed ? 0 : seqlen_k; }
+
   /// Team scratch: Q_i (Br x D), O~_i (Br x Dv), K_j^T (D x Bc), V_j (Bc x Dv), S_ij (Br x Bc),
   /// m, l (Br); rows ldd, ldv or ldc apart. Key-major (TileTraits::key_major_scores): Q_i^T
   /// (D x Br), K_j (Bc x D) and S_ij^T (Bc x Br), rows of Br elements ldq apart, and one more
   /// array of Br (the rows' rescale factors); with bfloat16 pair products, Q_i^T holds pair
   /// words; under the multi-scale rule, one more Bc x Br tile for the mask tile M_ij^T. A
-  /// function of the head dims alone (head_dim_v 0: head_dim), so that it can be reported
-  /// without a launch (perf/cuda_report.sh).
-  static std::size_t scratch_bytes(int head_dim, int head_dim_v = 0) {
+  /// function of the head dims (head_dim_v 0: head_dim) and of the key count that sizes Br
+  /// (tile_keys; 0: the short-sequence tiles), so that it can be reported without a launch
+  /// (perf/cuda_report.sh).
+  static std::size_t scratch_bytes(int head_dim, int head_dim_v = 0, int keys = 0) {
     if (head_dim_v <= 0) head_dim_v = head_dim;
     const int td = tile_dim(head_dim, head_dim_v);
-    const std::size_t br = traits::block_q(td), bc = traits::block_k(td), d = head_dim,
+    const std::size_t br = traits::block_q(td, keys), bc = traits::block_k(td), d = head_dim,
                       ldd = d + traits::pad, ldv = std::size_t(head_dim_v) + traits::pad,
                       ldc = bc + traits::pad, ldq = br + traits::pad;
     // A boolean mask's bits (mask_words), carved last.
@@ -197,7 +203,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   std::size_t scratch_bytes() const {
     if constexpr (warp_type)
       if (warp) return ops::warp_scratch_bytes(head_dim);
-    return scratch_bytes(head_dim, head_dim_v);
+    return scratch_bytes(head_dim, head_dim_v, tile_keys());
   }
 
   /// Row stride of the key-major tiles Br wide.

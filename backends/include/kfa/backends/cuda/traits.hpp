@@ -89,7 +89,7 @@ struct mma_tag<float> {
 template <class T>
 struct TileTraits<Kokkos::Cuda, T, void> {
   /// Br: 64 rows for head_dim <= 32, 32 up to 64, 16 beyond.
-  static constexpr int block_q(int head_dim) {
+  static constexpr int block_q(int head_dim, int /*seqlen_k*/) {
     return head_dim <= 32 ? 64 : head_dim <= 64 ? 32 : 16;
   }
   /// Bc: 32 keys up to head_dim 64, 16 beyond.

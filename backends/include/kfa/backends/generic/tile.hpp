@@ -19,8 +19,9 @@ namespace kfa::backends {
 /// The primary template is the portable choice; see host/traits.hpp for the host one.
 template <class ExecSpace, class T, class Enable = void>
 struct TileTraits {
-  /// Query rows per team (Br) for a given head_dim.
-  static constexpr int block_q(int /*head_dim*/) { return 64; }
+  /// Query rows per team (Br) for a forward with head_dim and seqlen_k keys (a backend may take
+  /// taller tiles for long key sequences, as the host's do; packed sequences pass 0).
+  static constexpr int block_q(int /*head_dim*/, int /*seqlen_k*/) { return 64; }
   /// Keys per staged tile (Bc) for a given head_dim.
   static constexpr int block_k(int head_dim) { return head_dim <= 128 ? 64 : 32; }
   /// Backward tile (Br = Bc): the backward keeps K_j, K_j^T, V_j^T, dK_j and dV_j on chip

@@ -34,15 +34,35 @@ inline constexpr int query_tile_rows = 64;
 #else
 inline constexpr int query_tile_rows = 96;
 #endif
+
+/// Keys from which the forward takes long_query_tile_rows: past them one head's K and V (4 MiB
+/// and more at head_dim 64, in float) come from L3 or memory for every query tile, and a taller
+/// query tile reads them fewer times.
+inline constexpr int long_keys = 8192;
+
+/// The forward's query-tile rows for long_keys keys and more: 192 (32 blocks of the 6-row
+/// micro-kernel; Q_i^T, O_i, S_ij^T, K_j and V_j about 304 KiB at head_dim 128, within L2) where
+/// query_tile_rows is 96, which halves again the K and V traffic; not applied below long_keys,
+/// where a causal diagonal tile wastes more the taller it is (a 128-row tile lost up to 13 % at
+/// N = 1024) and K and V of a head stay in L3. On AVX-512 not measured: 64 throughout.
+/// (perf/results/2026-11-29-long-keys.md)
+#if defined(__AVX512F__)
+inline constexpr int long_query_tile_rows = query_tile_rows;
+#else
+inline constexpr int long_query_tile_rows = 2 * query_tile_rows;
+#endif
 }  // namespace host
 
-/// Host tile traits: one thread per team, Br = 64 with AVX-512 and 96 without, Bc = 128 up to
-/// head_dim 64, 64 up to 128, 32 above.
+/// Host tile traits: one thread per team, Br = 64 with AVX-512 and 96 without (192 for long_keys
+/// keys and more), Bc = 128 up to head_dim 64, 64 up to 128, 32 above.
 template <class ExecSpace, class T>
 struct TileTraits<
     ExecSpace, T,
     std::enable_if_t<Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible>> {
-  static constexpr int block_q(int /*head_dim*/) { return host::query_tile_rows; }  ///< Br
+  /// Br: host::query_tile_rows, or host::long_query_tile_rows from host::long_keys keys.
+  static constexpr int block_q(int /*head_dim*/, int seqlen_k) {
+    return seqlen_k >= host::long_keys ? host::long_query_tile_rows : host::query_tile_rows;
+  }
   /// Bc: K_j^T and V_j stay in L2 next to Q_i and O_i. 128 keys up to head_dim 64: there the
   /// products' depth (head_dim for S^T, Bc for P V) is short and each micro-kernel call's fixed
   /// cost (zeroing, storing its accumulators) weighs; the longer P V took 3.0-3.5 % off float
