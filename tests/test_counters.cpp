@@ -71,8 +71,7 @@ long long forward_tiles(const Shape& s, const kfa::Params& p) {
     using Ops = kfa::backends::TileOps<E, float>;
     if (Ops::warp_head_dim(s.head_dim) && s.dv() == s.head_dim && Ops::warp_runs(E{})) return 0;
   }
-  return meeting_tiles(s, p, Traits::block_q(s.head_dim, s.seqlen_k),
-                       Traits::block_k(s.head_dim));
+  return meeting_tiles(s, p, Traits::block_q(s.head_dim, s.seqlen_k), Traits::block_k(s.head_dim));
 }
 
 Counts run_both(const Shape& s, const kfa::Params& p) {
@@ -324,9 +323,9 @@ TEST(IoModel, EqualsTheBytesOfTheRowsTheKernelsStage) {
                      D = d, Dv = dv;
         const auto c = run_both(s, p);
         const auto rows = [&](TileCounter k) { return double(c.rows(k)); };
-        const auto fwd =
-            kfa::forward_traffic(s.batch, s.heads_q, s.seqlen_q, s.seqlen_k, d, 4, 4, p,
-                                 traits::block_q(wide, s.seqlen_k), traits::block_k(wide), s.head_dim_v);
+        const auto fwd = kfa::forward_traffic(s.batch, s.heads_q, s.seqlen_q, s.seqlen_k, d, 4, 4,
+                                              p, traits::block_q(wide, s.seqlen_k),
+                                              traits::block_k(wide), s.head_dim_v);
         if (forward_tiles(s, p) > 0 || c.tiles(TileCounter::forward) > 0) {  // a counted forward
           EXPECT_DOUBLE_EQ(fwd.read,
                            b * hq * nq * D * e + rows(TileCounter::forward) * (D + Dv) * e);
