@@ -53,15 +53,18 @@ inline constexpr int long_query_tile_rows = 2 * query_tile_rows;
 #endif
 }  // namespace host
 
-/// Host tile traits: one thread per team, Br = 64 with AVX-512 and 96 without (192 for long_keys
-/// keys and more), Bc = 128 up to head_dim 64, 64 up to 128, 32 above.
+/// Host tile traits: one thread per team, Br = 64 with AVX-512 and 96 without (192 from
+/// long_keys keys up to head_dim 128), Bc = 128 up to head_dim 64, 64 up to 128, 32 above.
 template <class ExecSpace, class T>
 struct TileTraits<
     ExecSpace, T,
     std::enable_if_t<Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible>> {
-  /// Br: host::query_tile_rows, or host::long_query_tile_rows from host::long_keys keys.
-  static constexpr int block_q(int /*head_dim*/, int seqlen_k) {
-    return seqlen_k >= host::long_keys ? host::long_query_tile_rows : host::query_tile_rows;
+  /// Br: host::query_tile_rows, or host::long_query_tile_rows from host::long_keys keys up to
+  /// head_dim 128 (above not measured; at head_dim 256 the 192-row tiles would take about 470 KiB,
+  /// nearly all of the 512 KiB L2).
+  static constexpr int block_q(int head_dim, int seqlen_k) {
+    return seqlen_k >= host::long_keys && head_dim <= 128 ? host::long_query_tile_rows
+                                                          : host::query_tile_rows;
   }
   /// Bc: K_j^T and V_j stay in L2 next to Q_i and O_i. 128 keys up to head_dim 64: there the
   /// products' depth (head_dim for S^T, Bc for P V) is short and each micro-kernel call's fixed
