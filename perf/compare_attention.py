@@ -422,7 +422,7 @@ class Results:
         return self.case(impl, pass_, t, n, d, c)[0]
 
 
-def report(a, res, md_path, command, ort_why):
+def report(a, res, md_path, command, ort_why, plotted):
     ort_impls = [i for i in a.impls if i in ORT]
     peak = ", ".join(f"{t} {r / 1e9:.1f} GFLOP/s" for t, r in res.peak.items())
     if not ort_impls:
@@ -544,7 +544,10 @@ def report(a, res, md_path, command, ort_why):
         lines.append("")
     base = os.path.splitext(os.path.basename(md_path))[0]
     memory_plot = f", `{base}-memory.png` (peak memory against N)" if res.mem else ""
-    lines += [f"Plots: `{base}.png` (GFLOP/s against N){memory_plot}.", ""]
+    if plotted:
+        lines += [f"Plots: `{base}.png` (GFLOP/s against N){memory_plot}.", ""]
+    else:
+        lines += ["No plots: matplotlib was not importable.", ""]
     with open(md_path, "w") as f:
         f.write("\n".join(lines))
 
@@ -650,8 +653,8 @@ def main():
     res = Results(bench_path, torch_path if with_torch else None,
                   ort_path if (with_ort and ort_cases) or a.reuse else None,
                   mem_path if a.mem_n else None)
-    report(a, res, stem + ".md", command, ort_why)
     plotted = plot(a, res, stem + ".png", stem + "-memory.png")
+    report(a, res, stem + ".md", command, ort_why, plotted)
     print(f"wrote {stem}.md" + (f", {stem}.png" if plotted else "")
           + (f", {stem}-memory.png" if plotted and a.mem_n else ""))
 

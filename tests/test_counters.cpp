@@ -146,7 +146,7 @@ TEST(TileSkip, EveryMaskEveryKernel) {
 // without a mask and causal (on host builds without AVX-512, 192 query rows from
 // host::long_keys keys: 3 x 65 tiles here where 96 rows would stage 5 x 65).
 TEST(TileSkip, LongKeysStageTheirQueryTiles) {
-  const Shape s{1, 1, 1, 421, 8253, 32};
+  const Shape s{1, 1, 1, 421, 8253, 64};
   kfa::Params causal;
   causal.causal = true;
   for (kfa::Params p : {kfa::Params{}, causal}) {

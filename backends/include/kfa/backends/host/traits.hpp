@@ -5,7 +5,7 @@
 /// One thread per team and no vector lanes: the host tile products (host/tile.hpp) do a whole
 /// tile on one thread in vector registers. Tiles are sized to stay in L2 for head_dim <= 128
 /// (Q_i, O_i, K_j, V_j and S_ij: 144 KiB in float at Br = Bc = 64 and head_dim 128, 184 KiB
-/// at Br = 96; the cores measured have 512 KiB of L2 or more).
+/// at Br = 96, about 304 KiB at 192; the cores measured have 512 KiB of L2 or more).
 
 #include <kfa/backends/generic/tile.hpp>
 
@@ -54,17 +54,19 @@ inline constexpr int long_query_tile_rows = 2 * query_tile_rows;
 }  // namespace host
 
 /// Host tile traits: one thread per team, Br = 64 with AVX-512 and 96 without (192 from
-/// long_keys keys up to head_dim 128), Bc = 128 up to head_dim 64, 64 up to 128, 32 above.
+/// long_keys keys at head dims 64 to 128), Bc = 128 up to head_dim 64, 64 up to 128, 32 above.
 template <class ExecSpace, class T>
 struct TileTraits<
     ExecSpace, T,
     std::enable_if_t<Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible>> {
-  /// Br: host::query_tile_rows, or host::long_query_tile_rows from host::long_keys keys up to
-  /// head_dim 128 (above not measured; at head_dim 256 the 192-row tiles would take about 470 KiB,
-  /// nearly all of the 512 KiB L2).
+  /// Br: host::query_tile_rows, or host::long_query_tile_rows from host::long_keys keys at head
+  /// dims 64 to 128, where it was measured (below 64, K and V at 8192 keys are no larger than
+  /// at 64 and 4096 or fewer, where it did not pay; at 256 the 192-row tiles would take about
+  /// 470 KiB, nearly all of the 512 KiB L2).
   static constexpr int block_q(int head_dim, int seqlen_k) {
-    return seqlen_k >= host::long_keys && head_dim <= 128 ? host::long_query_tile_rows
-                                                          : host::query_tile_rows;
+    return seqlen_k >= host::long_keys && head_dim >= 64 && head_dim <= 128
+               ? host::long_query_tile_rows
+               : host::query_tile_rows;
   }
   /// Bc: K_j^T and V_j stay in L2 next to Q_i and O_i. 128 keys up to head_dim 64: there the
   /// products' depth (head_dim for S^T, Bc for P V) is short and each micro-kernel call's fixed
