@@ -24,6 +24,11 @@ struct Tiles {
   int br, bc, bt;
 };
 
+/// The CUDA table's tiles for head_dim d (backends/cuda/traits.hpp).
+Tiles cuda_tiles(int d) {
+  return d == 64 ? Tiles{"CUDA 32x32", 32, 32, 16} : Tiles{"CUDA 16x16", 16, 16, 8};
+}
+
 /// The host tiles of this build for head_dim d and n keys.
 Tiles host_tiles(int d, int n) {
   using Traits = kfa::backends::TileTraits<Kokkos::DefaultHostExecutionSpace, float>;
@@ -42,9 +47,7 @@ int main() {
   for (int d : {64, 128}) {
     for (bool host : {true, false})
       for (int n : {1024, 4096, 16384}) {
-        const Tiles t = host      ? host_tiles(d, n)
-                        : d == 64 ? Tiles{"CUDA 32x32", 32, 32, 16}
-                                  : Tiles{"CUDA 16x16", 16, 16, 8};
+        const Tiles t = host ? host_tiles(d, n) : cuda_tiles(d);
         for (bool causal : {false, true}) {
           kfa::Params p;
           p.causal = causal;

@@ -95,7 +95,7 @@ TEST(TileSkip, CausalSquareStagesHalfTheTiles) {
   const Shape s{1, 2, 2, 1024, 1024, 64};
   // Forward, Br x Bc tiles: query tile i (rows up to min((i + 1) Br, N) - 1: the last tile is
   // short where Br does not divide N, 96 into 1024) sees key tiles 0 to that row / Bc.
-  const int br = traits::block_q(64, 1024), bc = traits::block_k(64);
+  const int br = traits::block_q(s.head_dim, s.seqlen_k), bc = traits::block_k(s.head_dim);
   unsigned forward_tiles = 0;
   for (int i = 0; i * br < 1024; ++i)
     forward_tiles += static_cast<unsigned>((std::min((i + 1) * br, 1024) - 1) / bc + 1);

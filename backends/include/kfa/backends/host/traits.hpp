@@ -35,17 +35,15 @@ inline constexpr int query_tile_rows = 64;
 inline constexpr int query_tile_rows = 96;
 #endif
 
-/// Keys from which the forward takes long_query_tile_rows: past them one head's K and V (4 MiB
-/// and more at head_dim 64, in float) come from L3 or memory for every query tile, and a taller
-/// query tile reads them fewer times.
+/// Keys from which the forward takes long_query_tile_rows (TileTraits::block_q).
 inline constexpr int long_keys = 8192;
 
-/// The forward's query-tile rows for long_keys keys and more: 192 (32 blocks of the 6-row
-/// micro-kernel; Q_i^T, O_i, S_ij^T, K_j and V_j about 304 KiB at head_dim 128, within L2) where
-/// query_tile_rows is 96, which halves again the K and V traffic; not applied below long_keys,
-/// where a causal diagonal tile wastes more the taller it is (a 128-row tile lost up to 13 % at
-/// N = 1024) and K and V of a head stay in L3. On AVX-512 not measured: 64 throughout.
-/// (perf/results/2026-11-29-long-keys.md)
+/// The forward's query-tile rows from long_keys keys: 192 where query_tile_rows is 96 (32 blocks
+/// of the 6-row micro-kernel; the tiles about 304 KiB at head_dim 128, within L2). There one
+/// head's K and V (4 MiB and more in float) come from L3 or memory for every query tile, and
+/// twice the rows read them half as often. Below long_keys the short rule stays: a causal
+/// diagonal tile wastes more the taller it is, and 192 was mixed at N <= 2048. On AVX-512 not
+/// measured: 64 throughout (perf/results/2026-11-29-long-keys.md).
 #if defined(__AVX512F__)
 inline constexpr int long_query_tile_rows = query_tile_rows;
 #else
@@ -59,10 +57,9 @@ template <class ExecSpace, class T>
 struct TileTraits<
     ExecSpace, T,
     std::enable_if_t<Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible>> {
-  /// Br: host::query_tile_rows, or host::long_query_tile_rows from host::long_keys keys at head
-  /// dims 64 to 128, where it was measured (below 64, K and V at 8192 keys are no larger than
-  /// at 64 and 4096 or fewer, where it did not pay; at 256 the 192-row tiles would take about
-  /// 470 KiB, nearly all of the 512 KiB L2).
+  /// Br: host::query_tile_rows, or host::long_query_tile_rows from host::long_keys keys at the
+  /// head dims measured, 64 to 128 (below, K and V at 8192 keys are no larger than where it did
+  /// not pay; at 256 the taller tiles would fill about 470 KiB of the 512 KiB L2).
   static constexpr int block_q(int head_dim, int seqlen_k) {
     return seqlen_k >= host::long_keys && head_dim >= 64 && head_dim <= 128
                ? host::long_query_tile_rows
