@@ -17,6 +17,11 @@
 // tiles and VDPBF16PS, against a oneDNN bf16 matmul primitive on plain row-major bfloat16 (see
 // Bf16Problem below).
 //
+// Between the two products the forward takes the online-softmax step of the tile
+// (TileOps::col_softmax: column maxima, P = exp(S - m') in place, l and the rescale factors),
+// timed here too (softmax/...), in scores per second, at the same tiles: on one core it is
+// the part of the forward that is not products (about a tenth of it at D = 64).
+//
 // Engines absent at configure time are not compiled in; the context line "absent_engines"
 // names them. Run single-threaded and pinned:
 //   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 taskset -c 0 ./bench_tile_products
@@ -25,6 +30,8 @@
 
 #include <kfa/backends/bf16x2.hpp>
 #include <kfa/backends/host/tile.hpp>
+
+#include "fma_peak.hpp"
 
 #ifdef KFA_BENCH_HAVE_OPENBLAS
 #include <cblas.h>
@@ -41,6 +48,7 @@ char* openblas_get_config(void);
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -541,43 +549,7 @@ void BM_dnnl_matmul_bf16(benchmark::State& state, Product product, Placement pla
 }
 #endif
 
-// ---- FMA peak probe -------------------------------------------------------------------------
-
-/// The core's vector FMA peak for T: 12 independent chains of FMAs on the widest vector (enough
-/// to cover the FMA latency times the FMA pipes of current cores), 2 FLOPs per lane per FMA.
-template <class T>
-void BM_fma_peak(benchmark::State& state) {
-#if defined(__GNUC__) && defined(__AVX512F__)
-  using vec [[gnu::vector_size(64)]] = T;
-  constexpr int chains = 12, lanes = 64 / sizeof(T);
-  constexpr long steps = 1 << 12;
-  // Converges to 1, no overflow or subnormals; read through volatile, so nothing folds. Not
-  // benchmark::DoNotOptimize (1.7.1's "+m,r" asm): with it GCC 12 dropped the two scalars'
-  // initial stores, the loop ran on two stack slots never written, and on some runs on this
-  // Xeon at 1/260 of the peak.
-  const volatile T mul_v = T(0.999), add_v = T(1e-3);
-  const T mul_s = mul_v, add_s = add_v;
-  const vec mul = vec{} + mul_s, add = vec{} + add_s;
-  vec acc[chains];
-  for (int c = 0; c < chains; ++c)
-    acc[c] = vec{} + T(c);
-  for (auto _ : state) {
-    for (long s = 0; s < steps; ++s)
-      for (int c = 0; c < chains; ++c)
-        acc[c] = acc[c] * mul + add;  // contracted to one FMA (C++ default -ffp-contract=fast)
-    for (int c = 0; c < chains; ++c)
-      asm volatile("" : "+v"(acc[c]));  // live and in a register, no spill per step
-  }
-  T sum = 0;
-  for (int c = 0; c < chains; ++c)
-    for (int l = 0; l < lanes; ++l)
-      sum += acc[c][l];
-  benchmark::DoNotOptimize(sum);
-  state.counters["FLOP/s"] = flop_rate(2.0 * chains * lanes * steps);
-#else
-  state.SkipWithError("the FMA probe needs GCC/Clang with AVX-512 (build with KFA_NATIVE)");
-#endif
-}
+// ---- AMX peak probe -------------------------------------------------------------------------
 
 #ifdef KFA_HOST_AMX
 /// The core's AMX peak for bfloat16 pairs: TDPBF16PS on four independent C tiles from A and B
@@ -627,6 +599,60 @@ void BM_amx_scope(benchmark::State& state) {
 }
 #endif
 
+// ---- the online-softmax step ----------------------------------------------------------------
+
+/// TileOps::col_softmax on an S^T tile (bc keys x br queries, row stride ldq = br + 8 floats),
+/// as the key-major forward calls it after S^T = K_j Q_i^T: checked once against a double loop
+/// (P, the new maxima and sums, the rescale factors), then timed one step per iteration on the
+/// tile it left behind (P taken as the next scores: the same instructions whatever the values,
+/// none of them -inf). Counter `scores/s`: br * bc per step.
+void BM_col_softmax(benchmark::State& state, int br, int bc) {
+  using Ops = kfa::backends::TileOps<Kokkos::DefaultHostExecutionSpace, float>;
+  const int ldq = br + 8;
+  std::vector<float> s(static_cast<std::size_t>(bc) * ldq), m(br), l(br), alpha(br);
+  std::uint32_t h = 12345u;
+  const auto draw = [&h] {  // scores in [-8, 8)
+    h = h * 1664525u + 1013904223u;
+    return static_cast<float>(h >> 8) * (16.0f / 16777216.0f) - 8.0f;
+  };
+  for (float& x : s)
+    x = draw();
+  for (int c = 0; c < br; ++c) {
+    m[c] = c % 3 == 0 ? -std::numeric_limits<float>::infinity() : draw();  // first tile or not
+    l[c] = c % 3 == 0 ? 0.0f : 1.0f + static_cast<float>(c);
+  }
+  const std::vector<float> s0 = s, m0 = m, l0 = l;
+  const int member = 0;
+  Ops::col_softmax(member, s.data(), ldq, 0, bc, br, m.data(), l.data(), alpha.data());
+  for (int c = 0; c < br; ++c) {
+    double top = m0[c];
+    for (int j = 0; j < bc; ++j)
+      top = std::max(top, static_cast<double>(s0[static_cast<std::size_t>(j) * ldq + c]));
+    const double a = std::exp(static_cast<double>(m0[c]) - top);
+    double sum = a * l0[c];
+    bool ok = m[c] == static_cast<float>(top) && std::abs(alpha[c] - a) <= 1e-6 * a;
+    for (int j = 0; j < bc; ++j) {
+      const std::size_t e = static_cast<std::size_t>(j) * ldq + c;
+      const double p = std::exp(static_cast<double>(s0[e]) - top);
+      ok = ok && std::abs(s[e] - p) <= 1e-6 * p + 1e-30;
+      sum += p;
+    }
+    if (!ok || std::abs(l[c] - sum) > 1e-5 * sum) {
+      state.SkipWithError(
+          ("col_softmax differs from the double loop at query " + std::to_string(c)).c_str());
+      return;
+    }
+  }
+  benchmark::DoNotOptimize(s.data());
+  for (auto _ : state) {
+    Ops::col_softmax(member, s.data(), ldq, 0, bc, br, m.data(), l.data(), alpha.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["scores/s"] =
+      benchmark::Counter(static_cast<double>(br) * bc * static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate);
+}
+
 // ---- registration and main ------------------------------------------------------------------
 
 const char* name_of(Product p) {
@@ -642,7 +668,10 @@ using BenchFn = void (*)(benchmark::State&, Product, Placement, int, int, int);
 
 template <class T>
 void register_all() {
-  benchmark::RegisterBenchmark((std::string("fma_peak/") + type_name<T>()).c_str(), BM_fma_peak<T>);
+  // The FMA peak of perf/fma_peak.hpp (the probe bench_attention runs), under this file's names.
+  benchmark::RegisterBenchmark((std::string("fma_peak/") + type_name<T>()).c_str(),
+                               kfa_bench::BM_fma_peak<T>)
+      ->UseRealTime();
   std::vector<std::pair<const char*, BenchFn>> engines{{"kfa", BM_kfa<T, false>},
                                                        {"kfa_inline", BM_kfa<T, true>}};
 #ifdef KFA_BENCH_HAVE_LIBXSMM
@@ -750,6 +779,13 @@ int main(int argc, char** argv) {
     benchmark::AddCustomContext("kokkos_host_space", Kokkos::DefaultHostExecutionSpace::name());
     register_all<float>();
     register_all<double>();
+    // The forward's query tiles (96 rows without AVX-512, 64 with, 192 for long keys) against
+    // its key tiles (128 keys up to D = 64, 64 up to 128: host/traits.hpp).
+    for (int br : {64, 96, 192})
+      for (int bc : {64, 128})
+        benchmark::RegisterBenchmark(
+            ("softmax/float/Br:" + std::to_string(br) + "/Bc:" + std::to_string(bc)).c_str(),
+            BM_col_softmax, br, bc);
     register_bf16();
     benchmark::Initialize(&argc, argv);
     benchmark::RunSpecifiedBenchmarks();

@@ -34,7 +34,10 @@ def load(path, suffix):
     rows, peaks, cvs, walls = {}, {}, [], []
     for b in runs:
         parts = b["run_name"].split("/")
-        # product/type/Br:x/Bc:y/D:z/placement/engine, or fma_peak/type
+        # product/type/Br:x/Bc:y/D:z/placement/engine, or fma_peak/type; the softmax step's
+        # cases (softmax/type/Br:x/Bc:y) are no products and not tabled here.
+        if parts[0] == "softmax":
+            continue
         key = None
         if parts[0] != "fma_peak":
             key = (parts[1], parts[5], parts[0], int(parts[4][2:]), int(parts[2][3:]),

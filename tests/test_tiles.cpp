@@ -733,7 +733,7 @@ TEST(Tiles, HostExp2_8IsExp2) {
 #if defined(KFA_TEST_HOST_INTRINSICS) && defined(__AVX2__) && defined(__FMA__)
   std::vector<float> y = exp2_arguments();
   for (float v : {0.0f, -0.0f, -1.0f, -2.0f, -126.0f, -125.99999f, -126.00001f, 1e-30f, -1e-30f,
-                  127.0f, 126.5f})
+                  127.0f, 126.5f, -126.5f, -127.0f, -127.00001f})
     y.push_back(v);
   y.push_back(-std::numeric_limits<float>::infinity());
   y.push_back(std::nanf(""));
