@@ -19,8 +19,9 @@
 //
 // Between the two products the forward takes the online-softmax step of the tile
 // (TileOps::col_softmax: column maxima, P = exp(S - m') in place, l and the rescale factors),
-// timed here too (softmax/...), in scores per second, at the same tiles: on one core it is
-// the part of the forward that is not products (about a tenth of it at D = 64).
+// timed here too (softmax/...), in scores per second, at the same tiles: on one core the
+// largest part of the forward besides the products (about a seventh of it at D = 64 on a
+// Zen 3, docs/performance.md).
 //
 // Engines absent at configure time are not compiled in; the context line "absent_engines"
 // names them. Run single-threaded and pinned:
@@ -624,25 +625,38 @@ void BM_col_softmax(benchmark::State& state, int br, int bc) {
   const std::vector<float> s0 = s, m0 = m, l0 = l;
   const int member = 0;
   Ops::col_softmax(member, s.data(), ldq, 0, bc, br, m.data(), l.data(), alpha.data());
+  // Relative bound for P and alpha: x - m' (within 16 of each other here) and y = (x - m')
+  // log2(e) (below 24 in size) are rounded to float, up to 2^-21 and 2^-20 absolute: under
+  // 1.8 2^-20 in y, ln 2 times that (1.2e-6) relative in 2^y, and exp2's own 2 ulp on top:
+  // under 1.5e-6, checked at 4e-6. l sums bc of them in float. `close` is false for NaN.
+  const auto close = [](double x, double ref, double rel) {
+    return std::abs(x - ref) <= rel * ref;
+  };
   for (int c = 0; c < br; ++c) {
     double top = m0[c];
     for (int j = 0; j < bc; ++j)
       top = std::max(top, static_cast<double>(s0[static_cast<std::size_t>(j) * ldq + c]));
     const double a = std::exp(static_cast<double>(m0[c]) - top);
     double sum = a * l0[c];
-    bool ok = m[c] == static_cast<float>(top) && std::abs(alpha[c] - a) <= 1e-6 * a;
+    bool ok = m[c] == static_cast<float>(top) && close(alpha[c], a, 4e-6);
     for (int j = 0; j < bc; ++j) {
       const std::size_t e = static_cast<std::size_t>(j) * ldq + c;
       const double p = std::exp(static_cast<double>(s0[e]) - top);
-      ok = ok && std::abs(s[e] - p) <= 1e-6 * p + 1e-30;
+      ok = ok && close(s[e], p, 4e-6);
       sum += p;
     }
-    if (!ok || std::abs(l[c] - sum) > 1e-5 * sum) {
+    if (!ok || !close(l[c], sum, 1e-5)) {
       state.SkipWithError(
           ("col_softmax differs from the double loop at query " + std::to_string(c)).c_str());
       return;
     }
   }
+  for (int j = 0; j < bc; ++j)  // the rows' padding past the br queries is not the step's
+    for (int c = br; c < ldq; ++c)
+      if (s[static_cast<std::size_t>(j) * ldq + c] != s0[static_cast<std::size_t>(j) * ldq + c]) {
+        state.SkipWithError("col_softmax wrote past the tile's queries");
+        return;
+      }
   benchmark::DoNotOptimize(s.data());
   for (auto _ : state) {
     Ops::col_softmax(member, s.data(), ldq, 0, bc, br, m.data(), l.data(), alpha.data());
@@ -668,10 +682,10 @@ using BenchFn = void (*)(benchmark::State&, Product, Placement, int, int, int);
 
 template <class T>
 void register_all() {
-  // The FMA peak of perf/fma_peak.hpp (the probe bench_attention runs), under this file's names.
+  // The FMA peak of perf/fma_peak.hpp (the probe bench_attention runs) under this file's
+  // names, in CPU time like the products here.
   benchmark::RegisterBenchmark((std::string("fma_peak/") + type_name<T>()).c_str(),
-                               kfa_bench::BM_fma_peak<T>)
-      ->UseRealTime();
+                               kfa_bench::BM_fma_peak<T>);
   std::vector<std::pair<const char*, BenchFn>> engines{{"kfa", BM_kfa<T, false>},
                                                        {"kfa_inline", BM_kfa<T, true>}};
 #ifdef KFA_BENCH_HAVE_LIBXSMM

@@ -11,7 +11,8 @@
 // The probe: 12 independent accumulators, each updated acc = acc * a + b by one FMA on the
 // widest vector the compiler targets, kept in registers, the compiler kept from folding the
 // loop by an empty asm. It counts 2 FLOPs per lane per FMA and reports "FLOP/s" like the
-// attention cases. Registered by bench_attention, bench_forward and bench_backward.
+// attention cases. Registered by bench_attention, bench_forward and bench_backward, and by
+// bench_tile_products as fma_peak/float and fma_peak/double (in CPU time, like its products).
 #include <benchmark/benchmark.h>
 
 #include <cstddef>

@@ -11,6 +11,7 @@
 
 #include "category.hpp"
 
+#include <cfenv>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -759,11 +760,18 @@ TEST(Tiles, HostExp2_8IsExp2) {
     }
   }
 #endif
-  // Far above the range: finite (taken as 127); lanes outside the mask 0 whatever y is.
+  // Far above the range: finite (taken as 127), and no overflow raised; lanes outside the
+  // mask 0 whatever y is.
   float out[8];
   const float inf = std::numeric_limits<float>::infinity();
   const __m256 half = _mm256_castsi256_ps(_mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0));
-  _mm256_storeu_ps(out, kfa::backends::host::exp2_8(_mm256_set1_ps(200.0f), half));
+  __m256 far = _mm256_set1_ps(200.0f);
+  asm volatile("" : "+x"(far));  // not folded at compile time
+  std::feclearexcept(FE_OVERFLOW);
+  far = kfa::backends::host::exp2_8(far, half);
+  asm volatile("" : "+x"(far));  // computed before the flags are read
+  EXPECT_FALSE(std::fetestexcept(FE_OVERFLOW));
+  _mm256_storeu_ps(out, far);
   for (int l = 0; l < 8; ++l) {
     if (l < 4) {
       EXPECT_EQ(out[l], std::exp2(127.0f)) << "lane " << l;
@@ -771,6 +779,9 @@ TEST(Tiles, HostExp2_8IsExp2) {
       EXPECT_EQ(out[l], 0.0f) << "lane " << l;
     }
   }
+  _mm256_storeu_ps(out, kfa::backends::host::exp2_8(_mm256_set1_ps(inf)));
+  for (float x : out)
+    EXPECT_EQ(x, std::exp2(127.0f));  // +inf unmasked: taken as 127 too
   _mm256_storeu_ps(
       out, kfa::backends::host::exp2_8(
                _mm256_setr_ps(127.5f, 1.0f, 2.0f, 3.0f, std::nanf(""), -inf, 127.5f, inf), half));

@@ -297,8 +297,8 @@ inline __m512 exp2_16(__m512 y, __mmask16 lanes = 0xFFFF) {
 /// first: at -127 the field is 0, so 0 below 2^-126 and at -inf; above 127 y is taken as 127
 /// (finite, as exp_float saturates). NaN passes both clamps (vmaxps and vminps give their
 /// second operand, y, where one is NaN) and stays NaN. Within 2 ulp of exp2 like exp2_16.
-/// 13 instructions where a conversion to integers and a range compare made 16: the softmax
-/// step ran 1.14-1.35x faster on a Zen 3 (2026-11-29-softmax-exp2.md).
+/// 13 instructions where a conversion to integers and a range compare made 16, with the same
+/// results (perf/results/2026-11-29-softmax-exp2.md).
 inline __m256 exp2_8(__m256 y) {
   y = _mm256_max_ps(_mm256_set1_ps(-127.0f), y);
   y = _mm256_min_ps(_mm256_set1_ps(127.0f), y);
@@ -311,7 +311,8 @@ inline __m256 exp2_8(__m256 y) {
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022930861e-1f));
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314706326e-1f));
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  const __m256 biased = _mm256_add_ps(n, _mm256_set1_ps(8388608.0f + 127.0f));  // exact
+  // In [2^23, 2^24), where floats are the integers: the sum is exact.
+  const __m256 biased = _mm256_add_ps(n, _mm256_set1_ps(8388608.0f + 127.0f));
   return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(biased), 23)));
 }
 
