@@ -611,15 +611,13 @@ void BM_col_softmax(benchmark::State& state, int br, int bc) {
   using Ops = kfa::backends::TileOps<Kokkos::DefaultHostExecutionSpace, float>;
   const int ldq = br + 8;
   std::vector<float> s(static_cast<std::size_t>(bc) * ldq), m(br), l(br), alpha(br);
-  std::uint32_t h = 12345u;
-  const auto draw = [&h] {  // scores in [-8, 8)
-    h = h * 1664525u + 1013904223u;
-    return static_cast<float>(h >> 8) * (16.0f / 16777216.0f) - 8.0f;
+  const auto score = [](std::size_t e, unsigned salt) {  // in [-8, 8)
+    return static_cast<float>(8.0 * hash_value(e, salt));
   };
-  for (float& x : s)
-    x = draw();
+  for (std::size_t e = 0; e < s.size(); ++e)
+    s[e] = score(e, 4);
   for (int c = 0; c < br; ++c) {
-    m[c] = c % 3 == 0 ? -std::numeric_limits<float>::infinity() : draw();  // first tile or not
+    m[c] = c % 3 == 0 ? -std::numeric_limits<float>::infinity() : score(c, 5);  // first tile or not
     l[c] = c % 3 == 0 ? 0.0f : 1.0f + static_cast<float>(c);
   }
   const std::vector<float> s0 = s, m0 = m, l0 = l;
