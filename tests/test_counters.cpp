@@ -143,10 +143,10 @@ TEST(TileSkip, EveryMaskEveryKernel) {
 }
 
 // Long key sequences: the forward stages the tiles of TileTraits::block_q(head_dim, seqlen_k),
-// without a mask and causal (on host builds without AVX-512, 192 query rows from
-// host::long_keys keys: 3 x 65 tiles here where 96 rows would stage 5 x 65).
+// without a mask and causal (on the host 192 query rows under host/traits.hpp's long-key rule,
+// with and without AVX-512: 3 x 257 tiles here where 64 rows would stage 7 x 257).
 TEST(TileSkip, LongKeysStageTheirQueryTiles) {
-  const Shape s{1, 1, 1, 421, 8253, 64};
+  const Shape s{1, 1, 1, 421, 16445, 128};
   kfa::Params causal;
   causal.causal = true;
   for (kfa::Params p : {kfa::Params{}, causal}) {

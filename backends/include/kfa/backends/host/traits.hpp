@@ -35,33 +35,40 @@ inline constexpr int query_tile_rows = 64;
 inline constexpr int query_tile_rows = 96;
 #endif
 
-/// Keys from which the forward takes long_query_tile_rows (TileTraits::block_q).
-inline constexpr int long_keys = 8192;
-
-/// The forward's query-tile rows from long_keys keys: 192 where query_tile_rows is 96 (32 blocks
-/// of the 6-row micro-kernel; the tiles about 304 KiB at head_dim 128, within L2). There one
+/// The forward's long-key rule (TileTraits::block_q): from long_keys keys, at head dims
+/// long_min_head_dim to 128, query tiles of long_query_tile_rows = 192 rows (32 blocks of the
+/// 6-row micro-kernel; the tiles about 304 KiB in float at head_dim 128, within L2). There one
 /// head's K and V (4 MiB and more in float) come from L3 or memory for every query tile, and
-/// twice the rows read them half as often. Below long_keys the short rule stays: a causal
-/// diagonal tile wastes more the taller it is, and 192 was mixed at N <= 2048. On AVX-512 not
-/// measured: 64 throughout (perf/results/2026-11-29-long-keys.md).
+/// taller tiles read them less often. Below the rule the short tiles stay: a causal diagonal
+/// tile wastes more the taller it is.
+///  - Without AVX-512 (query_tile_rows 96): from 8192 keys at head dims 64 to 128; 0.95-1.25x
+///    the 96-row forward at N = 8192 and 16384 on a Zen 3, 192 mixed at N <= 2048
+///    (perf/results/2026-11-29-long-keys.md).
+///  - AVX-512 (query_tile_rows 64): from 16384 keys at head dims above 64 (measured at 128); on
+///    a Zen 5 the float forward at N = 16384, D = 128 ran 1.17-1.24x the 64-row one (bf16
+///    1.08-1.13x), causal 1.06-1.17x (bf16 1.01-1.06x); at 8192 keys the two runs disagreed
+///    (0.95-1.12x), and at D = 64 192 rows lost up to 6 % in float and bf16 (perf/results/2026-12-07-zen5-long-keys.md).
 #if defined(__AVX512F__)
-inline constexpr int long_query_tile_rows = query_tile_rows;
+inline constexpr int long_keys = 16384;
+inline constexpr int long_min_head_dim = 65;
 #else
-inline constexpr int long_query_tile_rows = 2 * query_tile_rows;
+inline constexpr int long_keys = 8192;
+inline constexpr int long_min_head_dim = 64;
 #endif
+inline constexpr int long_query_tile_rows = 192;
 }  // namespace host
 
-/// Host tile traits: one thread per team, Br = 64 with AVX-512 and 96 without (192 from
-/// long_keys keys at head dims 64 to 128), Bc = 128 up to head_dim 64, 64 up to 128, 32 above.
+/// Host tile traits: one thread per team, Br = 64 with AVX-512 and 96 without (192 under the
+/// long-key rule above), Bc = 128 up to head_dim 64, 64 up to 128, 32 above.
 template <class ExecSpace, class T>
 struct TileTraits<
     ExecSpace, T,
     std::enable_if_t<Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible>> {
-  /// Br: host::query_tile_rows, or host::long_query_tile_rows from host::long_keys keys at the
-  /// head dims measured, 64 to 128 (below, K and V at 8192 keys are no larger than where it did
-  /// not pay; at 256 the taller tiles would fill about 470 KiB of the 512 KiB L2).
+  /// Br: host::query_tile_rows, or host::long_query_tile_rows under the long-key rule (host::
+  /// long_keys keys, head dims host::long_min_head_dim to 128; below, K and V are no larger than
+  /// where it did not pay; at 256 the taller tiles would fill about 470 KiB of a 512 KiB L2).
   static constexpr int block_q(int head_dim, int seqlen_k) {
-    return seqlen_k >= host::long_keys && head_dim >= 64 && head_dim <= 128
+    return seqlen_k >= host::long_keys && head_dim >= host::long_min_head_dim && head_dim <= 128
                ? host::long_query_tile_rows
                : host::query_tile_rows;
   }
