@@ -47,15 +47,16 @@ inline constexpr int query_tile_rows = 96;
 ///  - AVX-512 (query_tile_rows 64): from 16384 keys at head dims above 64 (measured at 128); on
 ///    a Zen 5 the float forward at N = 16384, D = 128 ran 1.17-1.24x the 64-row one (bf16
 ///    1.08-1.13x), causal 1.06-1.17x (bf16 1.01-1.06x); at 8192 keys the two runs disagreed
-///    (0.95-1.12x), and at D = 64 192 rows lost up to 6 % in float and bf16 (perf/results/2026-12-07-zen5-long-keys.md).
+///    (0.95-1.12x), and at D = 64 192 rows lost up to 6 % in float and bf16
+///    (perf/results/2026-12-07-zen5-long-keys.md).
 #if defined(__AVX512F__)
 inline constexpr int long_keys = 16384;
-inline constexpr int long_min_head_dim = 65;
+inline constexpr int long_min_head_dim = 65;  ///< The rule's smallest head dim.
 #else
 inline constexpr int long_keys = 8192;
-inline constexpr int long_min_head_dim = 64;
+inline constexpr int long_min_head_dim = 64;  ///< The rule's smallest head dim.
 #endif
-inline constexpr int long_query_tile_rows = 192;
+inline constexpr int long_query_tile_rows = 192;  ///< The rule's query-tile rows.
 }  // namespace host
 
 /// Host tile traits: one thread per team, Br = 64 with AVX-512 and 96 without (192 under the
