@@ -143,10 +143,14 @@ TEST(TileSkip, EveryMaskEveryKernel) {
 }
 
 // Long key sequences: the forward stages the tiles of TileTraits::block_q(head_dim, seqlen_k),
-// without a mask and causal (on the host 192 query rows under host/traits.hpp's long-key rule,
-// with and without AVX-512: 3 x 257 tiles here where 64 rows would stage 7 x 257).
+// without a mask and causal. On the host this shape meets host/traits.hpp's long-key rule with
+// and without AVX-512: 192 query rows, 3 x 257 tiles without a mask where the short rule would
+// stage 7 x 257 (64 rows, AVX-512) or 5 x 257 (96 rows).
 TEST(TileSkip, LongKeysStageTheirQueryTiles) {
   const Shape s{1, 1, 1, 421, 16445, 128};
+  if constexpr (Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible)
+    EXPECT_EQ(traits::block_q(s.head_dim, s.seqlen_k), kfa::backends::host::long_query_tile_rows)
+        << "the shape no longer meets the host's long-key rule";
   kfa::Params causal;
   causal.causal = true;
   for (kfa::Params p : {kfa::Params{}, causal}) {

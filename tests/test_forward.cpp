@@ -71,12 +71,16 @@ TEST(Forward, ValueHeadDimOfItsOwn) {
 }
 
 // Long key sequences, where a backend may take taller query tiles (TileTraits::block_q; on the
-// host 192 rows under host/traits.hpp's long-key rule, which this shape meets with and without
-// AVX-512: a full tile and a short one here), without a mask, causal both ways and with a window.
+// host 192 rows under host/traits.hpp's long-key rule: a full tile and a short one here),
+// without a mask, causal both ways and with a window. 16445 keys at head_dim 128 meet the rule
+// with and without AVX-512 (64-key tiles); 8253 at head_dim 64 meet it without AVX-512 only
+// (128-key tiles; 64-row tiles on AVX-512).
 TEST(Forward, LongKeys) {
   const auto ms = masks();
-  for (int mi : {0, 1, 2, 5})
+  for (int mi : {0, 1, 2, 5}) {
     check_case<float>({1, 1, 1, 192 + 37, 16384 + 61, 128}, ms[mi], mi);
+    check_case<float>({1, 1, 1, 192 + 37, 8192 + 61, 64}, ms[mi], mi);
+  }
 }
 
 // Rows that see no key: O = 0 and LSE = -inf exactly, never NaN.
