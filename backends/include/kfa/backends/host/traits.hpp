@@ -27,8 +27,9 @@ namespace host {
 /// instead of 64. On a Zen 3 core it took float forwards at N = 16384 up by as much as 13 %,
 /// level at N <= 4096 (-2 to +3 %), where 128 lost up to 13 % at N = 1024; backwards 4-9 %
 /// faster at N >= 4096, D = 128 without a mask, -8 to +18 % elsewhere in a noisy run, the
-/// median case +4 % (perf/results/2026-11-29-host-query-tile.md). On AVX-512, 96 alone was not
-/// measured.
+/// median case +4 % (perf/results/2026-11-29-host-query-tile.md). On AVX-512 on a Zen 5, 96
+/// rows everywhere did not gain (float 0.98-1.03x, bf16 0.95-1.00x at N = 1024 and 4096;
+/// perf/results/2026-12-07-zen5-long-keys.md).
 #if defined(__AVX512F__)
 inline constexpr int query_tile_rows = 64;
 #else
@@ -46,8 +47,9 @@ inline constexpr int query_tile_rows = 96;
 ///    (perf/results/2026-11-29-long-keys.md).
 ///  - AVX-512 (query_tile_rows 64): from 16384 keys at head dims above 64 (measured at 128); on
 ///    a Zen 5 the float forward at N = 16384, D = 128 ran 1.17-1.24x the 64-row one (bf16
-///    1.08-1.13x), causal 1.06-1.17x (bf16 1.01-1.06x); at 8192 keys the two runs disagreed
-///    (0.95-1.12x), and at D = 64 192 rows lost up to 6 % in float and bf16
+///    1.08-1.12x), causal 1.06-1.17x (bf16 1.01-1.06x); at 8192 keys the two runs disagreed
+///    (0.95-1.11x), at D = 64 192 rows lost up to 6 % in float and bf16, and 288 rows ran
+///    1.10x the 192 in one run and 0.97-0.99x in the next
 ///    (perf/results/2026-12-07-zen5-long-keys.md).
 #if defined(__AVX512F__)
 inline constexpr int long_keys = 16384;
