@@ -49,8 +49,8 @@ inline constexpr int query_tile_rows = 96;
 ///    a Zen 5 the float forward at N = 16384, D = 128 ran 1.17-1.24x the 64-row one (bf16
 ///    1.08-1.12x), causal 1.06-1.17x (bf16 1.01-1.06x); at 8192 keys the two runs disagreed
 ///    (0.95-1.11x), at D = 64 192 rows lost up to 6 % in float and bf16, and 288 rows ran
-///    1.10x the 192 in one run, 0.97-0.99x and 1.00-1.04x in two more
-///    (perf/results/2026-12-07-zen5-long-keys.md).
+///    1.10-1.11x the 192 in float (bf16 1.00-1.04x) in one run, 0.97-0.99x and 1.00-1.04x in
+///    two more (perf/results/2026-12-07-zen5-long-keys.md).
 #if defined(__AVX512F__)
 inline constexpr int long_keys = 16384;
 inline constexpr int long_min_head_dim = 65;  ///< The rule's smallest head dim.
