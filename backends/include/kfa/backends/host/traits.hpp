@@ -67,9 +67,8 @@ template <class ExecSpace, class T>
 struct TileTraits<
     ExecSpace, T,
     std::enable_if_t<Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible>> {
-  /// Br: host::query_tile_rows, or host::long_query_tile_rows under the long-key rule (host::
-  /// long_keys keys, head dims host::long_min_head_dim to 128; below, K and V are no larger than
-  /// where it did not pay; at 256 the taller tiles would fill about 470 KiB of a 512 KiB L2).
+  /// Br: host::query_tile_rows, or host::long_query_tile_rows under the long-key rule above (not
+  /// above head_dim 128: at 256 the taller tiles would fill about 470 KiB of a 512 KiB L2).
   static constexpr int block_q(int head_dim, int seqlen_k) {
     return seqlen_k >= host::long_keys && head_dim >= host::long_min_head_dim && head_dim <= 128
                ? host::long_query_tile_rows
