@@ -70,6 +70,18 @@ TEST(Forward, ValueHeadDimOfItsOwn) {
     }
 }
 
+// Every mask at head dims 128 and 96, whose key tiles are wider than head dim 64's on some
+// backends (the host's 132 keys with AVX-512): several key tiles, and tiles the masks' edges
+// cross, where the host splits P V into groups of query rows, each to the keys it sees (a
+// group that sees none skipped).
+TEST(Forward, MasksAtWideHeadDims) {
+  const auto ms = masks();
+  for (int d : {128, 96})
+    for (int mi = 0; mi < int(ms.size()); ++mi)
+      for (auto [nq, nk] : {std::pair{203, 301}, std::pair{301, 203}})
+        check_case<float>({1, 2, 1, nq, nk, d}, ms[mi], mi);
+}
+
 // Long key sequences, where a backend may take taller query tiles (TileTraits::block_q; on the
 // host 192 rows under host/traits.hpp's long-key rule: a full tile and a short one here),
 // without a mask, causal both ways and with a window. 16445 keys at head_dim 128 meet the rule

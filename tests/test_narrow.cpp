@@ -88,6 +88,16 @@ TYPED_TEST(NarrowTest, MasksForwardBackward) {
     }
 }
 
+// Every mask's forward at head dim 128 (wider key tiles on some backends, test_forward.cpp's
+// MasksAtWideHeadDims).
+TYPED_TEST(NarrowTest, MasksForwardWideHeadDim) {
+  using T = TypeParam;
+  const auto all = masks();
+  for (int mi = 0; mi < static_cast<int>(all.size()); ++mi)
+    for (auto [nq, nk] : {std::pair{113, 301}, std::pair{301, 113}})
+      check_case<T>({1, 2, 1, nq, nk, 128}, all[mi], mi);
+}
+
 // Head dims and a long pair in the backward: the float dQ accumulator of the atomic path
 // sums over many key tiles.
 TYPED_TEST(NarrowTest, BackwardHeadDims) {

@@ -767,14 +767,57 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
           ops::interleave_bf16x2_rows(team, &v(b, hk, k0 + cb, 0), v.stride(2), ce - cb, Dv, vp,
                                       ldo);
           team.team_barrier();
-          ops::gemm_bf16x2(team, nr, Dv, (ce - cb + 1) / 2, pp, p_rows ? ldp : 1, p_rows ? 1 : ldq,
-                           vp, ldo, os, ldo, 1.0f, true);
+          // Pair words from cb: a group's keys [a, z) widened to whole pairs (P is 0 in the
+          // extra key).
+          visible_row_groups(edge, q0, nr, k0, cb, ce, [&](int r0, int rn, int a, int z) {
+            const int w0 = (a - cb) / 2, w1 = (z - cb + 1) / 2;
+            const std::ptrdiff_t at =
+                p_rows ? std::ptrdiff_t(r0) * ldp + w0 : std::ptrdiff_t(w0) * ldq + r0;
+            ops::gemm_bf16x2(team, rn, Dv, w1 - w0, static_cast<const std::uint32_t*>(pp) + at,
+                             p_rows ? ldp : 1, p_rows ? 1 : ldq,
+                             static_cast<const std::uint32_t*>(vp) + std::ptrdiff_t(w0) * ldo, ldo,
+                             os + static_cast<std::ptrdiff_t>(r0) * ldo, ldo, 1.0f, true);
+          });
         }
       } else {
         team.team_barrier();
-        ops::gemm(team, nr, Dv, ce - cb, st + static_cast<std::ptrdiff_t>(cb) * ldq, 1, ldq,
-                  vj + static_cast<std::ptrdiff_t>(cb) * ldv, ldv, os, ldo, true);
+        visible_row_groups(edge, q0, nr, k0, cb, ce, [&](int r0, int rn, int a, int z) {
+          ops::gemm(team, rn, Dv, z - a, st + static_cast<std::ptrdiff_t>(a) * ldq + r0, 1, ldq,
+                    vj + static_cast<std::ptrdiff_t>(a) * ldv, ldv,
+                    os + static_cast<std::ptrdiff_t>(r0) * ldo, ldo, true);
+        });
       }
+    }
+  }
+
+  /// Query rows per P V product on a tile the mask's edge crosses (TileOps::gemm_row_group; 0
+  /// where the backend has none: one product over the whole tile).
+  template <class Ops, class = void>
+  struct row_group_of : std::integral_constant<int, 0> {};
+  template <class Ops>
+  struct row_group_of<Ops, std::void_t<decltype(Ops::gemm_row_group)>>
+      : std::integral_constant<int, Ops::gemm_row_group> {};
+  static constexpr int row_group = row_group_of<ops>::value;
+
+  /// f(r0, rn, a, z) for the P V products of a tile: rows [r0, r0 + rn) of the query tile
+  /// with keys [a, z) of the key tile. Where the mask's edge crosses the tile (`edge`), in
+  /// groups of row_group rows, each to the keys of [cb, ce) that its rows see: P is 0 past
+  /// them (a causal diagonal tile's P V about halves), and a group that sees none is skipped.
+  /// Otherwise all nr rows with [cb, ce).
+  template <class F>
+  KOKKOS_INLINE_FUNCTION void visible_row_groups(bool edge, int q0, int nr, int k0, int cb, int ce,
+                                                 const F& f) const {
+    if (!edge || row_group == 0) {
+      f(0, nr, cb, ce);
+      return;
+    }
+    for (int r0 = 0; r0 < nr; r0 += row_group) {
+      const int rn = nr - r0 < row_group ? nr - r0 : row_group;
+      // lo and hi grow with the row: the group's first row has the smallest lo, its last the
+      // largest hi.
+      const int lo = mask.lo(q0 + r0) - k0, hi = mask.hi(q0 + r0 + rn - 1) + 1 - k0;
+      const int a = lo > cb ? lo : cb, z = hi < ce ? hi : ce;
+      if (a < z) f(r0, rn, a, z);
     }
   }
 

@@ -578,6 +578,12 @@ struct TileOps<
   static_assert(TileTraits<ExecSpace, T>::team_size == 1,
                 "host TileOps assume one-thread teams (host/traits.hpp)");
 
+  /// Rows of A per gemm call that fill whole micro-kernel blocks at the widths attention uses
+  /// (two blocks of 6 rows: host::micro_rows for Dv of 64 and more): the forward splits P V
+  /// into groups of this many query rows on tiles a mask's edge crosses, each to the keys its
+  /// rows see.
+  static constexpr int gemm_row_group = 12;
+
   /// Whether gemm_bf16x2's pair products outrun the float ones on this CPU (host::bf16x2_pays;
   /// false where the build has no AVX-512 BF16).
   static bool bf16x2_pays() {

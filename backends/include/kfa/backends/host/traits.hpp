@@ -5,7 +5,8 @@
 /// One thread per team and no vector lanes: the host tile products (host/tile.hpp) do a whole
 /// tile on one thread in vector registers. Tiles are sized to stay in L2 for head_dim <= 128
 /// (Q_i, O_i, K_j, V_j and S_ij: 144 KiB in float at Br = Bc = 64 and head_dim 128, 184 KiB
-/// at Br = 96, about 304 KiB at 192; the cores measured have 512 KiB of L2 or more).
+/// at Br = 96; with AVX-512's 132-key tiles about 230 KiB at Br = 64 and 420 KiB at 192; the
+/// cores measured have 512 KiB of L2 or more, those with AVX-512 1 MiB or more).
 
 #include <kfa/backends/generic/tile.hpp>
 
@@ -59,10 +60,26 @@ inline constexpr int long_keys = 8192;
 inline constexpr int long_min_head_dim = 64;  ///< The rule's smallest head dim.
 #endif
 inline constexpr int long_query_tile_rows = 192;  ///< The rule's query-tile rows.
+
+/// Keys of the forward's key tiles at head dims 65 to 128 (TileTraits::block_k). With
+/// AVX-512, 132: S^T = K_j Q_i^T is then 22 blocks of the 6-row micro-kernel with no short
+/// block left over, and P V is 132 deep, so each call's fixed cost (zeroing, storing and
+/// reloading its accumulators) weighs half as much. On a Zen 5, alternated with 64 one
+/// benchmark at a time: float 1.01-1.04x at N = 1024 and 4096 (causal and not), 1.05-1.07x at
+/// N = 16384 without a mask; bf16 1.00-1.03x. 128 keys gained less (1.01-1.04x), 66 little
+/// (0.99-1.02x), 198 lost up to 8 %; at head dim 64 none of 126, 132, 192 and 198 keys gained
+/// on its 128 (0.96-1.02x; perf/results/2026-12-07-zen5-key-tiles.md). Without AVX-512 64, as
+/// measured on a Zen 3 (the 132-key tiles are not measured there).
+#if defined(__AVX512F__)
+inline constexpr int wide_head_key_tile = 132;
+#else
+inline constexpr int wide_head_key_tile = 64;
+#endif
 }  // namespace host
 
 /// Host tile traits: one thread per team, Br = 64 with AVX-512 and 96 without (192 under the
-/// long-key rule above), Bc = 128 up to head_dim 64, 64 up to 128, 32 above.
+/// long-key rule above), Bc = 128 up to head_dim 64, host::wide_head_key_tile (132 with
+/// AVX-512, else 64) up to 128, 32 above.
 template <class ExecSpace, class T>
 struct TileTraits<
     ExecSpace, T,
@@ -78,9 +95,10 @@ struct TileTraits<
   /// products' depth (head_dim for S^T, Bc for P V) is short and each micro-kernel call's fixed
   /// cost (zeroing, storing its accumulators) weighs; the longer P V took 3.0-3.5 % off float
   /// and bf16 forwards at head_dim 64 without a mask, 0.8-2.3 % causal at N = 4096, within the
-  /// noise at N = 1024 (perf/results/2026-11-26-key-tile-128.md).
+  /// noise at N = 1024 (perf/results/2026-11-26-key-tile-128.md). Above 64, see
+  /// host::wide_head_key_tile.
   static constexpr int block_k(int head_dim) {
-    return head_dim <= 64 ? 128 : head_dim <= 128 ? 64 : 32;
+    return head_dim <= 64 ? 128 : head_dim <= 128 ? host::wide_head_key_tile : 32;
   }
   /// Backward Br = Bc: about 290 KiB of float tiles at head_dim 128 and 64 rows, 457 KiB at
   /// 96 (host::query_tile_rows), within the 512 KiB of L2 of the cores measured.
