@@ -768,16 +768,17 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
                                       ldo);
           team.team_barrier();
           // Pair words from cb: a group's keys [a, z) widened to whole pairs (P is 0 in the
-          // extra key).
-          visible_row_groups(edge, q0, nr, k0, cb, ce, [&](int r0, int rn, int a, int z) {
-            const int w0 = (a - cb) / 2, w1 = (z - cb + 1) / 2;
-            const std::ptrdiff_t at =
-                p_rows ? std::ptrdiff_t(r0) * ldp + w0 : std::ptrdiff_t(w0) * ldq + r0;
-            ops::gemm_bf16x2(team, rn, Dv, w1 - w0, static_cast<const std::uint32_t*>(pp) + at,
-                             p_rows ? ldp : 1, p_rows ? 1 : ldq,
-                             static_cast<const std::uint32_t*>(vp) + std::ptrdiff_t(w0) * ldo, ldo,
-                             os + static_cast<std::ptrdiff_t>(r0) * ldo, ldo, 1.0f, true);
-          });
+          // extra key). Not on AMX tiles (p_rows), which take 16 rows at a time.
+          visible_row_groups(
+              edge && !p_rows, q0, nr, k0, cb, ce, [&](int r0, int rn, int a, int z) {
+                const int w0 = (a - cb) / 2, w1 = (z - cb + 1) / 2;
+                const std::ptrdiff_t at =
+                    p_rows ? std::ptrdiff_t(r0) * ldp + w0 : std::ptrdiff_t(w0) * ldq + r0;
+                ops::gemm_bf16x2(team, rn, Dv, w1 - w0, static_cast<const std::uint32_t*>(pp) + at,
+                                 p_rows ? ldp : 1, p_rows ? 1 : ldq,
+                                 static_cast<const std::uint32_t*>(vp) + std::ptrdiff_t(w0) * ldo,
+                                 ldo, os + static_cast<std::ptrdiff_t>(r0) * ldo, ldo, 1.0f, true);
+              });
         }
       } else {
         team.team_barrier();
