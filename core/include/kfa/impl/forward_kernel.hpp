@@ -353,13 +353,18 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       });
       return;
     }
+    // O's rows are written through a pointer to the row (head_dim has unit stride,
+    // validate.hpp): through the view's four-index operator GCC left the loop scalar, which in
+    // 16-bit (a rounding per element) took 6 % of a bfloat16 forward at N = 1024 on one core
+    // (perf/results/2026-12-07-zen5-output-rows.md).
     if constexpr (!Rule::softmax) {  // O = O~ / max(r, 1); r in lse's place
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
         const msa::Partial<acc_t> row{l[r]};
         const acc_t inv = acc_t(1) / msa::denominator(row);
-        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, Dv), [&](int d) {
-          o(b, h, q0 + r, d) = value_type(os[r * ldv + d] * inv);
-        });
+        auto* const orow = &o(b, h, q0 + r, 0);
+        const acc_t* const src = os + std::size_t(r) * ldv;
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, Dv),
+                             [&](int d) { orow[d] = value_type(src[d] * inv); });
         Kokkos::single(Kokkos::PerThread(team), [&]() { lse(b, h, q0 + r) = row.r; });
       });
       return;
@@ -367,8 +372,10 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
       const acc_t lr = l[r];
       const acc_t inv = lr > acc_t(0) ? acc_t(1) / lr : acc_t(0);
+      auto* const orow = &o(b, h, q0 + r, 0);
+      const acc_t* const src = os + std::size_t(r) * ldv;
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, Dv),
-                           [&](int d) { o(b, h, q0 + r, d) = value_type(os[r * ldv + d] * inv); });
+                           [&](int d) { orow[d] = value_type(src[d] * inv); });
       Kokkos::single(Kokkos::PerThread(team), [&]() {
         lse(b, h, q0 + r) = kfa::lse(Partial<acc_t>{m[r], lr});
       });
