@@ -353,18 +353,11 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       });
       return;
     }
-    // O's rows are written through a pointer to the row (head_dim has unit stride,
-    // validate.hpp): through the view's four-index operator GCC left the loop scalar, which in
-    // 16-bit (a rounding per element) took 6 % of a bfloat16 forward at N = 1024 on one core
-    // (perf/results/2026-12-07-zen5-output-rows.md).
     if constexpr (!Rule::softmax) {  // O = O~ / max(r, 1); r in lse's place
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
         const msa::Partial<acc_t> row{l[r]};
         const acc_t inv = acc_t(1) / msa::denominator(row);
-        auto* const orow = &o(b, h, q0 + r, 0);
-        const acc_t* const src = os + std::size_t(r) * ldv;
-        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, Dv),
-                             [&](int d) { orow[d] = value_type(src[d] * inv); });
+        write_row(team, b, h, q0 + r, os + std::size_t(r) * ldv, inv);
         Kokkos::single(Kokkos::PerThread(team), [&]() { lse(b, h, q0 + r) = row.r; });
       });
       return;
@@ -372,14 +365,30 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
       const acc_t lr = l[r];
       const acc_t inv = lr > acc_t(0) ? acc_t(1) / lr : acc_t(0);
-      auto* const orow = &o(b, h, q0 + r, 0);
-      const acc_t* const src = os + std::size_t(r) * ldv;
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, Dv),
-                           [&](int d) { orow[d] = value_type(src[d] * inv); });
+      write_row(team, b, h, q0 + r, os + std::size_t(r) * ldv, inv);
       Kokkos::single(Kokkos::PerThread(team), [&]() {
         lse(b, h, q0 + r) = kfa::lse(Partial<acc_t>{m[r], lr});
       });
     });
+  }
+
+  /// Writes O's row (b, h, i): value_type(src[d] * inv) for d < head_dim_v. Through a pointer
+  /// to the row (head_dim has unit stride, validate.hpp) where the view's elements are
+  /// lvalues: through the view's four-index operator GCC left the loop scalar, which with a
+  /// 16-bit output (a rounding per element) held 6.6 % of the samples of a bfloat16 forward at
+  /// N = 1024, D = 64 on one core, 1.2 % through the pointer
+  /// (perf/results/2026-12-07-zen5-output-rows.md). A view of proxies (atomic memory traits)
+  /// takes the operator.
+  KOKKOS_INLINE_FUNCTION void write_row(const member_t& team, int b, int h, int i, const acc_t* src,
+                                        acc_t inv) const {
+    if constexpr (std::is_lvalue_reference_v<typename O::reference_type>) {
+      auto* const row = &o(b, h, i, 0);
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, head_dim_v),
+                           [&](int d) { row[d] = value_type(src[d] * inv); });
+    } else {
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, head_dim_v),
+                           [&](int d) { o(b, h, i, d) = value_type(src[d] * inv); });
+    }
   }
 
   /// What the register-resident forward asks of core (TileOps::warp_forward): the score of a
