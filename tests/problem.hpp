@@ -114,8 +114,9 @@ struct Outputs {
   Tensor3 lse;
 };
 
-/// Runs kfa::forward in precision T with outputs poisoned by NaN beforehand.
-template <class T>
+/// Runs kfa::forward in precision T with outputs poisoned by NaN beforehand; O is handed over as
+/// an OView (another view type of the same memory, e.g. with atomic memory traits).
+template <class T, class OView = View4<T>>
 Outputs<T> run_forward(const Problem& pb, const kfa::Params& params) {
   auto q = to_device<T>(pb.q);
   auto k = to_device<T>(pb.k);
@@ -125,7 +126,7 @@ Outputs<T> run_forward(const Problem& pb, const kfa::Params& params) {
   View3<lse_t<T>> lse("lse", s.batch, s.heads_q, s.seqlen_q);
   Kokkos::deep_copy(o, quiet_nan<T>());
   Kokkos::deep_copy(lse, quiet_nan<lse_t<T>>());
-  kfa::forward(Exec(), q, k, v, o, lse, params);
+  kfa::forward(Exec(), q, k, v, OView(o), lse, params);
   Kokkos::fence();
   return {to_host<Tensor4>(o, "o"), to_host<Tensor3>(lse, "lse")};
 }
