@@ -148,9 +148,10 @@ TEST(TileSkip, EveryMaskEveryKernel) {
 // stage 7 x 257 (64 rows, AVX-512) or 5 x 257 (96 rows).
 TEST(TileSkip, LongKeysStageTheirQueryTiles) {
   const Shape s{1, 1, 1, 421, 16445, 128};
-  if constexpr (Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible)
+  if constexpr (Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible) {
     EXPECT_EQ(traits::block_q(s.head_dim, s.seqlen_k), kfa::backends::host::long_query_tile_rows)
         << "the shape no longer meets the host's long-key rule";
+  }
   kfa::Params causal;
   causal.causal = true;
   for (kfa::Params p : {kfa::Params{}, causal}) {

@@ -176,6 +176,50 @@ TEST(Tiles, PortableRowsDouble) {
   check_rows<kfa::backends::PortableTileOps<double>, double>();
 }
 
+// Whether Ops has the products that give C's column maxima and the softmax step that takes
+// them (the host's: gemm_col_max, gemm_bf16x2_col_max, col_softmax_max).
+template <class Ops, class = void>
+struct has_col_max : std::false_type {};
+template <class Ops>
+struct has_col_max<Ops, std::void_t<decltype(&Ops::template col_softmax_max<Member>)>>
+    : std::true_type {};
+
+// gemm_col_max: C bit for bit as gemm's (itself checked against double above), and col_max[j]
+// the maximum of C's column j taken here from that C: -inf over no rows, a row of NaN (a NaN
+// in A) skipped; nothing past column n touched.
+template <class Ops, class Acc>
+void check_gemm_col_max(const Shape& sh, bool transposed_a, bool nan_row) {
+  const int m = sh.m, n = sh.n, k = sh.k;
+  SCOPED_TRACE(::testing::Message() << m << " x " << n << " x " << k << (transposed_a ? " A^T" : "")
+                                    << (nan_row ? " NaN row" : ""));
+  const int a_rs = transposed_a ? 1 : k + 3, a_cs = transposed_a ? m + 5 : 1;
+  const int ldb = n + 7, ldc = n + 2;
+  auto a = random_values<Acc>(std::size_t(transposed_a ? k * a_cs : m * a_rs), 1);
+  if (nan_row && m > 2 && k > 0) a[std::size_t(2) * a_rs] = std::numeric_limits<Acc>::quiet_NaN();
+  const auto b = random_values<Acc>(std::size_t(k) * ldb, 2);
+  auto c1 = random_values<Acc>(std::size_t(m) * ldc + 1, 3), c2 = c1;
+  std::vector<Acc> top(std::size_t(n) + 1, Acc(7));  // the last element is past column n
+  on_one_team([&](const Member& team) {
+    Ops::gemm(team, m, n, k, a.data(), a_rs, a_cs, b.data(), ldb, c1.data(), ldc, false);
+    Ops::gemm_col_max(team, m, n, k, a.data(), a_rs, a_cs, b.data(), ldb, c2.data(), ldc,
+                      top.data());
+  });
+  for (std::size_t e = 0; e < c1.size(); ++e) {
+    if (std::isnan(c1[e])) {
+      ASSERT_TRUE(std::isnan(c2[e])) << "at " << e;
+    } else {
+      ASSERT_EQ(c2[e], c1[e]) << "at " << e;
+    }
+  }
+  for (int j = 0; j < n; ++j) {
+    Acc want = -std::numeric_limits<Acc>::infinity();
+    for (int i = 0; i < m; ++i)
+      if (c1[std::size_t(i) * ldc + j] > want) want = c1[std::size_t(i) * ldc + j];
+    ASSERT_EQ(top[j], want) << "column " << j;
+  }
+  ASSERT_EQ(top[n], Acc(7)) << "past column n is not touched";
+}
+
 // col_softmax on a key-major score tile (rows of keys, columns of queries): rows [j0, j1) of
 // the first n columns, n across the 16-lane blocks and their tails, against the combiner's
 // rule computed here in double. Columns whose earlier partial is empty (m = -inf) or not,
@@ -211,6 +255,29 @@ void check_cols(bool threads = false) {
                            alpha.data());
         },
         threads);
+    if constexpr (has_col_max<Ops>::value) {
+      // col_softmax_max with the tile's maxima given (as gemm_col_max leaves them in alpha,
+      // computed here): the same m, l, alpha and P, bit for bit.
+      auto s2 = s0, m2 = m0, l2 = l0, alpha2 = alpha0;
+      for (int c = 0; c < cs.n; ++c) {
+        alpha2[c] = -inf;
+        for (int j = cs.j0; j < cs.j1; ++j)
+          alpha2[c] = std::max(alpha2[c], s0[std::size_t(j) * lds + c]);
+      }
+      on_one_team([&](const Member& team) {
+        Ops::col_softmax_max(team, s2.data(), lds, cs.j0, cs.j1, cs.n, m2.data(), l2.data(),
+                             alpha2.data());
+      });
+      for (int c = 0; c < lds; ++c) {
+        ASSERT_EQ(m2[c], m[c]) << "c=" << c;
+        ASSERT_EQ(l2[c], l[c]) << "c=" << c;
+        if (c < cs.n) {
+          ASSERT_EQ(alpha2[c], alpha[c]) << "c=" << c;
+        }
+      }
+      for (std::size_t e = 0; e < s.size(); ++e)
+        ASSERT_EQ(s2[e], s[e]) << "P at " << e;
+    }
     const double eps = std::numeric_limits<Acc>::epsilon();
     for (int c = 0; c < lds; ++c) {
       if (c >= cs.n) {
@@ -253,6 +320,16 @@ void check_cols(bool threads = false) {
       }
     }
   }
+}
+TEST(Tiles, HostGemmColMax) {
+  const Shape shapes[] = {{132, 64, 64}, {64, 64, 128}, {13, 37, 5}, {7, 64, 3}, {63, 65, 33},
+                          {5, 16, 8},    {1, 1, 1},     {0, 8, 8},   {8, 0, 8},  {8, 8, 0}};
+  for (const Shape& sh : shapes)
+    for (bool transposed : {false, true})
+      for (bool nan_row : {false, true}) {
+        check_gemm_col_max<HostOps, float>(sh, transposed, nan_row);
+        check_gemm_col_max<HostOpsD, double>(sh, transposed, nan_row);
+      }
 }
 TEST(Tiles, HostColumnsFloat) {
   check_cols<HostOps, float>();
@@ -553,6 +630,40 @@ void check_bf16x2_packing(bool threads) {
   }
 }
 
+// The same for gemm_bf16x2_col_max against gemm_bf16x2 (C = scale A B), on the vector products
+// and, in a pair scope where the CPU has AMX, on the tiles.
+template <class Ops>
+void check_gemm_bf16x2_col_max(const Shape& sh, bool tiles) {
+  using namespace kfa::backends;
+  const int m = sh.m, n = sh.n, k2 = sh.k, a_rs = k2 + 3, ldb = n + 2, ldc = n + 1;
+  SCOPED_TRACE(::testing::Message()
+               << m << " x " << n << " x 2*" << k2 << (tiles ? " in a pair scope" : ""));
+  std::mt19937 gen(unsigned(m * 29 + n * 3 + k2));
+  std::vector<std::uint32_t> a(std::size_t(m) * a_rs + 1), b(std::size_t(k2) * ldb + 1);
+  for (auto& w : a)
+    w = bf16x2_pack(random_bf16(gen), random_bf16(gen));
+  for (auto& w : b)
+    w = bf16x2_pack(random_bf16(gen), random_bf16(gen));
+  auto c1 = random_values<float>(std::size_t(m) * ldc + 1, 4), c2 = c1;
+  std::vector<float> top(std::size_t(n) + 1, 7.0f);
+  on_one_team([&](const Member& team) {
+    const typename Ops::PairScope scope(tiles);
+    Ops::gemm_bf16x2(team, m, n, k2, a.data(), a_rs, 1, b.data(), ldb, c1.data(), ldc, 0.37f,
+                     false);
+    Ops::gemm_bf16x2_col_max(team, m, n, k2, a.data(), a_rs, 1, b.data(), ldb, c2.data(), ldc,
+                             0.37f, top.data());
+  });
+  for (std::size_t e = 0; e < c1.size(); ++e)
+    ASSERT_EQ(c2[e], c1[e]) << "at " << e;
+  for (int j = 0; j < n; ++j) {
+    float want = -std::numeric_limits<float>::infinity();
+    for (int i = 0; i < m; ++i)
+      want = std::max(want, c1[std::size_t(i) * ldc + j]);
+    ASSERT_EQ(top[j], want) << "column " << j;
+  }
+  ASSERT_EQ(top[n], 7.0f) << "past column n is not touched";
+}
+
 TEST(Tiles, HostBf16x2) {
   const Shape shapes[] = {{64, 64, 32}, {64, 64, 64}, {6, 64, 1}, {13, 37, 5}, {7, 48, 9},
                           {1, 1, 1},    {63, 65, 17}, {0, 8, 8},  {8, 0, 8},   {8, 8, 0}};
@@ -560,6 +671,8 @@ TEST(Tiles, HostBf16x2) {
     for (bool transposed : {false, true})
       for (bool accumulate : {false, true})
         check_gemm_bf16x2<HostOps>(sh, transposed, accumulate, false);
+  for (const Shape& sh : shapes)
+    check_gemm_bf16x2_col_max<HostOps>(sh, false);
   check_bf16x2_packing<HostOps>(false);
 }
 // The same in a pair scope: on AMX tiles where this machine has them (A by rows; A by columns
@@ -575,6 +688,8 @@ TEST(Tiles, HostBf16x2Tiles) {
       for (bool accumulate : {false, true})
         for (float scale : {0.37f, 1.0f})
           check_gemm_bf16x2<HostOps>(sh, transposed, accumulate, false, true, scale);
+  for (const Shape& sh : shapes)
+    check_gemm_bf16x2_col_max<HostOps>(sh, true);
   if (!HostOps::bf16x2_tiles()) GTEST_SKIP() << "no AMX tiles here: the vector products ran";
 }
 // A pair scope gives the thread back the tile configuration it found: another library's (here

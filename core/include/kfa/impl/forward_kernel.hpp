@@ -670,11 +670,32 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
             team, nc, Dv, [&](int c) { return &v(b, hk, k0 + c, 0); }, vs, ldo, widen);
       }
       team.team_barrier();
+      // Whether the mask's edge crosses the tile: the ends of the visible intervals grow with
+      // the row.
+      const bool edge = mask.lo(q0 + nr - 1) - k0 > cb || mask.hi(q0) + 1 - k0 < ce;
+      // S^T's column maxima from the product's registers (TileOps::gemm_col_max) where S^T is
+      // the score itself (no transform, no term, no hidden key), into alpha, which holds them
+      // until col_softmax_max makes them the factors.
+      bool max_in_gemm = false;
+      if constexpr (col_max_in_gemm) max_in_gemm = !edge && score.identity();
       if (pair_mode) {
-        if constexpr (pairs_type)
-          ops::gemm_bf16x2(team, ce - cb, nr, D / 2, &k(b, hk, k0 + cb, 0),
-                           static_cast<int>(k.stride(2) / 2), 1, qt, ldq,
-                           st + static_cast<std::ptrdiff_t>(cb) * ldq, ldq, score.scale, false);
+        if constexpr (pairs_type) {
+          const auto* kp = &k(b, hk, k0 + cb, 0);
+          const int ldkp = static_cast<int>(k.stride(2) / 2);
+          acc_t* sp = st + static_cast<std::ptrdiff_t>(cb) * ldq;
+          if (max_in_gemm) {
+            if constexpr (col_max_in_gemm)
+              ops::gemm_bf16x2_col_max(team, ce - cb, nr, D / 2, kp, ldkp, 1, qt, ldq, sp, ldq,
+                                       score.scale, alpha);
+          } else {
+            ops::gemm_bf16x2(team, ce - cb, nr, D / 2, kp, ldkp, 1, qt, ldq, sp, ldq, score.scale,
+                             false);
+          }
+        }
+      } else if (max_in_gemm) {
+        if constexpr (col_max_in_gemm)
+          ops::gemm_col_max(team, ce - cb, nr, D, kj + static_cast<std::ptrdiff_t>(cb) * ldk, ldk,
+                            1, qt, ldq, st + static_cast<std::ptrdiff_t>(cb) * ldq, ldq, alpha);
       } else {
         ops::gemm(team, ce - cb, nr, D, kj + static_cast<std::ptrdiff_t>(cb) * ldk, ldk, 1, qt, ldq,
                   st + static_cast<std::ptrdiff_t>(cb) * ldq, ldq, false);
@@ -682,8 +703,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       team.team_barrier();
       // x -> S (impl/score.hpp), and -inf where a row does not see a key of [cb, ce) (0 under
       // the multi-scale rule, whose S enters O~ as it is): only in tiles the mask's edge
-      // crosses (the ends of the visible intervals grow with the row).
-      const bool edge = mask.lo(q0 + nr - 1) - k0 > cb || mask.hi(q0) + 1 - k0 < ce;
+      // crosses.
       constexpr acc_t hidden = Rule::softmax ? -backends::infinity<acc_t>() : acc_t(0);
       bool edge_left = edge;  // the interval mask's -inf still to be written
       if constexpr (staged_term) {
@@ -753,6 +773,9 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
         if (mask_words && seen != Seen::all) {
           if constexpr (mask_words)
             ops::col_softmax(team, st, ldq, cb, ce, nr, m, l, alpha, words, ldw);
+        } else if (max_in_gemm) {
+          if constexpr (col_max_in_gemm)
+            ops::col_softmax_max(team, st, ldq, cb, ce, nr, m, l, alpha);
         } else {
           ops::col_softmax(team, st, ldq, cb, ce, nr, m, l, alpha);
         }
@@ -843,6 +866,19 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   enum class Seen { none, some, all };
   /// The softmax forward's term as rows of its plane (impl/score.hpp, has_rows).
   static constexpr bool staged_term = Rule::softmax && has_rows<bias_t>::value;
+  /// Whether the backend gives S^T's column maxima with the product (TileOps::gemm_col_max and
+  /// col_softmax_max; the host's float tiles): the online softmax then skips its pass over
+  /// S^T for them.
+  template <class Ops, class = void>
+  struct has_col_max : std::false_type {};
+  template <class Ops>
+  struct has_col_max<Ops, std::void_t<decltype(&Ops::template gemm_col_max<member_t>),
+                                      decltype(&Ops::template gemm_bf16x2_col_max<member_t>),
+                                      decltype(&Ops::template col_softmax_max<member_t>)>>
+      : std::true_type {};
+  static constexpr bool col_max_in_gemm =
+      Rule::softmax && !staged_term && std::is_same_v<acc_t, float> && has_col_max<ops>::value;
+
   /// A boolean mask the backend's col_softmax takes as bit words (TileOps::visibility_words)
   /// instead of -inf written into S^T: one pass over the tile fewer.
   template <class Ops, class = void>

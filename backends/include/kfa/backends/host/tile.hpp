@@ -341,10 +341,12 @@ inline __m512i bf16x2_round(__m512 lo, __m512 hi) {
 /// One MR x 16 V block of the pair products (TileOps::gemm_bf16x2) on VDPBF16PS: each step
 /// broadcasts a pair word of A per row and loads V vectors of pair words of B; each
 /// instruction does 16 x 2 products with float accumulation. Offsets are in 4-byte words.
-template <int MR, int V>
+/// With ColMax, col_max[j] also becomes the maximum of itself and the block's column j of C,
+/// as micro_kernel's.
+template <int MR, int V, bool ColMax = false>
 inline void bf16x2_kernel(int k2, const unsigned char* a, int a_rs, int a_cs,
                           const unsigned char* b, int ldb, float* c, int ldc, float scale,
-                          bool accumulate) {
+                          bool accumulate, float* col_max = nullptr) {
   // Every loop over the block unrolled in full, as in micro_kernel (else GCC 12 keeps acc on
   // the stack around the k2 loop).
   __m512 acc[MR][V];
@@ -378,7 +380,18 @@ inline void bf16x2_kernel(int k2, const unsigned char* a, int a_rs, int a_cs,
       __m512 out = _mm512_mul_ps(sc, acc[i][v]);
       if (accumulate) out = _mm512_add_ps(out, _mm512_loadu_ps(ci));
       _mm512_storeu_ps(ci, out);
+      acc[i][v] = out;
     }
+  if constexpr (ColMax) {
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      __m512 top = _mm512_loadu_ps(col_max + 16 * v);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i)
+        top = max16(acc[i][v], top);  // a NaN element is skipped
+      _mm512_storeu_ps(col_max + 16 * v, top);
+    }
+  }
 }
 #endif
 
@@ -402,10 +415,24 @@ KOKKOS_INLINE_FUNCTION void edge_kernel(int m, int n, int k, const Acc* a, int a
   }
 }
 
-/// One MR x NR block of C (+)= A B; see TileOps::gemm for the operands.
-template <int MR, int NR, class Acc>
+/// col_max[j] = the maximum of itself and column j of the m x n block c (x > top ? x : top: a
+/// NaN x is skipped).
+template <class Acc>
+KOKKOS_INLINE_FUNCTION void col_max_of(int m, int n, const Acc* c, int ldc, Acc* col_max) {
+  for (int i = 0; i < m; ++i) {
+    const Acc* ci = c + static_cast<std::ptrdiff_t>(i) * ldc;
+    for (int j = 0; j < n; ++j)
+      col_max[j] = ci[j] > col_max[j] ? ci[j] : col_max[j];
+  }
+}
+
+/// One MR x NR block of C (+)= A B; see TileOps::gemm for the operands. With ColMax,
+/// col_max[j] also becomes the maximum of itself and the block's column j of C (TileOps::
+/// gemm_col_max), taken from the registers.
+template <int MR, int NR, class Acc, bool ColMax = false>
 KOKKOS_INLINE_FUNCTION void micro_kernel(int k, const Acc* a, int a_rs, int a_cs, const Acc* b,
-                                         int ldb, Acc* c, int ldc, bool accumulate) {
+                                         int ldb, Acc* c, int ldc, bool accumulate,
+                                         Acc* col_max = nullptr) {
 #ifdef KFA_HOST_VECTOR_EXTENSION
   using vec = vec_t<Acc>;
   constexpr int L = lanes<Acc>, V = NR / L;
@@ -462,9 +489,22 @@ KOKKOS_INLINE_FUNCTION void micro_kernel(int k, const Acc* a, int a_rs, int a_cs
       std::memcpy(ci + v * L, &out, sizeof(vec));
     }
   }
+  if constexpr (ColMax) {
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      vec top;
+      std::memcpy(&top, col_max + v * L, sizeof(vec));
+      // x > top ? x : top, lane by lane: a NaN x is skipped, as in col_softmax's maxima.
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i)
+        top = acc[i][v] > top ? acc[i][v] : top;
+      std::memcpy(col_max + v * L, &top, sizeof(vec));
+    }
+  }
 #else
   // Without the vector extension: the plain loops of the edges, for a full block.
   edge_kernel(MR, NR, k, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+  if constexpr (ColMax) col_max_of(MR, NR, c, ldc, col_max);
 #endif
 }
 
@@ -823,6 +863,30 @@ struct TileOps<
       host::edge_kernel(m, n - j_end, k, a, a_rs, a_cs, b + j_end, ldb, c + j_end, ldc, accumulate);
   }
 
+  /// C = A B as gemm (not accumulated), and col_max[j] = the maximum of column j of C for j in
+  /// [0, n) (-inf where every element is NaN: a NaN is skipped, as col_softmax skips it), taken
+  /// from the micro-kernels' registers: the forward's S^T = K_j Q_i^T hands col_softmax_max
+  /// the tile's maxima without the pass over S^T that col_softmax makes for them.
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void gemm_col_max(const Member& /*team*/, int m, int n, int k,
+                                                  const Acc* a, int a_rs, int a_cs, const Acc* b,
+                                                  int ldb, Acc* c, int ldc, Acc* col_max) {
+    for (int j = 0; j < n; ++j)
+      col_max[j] = -infinity<Acc>();
+    const int j_end = host::for_column_blocks<Acc>(n, [&](auto regs, int j0) {
+      constexpr int NR = decltype(regs)::value * host::lanes<Acc>;
+      host::for_row_blocks<host::micro_rows(decltype(regs)::value)>(m, [&](auto rows, int i0) {
+        host::micro_kernel<decltype(rows)::value, NR, Acc, true>(
+            k, a + static_cast<std::ptrdiff_t>(i0) * a_rs, a_rs, a_cs, b + j0, ldb,
+            c + static_cast<std::ptrdiff_t>(i0) * ldc + j0, ldc, false, col_max + j0);
+      });
+    });
+    if (j_end < n) {
+      host::edge_kernel(m, n - j_end, k, a, a_rs, a_cs, b + j_end, ldb, c + j_end, ldc, false);
+      host::col_max_of(m, n - j_end, c + j_end, ldc, col_max + j_end);
+    }
+  }
+
   /// PortableTileOps::gemm_bf16x2: inside a PairScope that configured the AMX tiles and for A
   /// with unit column stride, the first m - m % 16 rows and n - n % 16 columns to depth
   /// k2 - k2 % 16 on the tiles (host/amx.hpp), the rest as below; otherwise on VDPBF16PS where
@@ -859,11 +923,14 @@ struct TileOps<
 
   /// gemm_bf16x2 on VDPBF16PS where the CPU has it (the blocking of gemm); the last n % 16
   /// columns, and CPUs without it, on the portable loops.
-  template <class Member>
+  /// With ColMax, col_max[j] also becomes the maximum of itself and column j of C (for
+  /// gemm_bf16x2_col_max).
+  template <bool ColMax = false, class Member>
   static KOKKOS_INLINE_FUNCTION void gemm_bf16x2_vector(const Member& team, int m, int n, int k2,
                                                         const void* a, int a_rs, int a_cs,
                                                         const void* b, int ldb, float* c, int ldc,
-                                                        float scale, bool accumulate) {
+                                                        float scale, bool accumulate,
+                                                        float* col_max = nullptr) {
     int j_end = 0;
 #ifdef KFA_HOST_AVX512_BF16
     const auto* ab = static_cast<const unsigned char*>(a);
@@ -871,18 +938,41 @@ struct TileOps<
     j_end = host::for_column_blocks<float>(n, [&](auto regs, int j0) {
       constexpr int V = decltype(regs)::value;
       host::for_row_blocks<host::micro_rows(V)>(m, [&](auto rows, int i0) {
-        host::bf16x2_kernel<decltype(rows)::value, V>(
+        host::bf16x2_kernel<decltype(rows)::value, V, ColMax>(
             k2, ab + 4 * static_cast<std::ptrdiff_t>(i0) * a_rs, a_rs, a_cs,
             bb + static_cast<std::ptrdiff_t>(4) * j0, ldb,
-            c + static_cast<std::ptrdiff_t>(i0) * ldc + j0, ldc, scale, accumulate);
+            c + static_cast<std::ptrdiff_t>(i0) * ldc + j0, ldc, scale, accumulate,
+            ColMax ? col_max + j0 : nullptr);
       });
     });
 #endif
-    if (j_end < n)
+    if (j_end < n) {
       PortableTileOps<float>::gemm_bf16x2(
           team, m, n - j_end, k2, a, a_rs, a_cs,
           static_cast<const unsigned char*>(b) + static_cast<std::ptrdiff_t>(4) * j_end, ldb,
           c + j_end, ldc, scale, accumulate);
+      if constexpr (ColMax) host::col_max_of(m, n - j_end, c + j_end, ldc, col_max + j_end);
+    }
+  }
+
+  /// C = scale (A B) as gemm_bf16x2 (not accumulated), and col_max[j] = the maximum of column
+  /// j of C, as gemm_col_max: from the registers on VDPBF16PS, by a pass over C where the
+  /// product ran on AMX tiles.
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void gemm_bf16x2_col_max(const Member& team, int m, int n, int k2,
+                                                         const void* a, int a_rs, int a_cs,
+                                                         const void* b, int ldb, float* c, int ldc,
+                                                         float scale, float* col_max) {
+    for (int j = 0; j < n; ++j)
+      col_max[j] = -infinity<float>();
+#ifdef KFA_HOST_AMX
+    if (host::amx::active()) {
+      gemm_bf16x2(team, m, n, k2, a, a_rs, a_cs, b, ldb, c, ldc, scale, false);
+      host::col_max_of(m, n, c, ldc, col_max);
+      return;
+    }
+#endif
+    gemm_bf16x2_vector<true>(team, m, n, k2, a, a_rs, a_cs, b, ldb, c, ldc, scale, false, col_max);
   }
 
   /// PortableTileOps::pack_bf16x2_rows: on AVX-512 BF16, 16 columns of two rows at a time
@@ -1216,6 +1306,17 @@ struct TileOps<
     col_softmax_seen<false>(s, lds, j0, j1, n, m, l, alpha, nullptr, 0);
   }
 
+  /// col_softmax with the tile's maxima given: on entry alpha[c] holds the maximum of column c
+  /// over rows [j0, j1) of s (gemm_col_max, from -inf), so that the vector blocks skip their
+  /// pass over s for it; the same m, l, alpha and P as col_softmax. The last columns, which
+  /// no vector block covers, take their maxima from s again.
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION void col_softmax_max(const Member& /*team*/, Acc* s, int lds,
+                                                     int j0, int j1, int n, Acc* m, Acc* l,
+                                                     Acc* alpha) {
+    col_softmax_seen<false, true>(s, lds, j0, j1, n, m, l, alpha, nullptr, 0);
+  }
+
 #if defined(KFA_HOST_AVX512) && defined(__AVX512BW__) && defined(__AVX512VBMI__) && \
     defined(__GFNI__)
   /// Whether visibility_words and col_softmax's form with them exist (float; AVX-512BW, VBMI
@@ -1357,8 +1458,9 @@ struct TileOps<
 #endif
 
  private:
-  /// col_softmax, with the visibility words `seen` (Seen) or without them.
-  template <bool Seen>
+  /// col_softmax, with the visibility words `seen` (Seen) or without them, and with the tile's
+  /// maxima in alpha (GivenMax, col_softmax_max) or not.
+  template <bool Seen, bool GivenMax = false>
   static void col_softmax_seen(Acc* s, int lds, int j0, int j1, int n, Acc* m, Acc* l, Acc* alpha,
                                const std::uint16_t* seen, int ldw) {
     int c0 = 0;
@@ -1382,13 +1484,17 @@ struct TileOps<
           const __m512 x = _mm512_loadu_ps(s + static_cast<std::ptrdiff_t>(j) * lds + c0);
           t = _mm512_mask_mov_ps(t, visible(j), host::max16(x, t));
         };
-        int j = j0;
-        for (; j + 4 <= j1; j += 4)
-          for (int u = 0; u < 4; ++u)
-            take(tops[u], j + u);
-        for (; j < j1; ++j)
-          take(tops[0], j);
-        top = host::max16(host::max16(tops[0], tops[1]), host::max16(tops[2], tops[3]));
+        if constexpr (GivenMax) {
+          top = host::max16(_mm512_loadu_ps(alpha + c0), top);
+        } else {
+          int j = j0;
+          for (; j + 4 <= j1; j += 4)
+            for (int u = 0; u < 4; ++u)
+              take(tops[u], j + u);
+          for (; j < j1; ++j)
+            take(tops[0], j);
+          top = host::max16(host::max16(tops[0], tops[1]), host::max16(tops[2], tops[3]));
+        }
         // In base 2, 2^((x - m') log2(e)): x - m' first (exact near the maximum), so that the
         // argument's error is relative to x - m', as in exp's own reduction, not to m' (a
         // rounded m' log2(e) would put |m'| 2^-24 into every P and the LSE).
@@ -1426,14 +1532,18 @@ struct TileOps<
         const auto take = [&](__m256& t, int j) {
           t = _mm256_max_ps(_mm256_loadu_ps(s + static_cast<std::ptrdiff_t>(j) * lds + c0), t);
         };
-        int j = j0;
-        for (; j + 4 <= j1; j += 4)
-          for (int u = 0; u < 4; ++u)
-            take(tops[u], j + u);
-        for (; j < j1; ++j)
-          take(tops[0], j);
-        const __m256 top =
-            _mm256_max_ps(_mm256_max_ps(tops[0], tops[1]), _mm256_max_ps(tops[2], tops[3]));
+        __m256 top;
+        if constexpr (GivenMax) {
+          top = _mm256_max_ps(_mm256_loadu_ps(alpha + c0), m_old);
+        } else {
+          int j = j0;
+          for (; j + 4 <= j1; j += 4)
+            for (int u = 0; u < 4; ++u)
+              take(tops[u], j + u);
+          for (; j < j1; ++j)
+            take(tops[0], j);
+          top = _mm256_max_ps(_mm256_max_ps(tops[0], tops[1]), _mm256_max_ps(tops[2], tops[3]));
+        }
         const __m256 shift =
             _mm256_andnot_ps(_mm256_cmp_ps(top, minus_inf, _CMP_EQ_OQ), top);  // 0 at -inf
         const auto exp_of = [&](__m256 x) {
