@@ -196,6 +196,43 @@ TEST(Terms, SplitKV) {
       }
 }
 
+// A bias of zeros gives the forward without a term, element for element (x + 0 = x): with no
+// term the host's sweep takes each tile's column maxima from the score product
+// (TileOps::gemm_col_max), with a term from a pass over S^T after it is added. The softmax is
+// the same for any shift, so a wrong maximum would pass the tolerance rule; it would not pass
+// this. float and bfloat16 (the pair products), several query and key tiles with edges,
+// causal (interior tiles and edge tiles) and not.
+TEST(Terms, ZeroBiasGivesThePlainForward) {
+  kfa::Params causal;
+  causal.causal = true;
+  const auto both = [&](auto type) {
+    using T = decltype(type);
+    for (const Shape& s : {Shape{1, 2, 2, 200, 700, 64}, Shape{1, 1, 1, 97, 300, 128}})
+      for (const auto& p : {kfa::Params{}, causal}) {
+        SCOPED_TRACE(::testing::Message() << s << " " << describe(p) << " " << type_name<T>());
+        Problem pb(s, seed_of(s, 5));
+        pb.rounded<T>();
+        ref::Terms zero;
+        zero.bias = Tensor4("bias", 1, s.heads_q, s.seqlen_q, s.seqlen_k);  // zeros
+        const auto with = run<T>(pb, p, zero);
+        auto q = to_device<T>(pb.q), k = to_device<T>(pb.k), v = to_device<T>(pb.v);
+        View4<T> o("o", s.batch, s.heads_q, s.seqlen_q, s.head_dim);
+        View3<lse_t<T>> lse("lse", s.batch, s.heads_q, s.seqlen_q);
+        kfa::forward(Exec(), q, k, v, o, lse, p);
+        Kokkos::fence();
+        const auto o_plain = to_host<Tensor4>(o, "o");
+        const auto lse_plain = to_host<Tensor3>(lse, "lse");
+        ASSERT_TRUE(all_written(with.o) && all_written(with.lse));
+        for (std::size_t e = 0; e < o_plain.span(); ++e)
+          ASSERT_EQ(o_plain.data()[e], with.o.data()[e]) << "O at " << e;
+        for (std::size_t e = 0; e < lse_plain.span(); ++e)
+          ASSERT_EQ(lse_plain.data()[e], with.lse.data()[e]) << "LSE at " << e;
+      }
+  };
+  both(float{});
+  both(kfa::bf16{});
+}
+
 // A 16-bit type: the term is added in float, S rounded once as an unfused run stores it.
 TEST(Terms, Bfloat16) {
   kfa::Params causal;

@@ -866,9 +866,10 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   enum class Seen { none, some, all };
   /// The softmax forward's term as rows of its plane (impl/score.hpp, has_rows).
   static constexpr bool staged_term = Rule::softmax && has_rows<bias_t>::value;
-  /// Whether the backend gives S^T's column maxima with the product (TileOps::gemm_col_max and
-  /// col_softmax_max; the host's float tiles): the online softmax then skips its pass over
-  /// S^T for them.
+  /// Whether the backend gives S^T's column maxima with the product (TileOps::gemm_col_max,
+  /// gemm_bf16x2_col_max and col_softmax_max: the host's tiles), taken for float tiles (the
+  /// host's col_softmax has vector blocks for float only): the online softmax then skips its
+  /// pass over S^T for them.
   template <class Ops, class = void>
   struct has_col_max : std::false_type {};
   template <class Ops>

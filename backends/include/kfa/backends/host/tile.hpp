@@ -487,6 +487,7 @@ KOKKOS_INLINE_FUNCTION void micro_kernel(int k, const Acc* a, int a_rs, int a_cs
         out += prev;
       }
       std::memcpy(ci + v * L, &out, sizeof(vec));
+      acc[i][v] = out;  // C itself, for ColMax (a dead store without it)
     }
   }
   if constexpr (ColMax) {
