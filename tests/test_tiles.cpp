@@ -184,6 +184,28 @@ template <class Ops>
 struct has_col_max<Ops, std::void_t<decltype(&Ops::template col_softmax_max<Member>)>>
     : std::true_type {};
 
+// c2, the product with the maxima, equals c1, the product without them (NaN where c1 is NaN),
+// and top[j] is the maximum of c1's column j, a NaN skipped (-inf over no rows); top[n], past
+// the columns, still holds the 7 it was given.
+template <class Acc>
+void expect_col_max(const std::vector<Acc>& c1, const std::vector<Acc>& c2,
+                    const std::vector<Acc>& top, int m, int n, int ldc) {
+  for (std::size_t e = 0; e < c1.size(); ++e) {
+    if (std::isnan(c1[e])) {
+      ASSERT_TRUE(std::isnan(c2[e])) << "at " << e;
+    } else {
+      ASSERT_EQ(c2[e], c1[e]) << "at " << e;
+    }
+  }
+  for (int j = 0; j < n; ++j) {
+    Acc want = -std::numeric_limits<Acc>::infinity();
+    for (int i = 0; i < m; ++i)
+      if (c1[std::size_t(i) * ldc + j] > want) want = c1[std::size_t(i) * ldc + j];
+    ASSERT_EQ(top[j], want) << "column " << j;
+  }
+  ASSERT_EQ(top[n], Acc(7)) << "past column n is not touched";
+}
+
 // gemm_col_max: C bit for bit as gemm's (itself checked against double above), and col_max[j]
 // the maximum of C's column j taken here from that C: -inf over no rows, a row of NaN (a NaN
 // in A) skipped; nothing past column n touched.
@@ -204,20 +226,7 @@ void check_gemm_col_max(const Shape& sh, bool transposed_a, bool nan_row) {
     Ops::gemm_col_max(team, m, n, k, a.data(), a_rs, a_cs, b.data(), ldb, c2.data(), ldc,
                       top.data());
   });
-  for (std::size_t e = 0; e < c1.size(); ++e) {
-    if (std::isnan(c1[e])) {
-      ASSERT_TRUE(std::isnan(c2[e])) << "at " << e;
-    } else {
-      ASSERT_EQ(c2[e], c1[e]) << "at " << e;
-    }
-  }
-  for (int j = 0; j < n; ++j) {
-    Acc want = -std::numeric_limits<Acc>::infinity();
-    for (int i = 0; i < m; ++i)
-      if (c1[std::size_t(i) * ldc + j] > want) want = c1[std::size_t(i) * ldc + j];
-    ASSERT_EQ(top[j], want) << "column " << j;
-  }
-  ASSERT_EQ(top[n], Acc(7)) << "past column n is not touched";
+  expect_col_max(c1, c2, top, m, n, ldc);
 }
 
 // col_softmax on a key-major score tile (rows of keys, columns of queries): rows [j0, j1) of
@@ -654,20 +663,7 @@ void check_gemm_bf16x2_col_max(const Shape& sh, bool tiles) {
     Ops::gemm_bf16x2_col_max(team, m, n, k2, a.data(), a_rs, 1, b.data(), ldb, c2.data(), ldc,
                              0.37f, top.data());
   });
-  for (std::size_t e = 0; e < c1.size(); ++e) {
-    if (std::isnan(c1[e])) {
-      ASSERT_TRUE(std::isnan(c2[e])) << "at " << e;
-    } else {
-      ASSERT_EQ(c2[e], c1[e]) << "at " << e;
-    }
-  }
-  for (int j = 0; j < n; ++j) {
-    float want = -std::numeric_limits<float>::infinity();
-    for (int i = 0; i < m; ++i)  // a NaN is skipped
-      if (c1[std::size_t(i) * ldc + j] > want) want = c1[std::size_t(i) * ldc + j];
-    ASSERT_EQ(top[j], want) << "column " << j;
-  }
-  ASSERT_EQ(top[n], 7.0f) << "past column n is not touched";
+  expect_col_max(c1, c2, top, m, n, ldc);
 }
 
 TEST(Tiles, HostBf16x2) {
