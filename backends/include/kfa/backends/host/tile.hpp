@@ -385,11 +385,11 @@ inline void bf16x2_kernel(int k2, const unsigned char* a, int a_rs, int a_cs,
   if constexpr (ColMax) {
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) {
-      __m512 top = _mm512_loadu_ps(col_max + 16 * v);
+      __m512 top = _mm512_loadu_ps(col_max + static_cast<std::ptrdiff_t>(16) * v);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i)
         top = max16(acc[i][v], top);  // a NaN element is skipped
-      _mm512_storeu_ps(col_max + 16 * v, top);
+      _mm512_storeu_ps(col_max + static_cast<std::ptrdiff_t>(16) * v, top);
     }
   }
 }
