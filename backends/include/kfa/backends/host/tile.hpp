@@ -584,6 +584,19 @@ KOKKOS_INLINE_FUNCTION void for_row_blocks(int m, const F& f) {
   }
 }
 
+/// take(tops[u], j) for the rows j of [j0, j1) in four chains, row j0 + 4 q + u to chain u (the
+/// last j1 - j0 mod 4 rows to chain 0): col_softmax's maxima down its columns, where one chain
+/// waits for each maximum's latency.
+template <class Vec, class Take>
+inline void four_chains(int j0, int j1, Vec (&tops)[4], const Take& take) {
+  int j = j0;
+  for (; j + 4 <= j1; j += 4)
+    for (int u = 0; u < 4; ++u)
+      take(tops[u], j + u);
+  for (; j < j1; ++j)
+    take(tops[0], j);
+}
+
 /// f(regs, j0) for the column blocks of a tile n columns wide: blocks of four vector registers
 /// of Acc (AVX-512 only, see wide_blocks), then two, then one; `regs` is a
 /// std::integral_constant. Returns the first column no block covers.
@@ -852,16 +865,7 @@ struct TileOps<
   static KOKKOS_INLINE_FUNCTION void gemm(const Member& /*team*/, int m, int n, int k, const Acc* a,
                                           int a_rs, int a_cs, const Acc* b, int ldb, Acc* c,
                                           int ldc, bool accumulate) {
-    const int j_end = host::for_column_blocks<Acc>(n, [&](auto regs, int j0) {
-      constexpr int NR = decltype(regs)::value * host::lanes<Acc>;
-      host::for_row_blocks<host::micro_rows(decltype(regs)::value)>(m, [&](auto rows, int i0) {
-        host::micro_kernel<decltype(rows)::value, NR>(
-            k, a + static_cast<std::ptrdiff_t>(i0) * a_rs, a_rs, a_cs, b + j0, ldb,
-            c + static_cast<std::ptrdiff_t>(i0) * ldc + j0, ldc, accumulate);
-      });
-    });
-    if (j_end < n)
-      host::edge_kernel(m, n - j_end, k, a, a_rs, a_cs, b + j_end, ldb, c + j_end, ldc, accumulate);
+    gemm_blocks<false>(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, accumulate, nullptr);
   }
 
   /// C = A B as gemm (not accumulated), and col_max[j] = the maximum of column j of C for j in
@@ -874,18 +878,7 @@ struct TileOps<
                                                   int ldb, Acc* c, int ldc, Acc* col_max) {
     for (int j = 0; j < n; ++j)
       col_max[j] = -infinity<Acc>();
-    const int j_end = host::for_column_blocks<Acc>(n, [&](auto regs, int j0) {
-      constexpr int NR = decltype(regs)::value * host::lanes<Acc>;
-      host::for_row_blocks<host::micro_rows(decltype(regs)::value)>(m, [&](auto rows, int i0) {
-        host::micro_kernel<decltype(rows)::value, NR, Acc, true>(
-            k, a + static_cast<std::ptrdiff_t>(i0) * a_rs, a_rs, a_cs, b + j0, ldb,
-            c + static_cast<std::ptrdiff_t>(i0) * ldc + j0, ldc, false, col_max + j0);
-      });
-    });
-    if (j_end < n) {
-      host::edge_kernel(m, n - j_end, k, a, a_rs, a_cs, b + j_end, ldb, c + j_end, ldc, false);
-      host::col_max_of(m, n - j_end, c + j_end, ldc, col_max + j_end);
-    }
+    gemm_blocks<true>(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, false, col_max);
   }
 
   /// PortableTileOps::gemm_bf16x2: inside a PairScope that configured the AMX tiles and for A
@@ -1459,6 +1452,27 @@ struct TileOps<
 #endif
 
  private:
+  /// gemm's blocking; with ColMax, col_max[j] also becomes the maximum of itself and column j
+  /// of C (gemm_col_max).
+  template <bool ColMax>
+  static KOKKOS_INLINE_FUNCTION void gemm_blocks(int m, int n, int k, const Acc* a, int a_rs,
+                                                 int a_cs, const Acc* b, int ldb, Acc* c, int ldc,
+                                                 bool accumulate, Acc* col_max) {
+    const int j_end = host::for_column_blocks<Acc>(n, [&](auto regs, int j0) {
+      constexpr int NR = decltype(regs)::value * host::lanes<Acc>;
+      host::for_row_blocks<host::micro_rows(decltype(regs)::value)>(m, [&](auto rows, int i0) {
+        host::micro_kernel<decltype(rows)::value, NR, Acc, ColMax>(
+            k, a + static_cast<std::ptrdiff_t>(i0) * a_rs, a_rs, a_cs, b + j0, ldb,
+            c + static_cast<std::ptrdiff_t>(i0) * ldc + j0, ldc, accumulate,
+            ColMax ? col_max + j0 : nullptr);
+      });
+    });
+    if (j_end < n) {
+      host::edge_kernel(m, n - j_end, k, a, a_rs, a_cs, b + j_end, ldb, c + j_end, ldc, accumulate);
+      if constexpr (ColMax) host::col_max_of(m, n - j_end, c + j_end, ldc, col_max + j_end);
+    }
+  }
+
   /// col_softmax, with the visibility words `seen` (Seen) or without them, and with the tile's
   /// maxima in alpha (GivenMax, col_softmax_max) or not.
   template <bool Seen, bool GivenMax = false>
@@ -1488,12 +1502,7 @@ struct TileOps<
         if constexpr (GivenMax) {
           top = host::max16(_mm512_loadu_ps(alpha + c0), top);
         } else {
-          int j = j0;
-          for (; j + 4 <= j1; j += 4)
-            for (int u = 0; u < 4; ++u)
-              take(tops[u], j + u);
-          for (; j < j1; ++j)
-            take(tops[0], j);
+          host::four_chains(j0, j1, tops, take);
           top = host::max16(host::max16(tops[0], tops[1]), host::max16(tops[2], tops[3]));
         }
         // In base 2, 2^((x - m') log2(e)): x - m' first (exact near the maximum), so that the
@@ -1537,12 +1546,7 @@ struct TileOps<
         if constexpr (GivenMax) {
           top = _mm256_max_ps(_mm256_loadu_ps(alpha + c0), m_old);
         } else {
-          int j = j0;
-          for (; j + 4 <= j1; j += 4)
-            for (int u = 0; u < 4; ++u)
-              take(tops[u], j + u);
-          for (; j < j1; ++j)
-            take(tops[0], j);
+          host::four_chains(j0, j1, tops, take);
           top = _mm256_max_ps(_mm256_max_ps(tops[0], tops[1]), _mm256_max_ps(tops[2], tops[3]));
         }
         const __m256 shift =
