@@ -6,7 +6,7 @@
       [--causal 0,1] [--impls kfa,unfused,torch,ort,ort-unfused] [--min-time S]
       [--bench-args ARGS] [--budget-gib 12] [--ort-prefix DIR]
       [--mem-n 1024,...,32768] [--mem-shape B,H,D] [--mem-dtype float] [--cpu C] [--quick]
-      [--reuse]
+      [--rounds R] [--reuse]
 
 Runs, one thread each (OPENBLAS_NUM_THREADS=1, OMP_NUM_THREADS=1, ONNX Runtime's intra- and
 inter-op threads 1), pinned with taskset to CPU C (default the last one; --cpu -1 does not pin):
@@ -25,6 +25,16 @@ inter-op threads 1), pinned with taskset to CPU C (default the last one; --cpu -
 and writes DATE-NAME.md (the tables: GFLOP/s of each and its fraction of the FMA peak, and
 kfa's speed-up over each peer), DATE-NAME.png (GFLOP/s against N) and DATE-NAME-memory.png
 (peak memory against N) into --out-dir (default perf/results).
+
+--rounds R (R > 1): steps 1 and 3 interleaved, for ratios between programs measured seconds
+apart rather than minutes (a virtual machine's core drifts by 10-25 % within minutes): in each of
+R rounds, every (D, causal, N) case runs bench_attention on that case alone (kfa's and the
+unfused baseline's types and passes, with BM_fma_peak) and ONNX Runtime's runs on it right after
+(before it in odd rounds). The tables give each figure's median over the rounds, each ratio to
+ONNX Runtime the median of the rounds' own ratios with their range, and a table of bf16 over
+float when both are asked (paired the same way); every round's figures are in
+DATE-NAME-rounds.json. BM_sgemm runs once, before the rounds; PyTorch (step 2) in one pass of
+its own, not interleaved.
 
 The peer cases whose N x N buffers would pass --budget-gib are skipped and marked so. --quick:
 float, D = 64, N = 512 ... 4096 (each unless given). --reuse: a step whose JSON file is already
@@ -112,6 +122,8 @@ def parse_args():
     ap.add_argument("--mem-dtype", default="float", choices=SIZE)
     ap.add_argument("--cpu", type=int, default=(os.cpu_count() or 1) - 1)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="R > 1: kfa and ONNX Runtime interleaved per case, R rounds (above)")
     ap.add_argument("--reuse", action="store_true")
     a = ap.parse_args()
     for key, value in (QUICK if a.quick else FULL).items():
@@ -122,6 +134,8 @@ def parse_args():
     a.n, a.d, a.impls, a.mem_n = csv(a.n, int), csv(a.d, int), csv(a.impls), csv(a.mem_n, int)
     for bad in set(a.passes) - set(PASSES) | set(a.types) - set(SIZE) | set(a.impls) - set(IMPLS):
         ap.error(f"unknown value {bad!r}")
+    if a.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {a.rounds}")
     return a
 
 
@@ -138,13 +152,23 @@ def bench_binary(a):
     return os.path.join(a.build, "perf", "bench_attention")
 
 
-def run_bench(a, env, pin, path):
+def bench_cases(a, n, d, c):
+    """The filter of kfa's and the unfused baseline's benchmarks on these N, D and causal
+    lists (the types and passes asked), or None where neither is asked."""
     impls = [i for i in a.impls if i in ("kfa", "unfused")]
-    cases = (f"BM_({'|'.join(impls)})_({'|'.join(a.passes)})<({'|'.join(a.types)})>"
-             f"/N:({'|'.join(map(str, a.n))})/D:({'|'.join(map(str, a.d))})"
-             f"/causal:({'|'.join(map(str, a.causal))})/")
+    if not impls:
+        return None
+    return (f"BM_({'|'.join(impls)})_({'|'.join(a.passes)})<({'|'.join(a.types)})>"
+            f"/N:({'|'.join(map(str, n))})/D:({'|'.join(map(str, d))})"
+            f"/causal:({'|'.join(map(str, c))})/")
+
+
+def run_bench(a, env, pin, path, cases=None, fixed="BM_fma_peak|BM_sgemm"):
+    """bench_attention on `cases` (a filter; default every case asked) with the `fixed` ones."""
+    if cases is None:
+        cases = bench_cases(a, a.n, a.d, a.causal)
     # The FMA peak and sgemm always: the ceiling and the BLAS rate every table is read against.
-    only = f"^(BM_fma_peak|BM_sgemm|{cases})" if impls else "^(BM_fma_peak|BM_sgemm)"
+    only = f"^({fixed}|{cases})" if cases else f"^({fixed})"
     cmd = pin + [bench_binary(a), f"--benchmark_filter={only}",
                  f"--benchmark_out={path}", "--benchmark_out_format=json"]
     if a.min_time is not None:
@@ -202,37 +226,49 @@ def ort_matrix_bytes(impl, b, h, n, causal):
     return (4 if causal else 2) * b * h * n * n * 4 + (2 * n * n * 4 if causal else 0)
 
 
-def run_ort(a, env, pin, path):
-    """Each case in a node process of its own, as the model is built for its shape; B = 1,
+def ort_cases_of(a, n, d, c):
+    """ONNX Runtime's (impl, pass, type, causal, D, N) cases on these N, D and causal lists."""
+    return list(itertools.product([i for i in a.impls if i in ORT],
+                                  [p for p in a.passes if p in ORT_PASSES],
+                                  [t for t in a.types if t in ORT_TYPES], c, d, n))
+
+
+def run_ort_case(a, env, pin, impl, pass_, t, c, d, n):
+    """One case in a node process of its own, as the model is built for its shape; B = 1,
     H = 4 like the other timings. A case whose output fails the script's check against its
     float64 reference (exit status 1) is recorded as failed; any other failure stops the run."""
     min_time = 0.5 if a.min_time is None else a.min_time  # Google Benchmark's default
-    cases = itertools.product([i for i in a.impls if i in ORT],
-                              [p for p in a.passes if p in ORT_PASSES],
-                              [t for t in a.types if t in ORT_TYPES], a.causal, a.d, a.n)
-    results = []
-    for impl, pass_, t, c, d, n in cases:
-        r = {"impl": impl, "pass": pass_, "type": t, "B": 1, "H": 4, "N": n, "D": d, "causal": c}
-        results.append(r)
-        need = ort_matrix_bytes(impl, 1, 4, n, c)
-        if need > a.budget_gib * 2**30:
-            r["skipped"] = f"N x N buffers need {need / 2**30:.1f} GiB"
-            continue
-        cmd = pin + ort_command(a, impl, 1, 4, n, d, c) + [
-            "--warmup", "1", "--repeat", "3", "--min-time", str(min_time)]
-        print("+", " ".join(shlex.quote(x) for x in cmd), flush=True)
-        run = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        sys.stderr.write(run.stderr)
-        lines = run.stdout.strip().splitlines()
-        if run.returncode not in (0, 1) or not lines:
-            sys.exit(f"compare_attention: {cmd[len(pin)]} failed with status {run.returncode}")
-        print(lines[-1], flush=True)
-        r.update(json.loads(lines[-1]))
-        r["flops_per_s"] = r["flops"] / r["mean_s"]  # the mean, as Google Benchmark reports
-        if run.returncode == 1:
-            r["failed"] = f"max abs error {r['max_abs_err']:.3g}"
-            print(f"compare_attention: {IMPLS[impl]} N={n} D={d} causal={c}: output check "
-                  f"failed ({r['failed']})", file=sys.stderr)
+    r = {"impl": impl, "pass": pass_, "type": t, "B": 1, "H": 4, "N": n, "D": d, "causal": c}
+    need = ort_matrix_bytes(impl, 1, 4, n, c)
+    if need > a.budget_gib * 2**30:
+        r["skipped"] = f"N x N buffers need {need / 2**30:.1f} GiB"
+        return r
+    cmd = pin + ort_command(a, impl, 1, 4, n, d, c) + [
+        "--warmup", "1", "--repeat", "3", "--min-time", str(min_time)]
+    print("+", " ".join(shlex.quote(x) for x in cmd), flush=True)
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    sys.stderr.write(run.stderr)
+    lines = run.stdout.strip().splitlines()
+    if run.returncode not in (0, 1) or not lines:
+        sys.exit(f"compare_attention: {cmd[len(pin)]} failed with status {run.returncode}")
+    print(lines[-1], flush=True)
+    r.update(json.loads(lines[-1]))
+    r["flops_per_s"] = r["flops"] / r["mean_s"]  # the mean, as Google Benchmark reports
+    if run.returncode == 1:
+        r["failed"] = f"max abs error {r['max_abs_err']:.3g}"
+        print(f"compare_attention: {IMPLS[impl]} N={n} D={d} causal={c}: output check "
+              f"failed ({r['failed']})", file=sys.stderr)
+    return r
+
+
+def run_ort(a, env, pin, path):
+    """Every ONNX Runtime case asked, one after the other (run_ort_case)."""
+    write_ort(a, path, [run_ort_case(a, env, pin, *case)
+                        for case in ort_cases_of(a, a.n, a.d, a.causal)])
+
+
+def write_ort(a, path, results):
+    """ONNX Runtime's results with their context, as Results reads them."""
     with open(ort_package_json(a)) as f:
         version = json.load(f)["version"]
     node = subprocess.run([shutil.which("node"), "--version"], capture_output=True,
@@ -241,6 +277,70 @@ def run_ort(a, env, pin, path):
                "ops": sorted({r["op"] for r in results if "op" in r})}
     with open(path, "w") as f:
         json.dump({"context": context, "results": results}, f, indent=1)
+
+
+def median_of(entries, rate):
+    """The entry of median rate (the lower middle one of an even count)."""
+    ranked = sorted(entries, key=rate)
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def run_rounds(a, env, pin, bench_path, ort_path, rounds_path, with_ort):
+    """--rounds: kfa's (and the unfused baseline's) benchmarks and ONNX Runtime's runs
+    interleaved per (D, causal, N) case, a.rounds times (ONNX Runtime first in odd rounds).
+    Writes the medians over the rounds as run_bench and run_ort write theirs, and every round's
+    rates, by round, to rounds_path."""
+    per_round = []  # {"round", "key": [impl, pass, type, N, D, causal], "flops_per_s"}
+    benches, orts = {}, {}  # name -> Google Benchmark entries; ORT case -> results
+    context = None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "sgemm.json")
+        run_bench(a, env, pin, path, cases="", fixed="BM_sgemm")
+        with open(path) as f:
+            data = json.load(f)
+        sgemm = data["benchmarks"]
+        for r in range(a.rounds):
+            for d, c, n in itertools.product(a.d, a.causal, a.n):
+                def kfa_side():
+                    nonlocal context
+                    cases = bench_cases(a, [n], [d], [c])
+                    path = os.path.join(tmp, f"r{r}-{d}-{c}-{n}.json")
+                    run_bench(a, env, pin, path, cases=cases, fixed="BM_fma_peak")
+                    with open(path) as f:
+                        data = json.load(f)
+                    context = context or data["context"]
+                    for b in data["benchmarks"]:
+                        benches.setdefault(b["name"], []).append(b)
+                        m = re.match(r"BM_(\w+?)_(\w+)<(\w+)>/", b["name"])
+                        if m and "FLOP/s" in b:
+                            per_round.append({"round": r, "key": [m[1], m[2], m[3], n, d, c],
+                                              "flops_per_s": b["FLOP/s"]})
+                        elif b["name"].startswith("BM_fma_peak") and "FLOP/s" in b:
+                            per_round.append({"round": r, "key": [b["name"], n, d, c],
+                                              "flops_per_s": b["FLOP/s"]})
+
+                def ort_side():
+                    for case in ort_cases_of(a, [n], [d], [c]):
+                        res = run_ort_case(a, env, pin, *case)
+                        impl, pass_, t = case[:3]
+                        orts.setdefault((impl, pass_, t, n, d, c), []).append(res)
+                        if "flops_per_s" in res and "failed" not in res:
+                            per_round.append({"round": r, "key": [impl, pass_, t, n, d, c],
+                                              "flops_per_s": res["flops_per_s"]})
+
+                sides = [kfa_side] + ([ort_side] if with_ort else [])
+                for side in (sides[::-1] if r % 2 else sides):
+                    side()
+    rate = lambda b: b.get("FLOP/s", 0.0)  # noqa: E731
+    with open(bench_path, "w") as f:
+        json.dump({"context": context, "rounds": a.rounds,
+                   "benchmarks": sgemm + [median_of(v, rate) for v in benches.values()]},
+                  f, indent=1)
+    if with_ort and orts:
+        write_ort(a, ort_path, [median_of(v, lambda x: x.get("flops_per_s", 0.0))
+                                for v in orts.values()])
+    with open(rounds_path, "w") as f:
+        json.dump({"rounds": a.rounds, "runs": per_round}, f, indent=1)
 
 
 def gnu_time():
@@ -370,9 +470,17 @@ def ratio(x, y):
 class Results:
     """The figures of one comparison, read back from its JSON files (absent files: none)."""
 
-    def __init__(self, bench_path, torch_path, ort_path, mem_path):
+    def __init__(self, bench_path, torch_path, ort_path, mem_path, rounds_path=None):
         self.rows, self.sgemm, self.ctx = \
             tables.load(bench_path) if os.path.exists(bench_path) else ({}, None, {})
+        # --rounds: each round's rate by (impl, pass, type, N, D, causal) and round.
+        self.rounds, self.by_round = 0, {}
+        if rounds_path and os.path.exists(rounds_path):
+            with open(rounds_path) as f:
+                data = json.load(f)
+            self.rounds = data["rounds"]
+            for run in data["runs"]:
+                self.by_round[tuple(run["key"]) + (run["round"],)] = run["flops_per_s"]
         self.peak = tables.fma_peaks(self.rows)  # FLOP/s by type
         # The peers' cases by (impl, pass, type, N, D, causal).
         self.torch_ctx, torch = self._cases(torch_path, lambda r: "torch")
@@ -421,6 +529,23 @@ class Results:
     def gflops(self, impl, pass_, t, n, d, c):
         return self.case(impl, pass_, t, n, d, c)[0]
 
+    def paired(self, x, y):
+        """--rounds: the median, lowest and highest over the rounds of x's rate over y's in
+        the same round, for x and y keys (impl, pass, type, N, D, causal); None where a round
+        lacks either."""
+        rs = []
+        for r in range(self.rounds):
+            u, v = self.by_round.get(x + (r,)), self.by_round.get(y + (r,))
+            if u is None or v is None:
+                return None
+            rs.append(u / v)
+        if not rs:
+            return None
+        rs.sort()
+        mid = len(rs) // 2
+        med = rs[mid] if len(rs) % 2 else (rs[mid - 1] + rs[mid]) / 2
+        return med, rs[0], rs[-1]
+
 
 def report(a, res, md_path, command, ort_why, plotted):
     ort_impls = [i for i in a.impls if i in ORT]
@@ -453,6 +578,18 @@ def report(a, res, md_path, command, ort_why, plotted):
         f"- ONNX Runtime: {ort_line}",
         f"- Command: `{command}`",
         "",
+    ]
+    if res.rounds:
+        lines += [
+            f"Interleaved in {res.rounds} rounds (--rounds): in each round every (D, causal, N) "
+            "case ran bench_attention on that case alone, with the FMA probe, and ONNX Runtime "
+            "right after it (before it in odd rounds), so each ratio's two sides are seconds "
+            "apart. Every GFLOP/s below is the median over the rounds, the peak the probe's "
+            "median; `kfa/ORT flash` is the median of the rounds' own ratios, followed by their "
+            "lowest and highest; every round's figures: "
+            f"`{os.path.splitext(os.path.basename(md_path))[0]}-rounds.json`.",
+            ""]
+    lines += [
         "Shapes: B = 1, H = 4 (N = seqlen of queries and keys, D = head_dim). FLOPs in "
         "flash-attn's convention (docs/performance.md: visible pairs only; backward 2.5 x and "
         "forward + backward 3.5 x the forward), the same count for all, so GFLOP/s ratios are "
@@ -508,14 +645,18 @@ def report(a, res, md_path, command, ort_why, plotted):
                         if has_kfa:
                             row.append(fmt(tables.ms(k) if kg else None))
                         row += [cell(i, pass_, t, n, d, c) for i in impls]
-                        row += [fmt(ratio(kg, res.gflops(i, pass_, t, n, d, c)), ".2f")
-                                for i in peers]
+                        for i in peers:
+                            pr = res.paired(("kfa", pass_, t, n, d, c), (i, pass_, t, n, d, c))
+                            row.append(f"{pr[0]:.2f} ({pr[1]:.2f}-{pr[2]:.2f})" if pr else
+                                       fmt(ratio(kg, res.gflops(i, pass_, t, n, d, c)), ".2f"))
                         if has_kfa:
                             frac = ratio(kg, res.sgemm / 1e9) if res.sgemm and t == "float" \
                                 else None
                             row.append(fmt(frac, ".2f"))
                         lines.append("| " + " | ".join(row) + " |")
         lines.append("")
+    if has_kfa and "bf16" in a.types and "float" in a.types:
+        lines += bf16_table(a, res)
     if res.mem:
         r0 = res.mem[0]
         impls = [i for i in a.impls if any(i in r for r in res.mem)]
@@ -550,6 +691,25 @@ def report(a, res, md_path, command, ort_why, plotted):
         lines += ["No plots: matplotlib was not importable.", ""]
     with open(md_path, "w") as f:
         f.write("\n".join(lines))
+
+
+def bf16_table(a, res):
+    """kfa's bf16 GFLOP/s over its float GFLOP/s per case: paired per round under --rounds."""
+    lines = ["## kfa: bf16 over float", "",
+             "kfa's bf16 GFLOP/s over its float GFLOP/s on the same case"
+             + (" (the median of the rounds' own ratios, and their range)"
+                if res.rounds else "") + ".", "",
+             "| pass | D | causal | N | bf16/float |", "|:---|---:|:---:|---:|---:|"]
+    for pass_ in a.passes:
+        for d, c, n in itertools.product(a.d, a.causal, a.n):
+            pr = res.paired(("kfa", pass_, "bf16", n, d, c), ("kfa", pass_, "float", n, d, c))
+            q = ratio(res.gflops("kfa", pass_, "bf16", n, d, c),
+                      res.gflops("kfa", pass_, "float", n, d, c))
+            if pr is None and q is None:
+                continue
+            cell = f"{pr[0]:.2f} ({pr[1]:.2f}-{pr[2]:.2f})" if pr else fmt(q, ".2f")
+            lines.append(f"| {PASSES[pass_]} | {d} | {'yes' if c else 'no'} | {n} | {cell} |")
+    return lines + [""]
 
 
 COLORS = {"kfa": "C0", "unfused": "C1", "torch": "C2", "ort": "C3", "ort-unfused": "C4"}
@@ -625,10 +785,11 @@ def main():
     stem = os.path.join(a.out_dir, f"{a.date}-{a.name}")
     bench_path, torch_path = stem + ".json", stem + "-torch.json"
     ort_path, mem_path = stem + "-ort.json", stem + "-memory.json"
+    rounds_path = stem + "-rounds.json"
     env, pin = environment(a)
     command = " ".join(shlex.quote(x) for x in [sys.executable] + sys.argv)
 
-    if not (a.reuse and os.path.exists(bench_path)):
+    if a.rounds == 1 and not (a.reuse and os.path.exists(bench_path)):
         run_bench(a, env, pin, bench_path)
     with_torch = "torch" in a.impls and torch_available()
     if "torch" in a.impls and not with_torch:
@@ -643,7 +804,9 @@ def main():
     if with_ort and not ort_cases:
         print("compare_attention: ONNX Runtime runs the float forward only; no such cases asked",
               file=sys.stderr)
-    if with_ort and ort_cases and not (a.reuse and os.path.exists(ort_path)):
+    if a.rounds > 1 and not (a.reuse and os.path.exists(rounds_path)):
+        run_rounds(a, env, pin, bench_path, ort_path, rounds_path, with_ort and ort_cases)
+    elif a.rounds == 1 and with_ort and ort_cases and not (a.reuse and os.path.exists(ort_path)):
         run_ort(a, env, pin, ort_path)
     peers = [i for i in a.impls if (i == "torch" and with_torch) or (i in ORT and with_ort)]
     if a.mem_n and not (a.reuse and os.path.exists(mem_path)):
@@ -652,7 +815,7 @@ def main():
     # A reused ORT file is read even where onnxruntime-node is no longer installed.
     res = Results(bench_path, torch_path if with_torch else None,
                   ort_path if (with_ort and ort_cases) or a.reuse else None,
-                  mem_path if a.mem_n else None)
+                  mem_path if a.mem_n else None, rounds_path if a.rounds > 1 else None)
     plotted = plot(a, res, stem + ".png", stem + "-memory.png")
     report(a, res, stem + ".md", command, ort_why, plotted)
     print(f"wrote {stem}.md" + (f", {stem}.png" if plotted else "")

@@ -225,14 +225,18 @@ TYPED_TEST(NarrowTest, FullyMaskedRows) {
 // widened path with float, which must then agree as closely.
 TEST(NarrowPairs, Bf16MatchesFloatOnTheSameValues) {
   // (D, Dv): equal, and v's head dim of its own (an odd one leaves the pair products).
+  // Masks: none, causal, and windows of 37 and 38 keys to the left, one of which puts the first
+  // key a query tile sees on an odd key (the pair products then start a key early, on a row of
+  // P set to 0).
   for (auto [d, dv] : {std::pair{64, 64}, {128, 128}, {40, 40}, {64, 32}, {32, 96}, {64, 41}})
-    for (bool causal : {false, true}) {
+    for (int mode : {0, 1, 2, 3}) {
       const Shape s{1, 2, 1, 150, 203, d, dv};
-      SCOPED_TRACE(::testing::Message() << s << (causal ? " causal" : ""));
+      SCOPED_TRACE(::testing::Message() << s << " mask " << mode);
       Problem pb(s, 99, 3.0);
       pb.rounded<bf16>();
       kfa::Params p;
-      p.causal = causal;
+      p.causal = mode == 1;
+      if (mode >= 2) p.window_left = 35 + mode;
       const auto narrow = run_forward<bf16>(pb, p);
       const auto wide = run_forward<float>(pb, p);
       double vmax = 0;

@@ -140,9 +140,9 @@ bool same_bits(const Tensor4& a, const Tensor4& b) {
 }
 
 // The passes with temporaries (the backward's delta; bf16's float dQ on the atomic path; the
-// query pass's transposed K and V; split-KV's partials), run on shape A, then on a larger
-// shape B (the buffers grow and are written with B's values), then on A again: A's results
-// are bitwise the same both times.
+// query pass's transposed K and V; split-KV's partials; bf16's V pair words), run on shape A, then
+// on a larger shape B (the buffers grow and are written with B's values), then on A again: A's
+// results are bitwise the same both times.
 TEST(Workspace, ResultsDoNotDependOnEarlierCalls) {
   // Nk of 3 and 5 key tiles or more on every backend, so that three splits are three.
   const Shape a{1, 2, 1, 70, 300, 64}, b{2, 3, 3, 200, 600, 64};
@@ -180,6 +180,14 @@ TEST(Workspace, ResultsDoNotDependOnEarlierCalls) {
     const auto again = run_forward<float>(pa, split);
     EXPECT_TRUE(same_bits(first.o, again.o));
     EXPECT_EQ(kfa::reference::max_abs_diff(first.lse, again.lse), 0.0);
+  }
+  {  // bf16's V as pair words (host pair products): A's odd key count leaves half a pair
+    const Shape a1{1, 2, 1, 70, 301, 64}, b1{2, 3, 3, 200, 600, 64};
+    const Problem pa1(a1, 14), pb1(b1, 15);
+    const auto first = run_forward<kfa::bf16>(pa1, kfa::Params{});
+    run_forward<kfa::bf16>(pb1, kfa::Params{});
+    const auto again = run_forward<kfa::bf16>(pa1, kfa::Params{});
+    EXPECT_TRUE(same_bits(first.o, again.o));
   }
   if (caching())
     EXPECT_GT(kfa::workspace_bytes(), 0u);  // kept for the next call

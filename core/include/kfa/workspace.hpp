@@ -4,11 +4,12 @@
 ///
 /// Some calls need memory of their own besides the arrays they are given: the backward's row
 /// statistic delta (B x Hq x Nq accumulators), with 16-bit inputs on the atomic dQ path a float
-/// copy of dQ, in the query pass (DqMode::query_pass) transposed copies of K and V, and with
-/// split-KV the partial results of the chunks. kfa takes that memory from a pool per memory
-/// space and keeps it when the call ends, so that the next call of the same or a smaller size
-/// allocates nothing: on CUDA an allocation is a cudaMalloc and a free is a cudaFree, which
-/// waits for the whole device.
+/// copy of dQ, in the query pass (DqMode::query_pass) transposed copies of K and V, with
+/// split-KV the partial results of the chunks, and in a bfloat16 forward on a host with pair
+/// products (AVX-512 BF16) V's rows as pair words (the size of V). kfa takes that memory from
+/// a pool per memory space and keeps it when the call ends, so that the next call of the same
+/// or a smaller size allocates nothing: on CUDA an allocation is a cudaMalloc and a free is a
+/// cudaFree, which waits for the whole device.
 ///
 /// - A call that used such memory returns after its own kernels have finished (it fences its
 ///   execution space instance before the memory goes back to the pool). In steady state other

@@ -90,6 +90,17 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       backends::is_bfloat16<typename K::non_const_value_type>::value &&
       backends::is_bfloat16<typename V::non_const_value_type>::value;
   bool pairs = false;
+  // With pairs, V's rows as pair words once per launch (pair_v: keys 2w and 2w + 1 of the
+  // view in word row w of their (batch, kv head), ldv words a row) rather than per query tile
+  // and key tile: the per-tile interleave cost 6-7 % of a bf16 forward on AVX-512
+  // (perf/results/2026-12-07-zen5-v-pairs.md). Lent by launch where whole_v_pairs; empty
+  // otherwise (packed sequences: a sequence may start at an odd key), and the sweep then
+  // interleaves V_j into its scratch per tile.
+  using pairs_view =
+      Kokkos::View<std::uint32_t**, Kokkos::LayoutRight, typename ExecSpace::memory_space>;
+  pairs_view v_pairs;
+  bool whole_v_pairs = false;
+  int key_pairs = 0;  // word rows per (batch, kv head): (seqlen_k + 1) / 2
   // The register-resident forward (TileTraits::warp_tiles: CUDA, 16-bit inputs, and float by
   // 3xTF32 under KFA_CUDA_TF32X3): a team's 64 or 128 query rows (TileOps::warp_rows) keep
   // their work in registers (TileOps::warp_forward). Taken at the head dims it has (with Dv = D:
@@ -145,6 +156,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     kv_in_place = kv_in_place_type && k.stride(2) <= 2147483647 && v.stride(2) <= 2147483647;
     pairs = pairs_type && ops::bf16x2_pays() && head_dim % 2 == 0 && head_dim_v % 2 == 0 &&
             k.stride(2) % 2 == 0 && v.stride(2) % 2 == 0 && k.stride(2) / 2 <= 2147483647;
+    whole_v_pairs = pairs && !Seqs::packed && Bc % 2 == 0;  // key tiles start on even keys
+    key_pairs = (seqlen_k + 1) / 2;
     const int key_tiles = (seqlen_k + Bc - 1) / Bc;
     const long long teams = static_cast<long long>(q.extent(0)) * heads_q * q_tiles;
     splits = p.num_splits > 0 ? p.num_splits
@@ -210,6 +223,26 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   KOKKOS_INLINE_FUNCTION int ldq() const { return Br + traits::pad; }
 
   void launch(const ExecSpace& space) const {
+    if constexpr (pairs_type)
+      if (whole_v_pairs) {  // V as pair words on a temporary for this launch (pair_v)
+        const Temporary<pairs_view, ExecSpace> memory(
+            space, v.extent(0) * v.extent(1) * static_cast<std::size_t>(key_pairs),
+            static_cast<std::size_t>(ldv));
+        ForwardKernel lent = *this;
+        lent.v_pairs = memory.view();
+        const int key_tiles = (seqlen_k + Bc - 1) / Bc;
+        base::launch(space, "forward", "kfa::forward_v_pairs", PairV{lent},
+                     static_cast<long long>(v.extent(0)) * v.extent(1) * key_tiles, 0, 0,
+                     {head_dim, Bc, head_dim_v});
+        lent.launch_chunks(space);
+        return;
+      }
+    launch_chunks(space);
+  }
+
+ private:
+  /// launch, past V's pair words: the forward, and with split-KV its partials and merge.
+  void launch_chunks(const ExecSpace& space) const {
     if (splits > 1) {  // the partials on temporaries for this launch and the merge
       using rows_view = typename decltype(part)::rows_view;
       const Temporary<rows_view, ExecSpace> o_memory(space, part.rows(), head_dim_v);
@@ -223,7 +256,25 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     }
   }
 
- private:
+  /// One key tile of V's rows as pair words into v_pairs per team: league rank
+  /// (b * kv heads + hk) * key tiles + t. Every key of the view, those a key-padding term
+  /// hides included, as the per-tile interleave reads them (P is 0 there); an odd last key's
+  /// pair is completed with 0.
+  struct PairV {
+    ForwardKernel fk;
+    KOKKOS_FUNCTION void operator()(const member_t& team) const {
+      if constexpr (pairs_type) {
+        const int key_tiles = (fk.seqlen_k + fk.Bc - 1) / fk.Bc;
+        const int heads_k = static_cast<int>(fk.v.extent(1)), rank = team.league_rank();
+        const int t = rank % key_tiles, bh = rank / key_tiles;
+        const int k0 = t * fk.Bc, n = fk.seqlen_k - k0 < fk.Bc ? fk.seqlen_k - k0 : fk.Bc;
+        ops::interleave_bf16x2_rows(
+            team, &fk.v(bh / heads_k, bh % heads_k, k0, 0), fk.v.stride(2), n, fk.head_dim_v,
+            &fk.v_pairs(static_cast<std::size_t>(bh) * fk.key_pairs + k0 / 2, 0), fk.ldv);
+      }
+    }
+  };
+
   void run(const ExecSpace& space) const {
     long long league = static_cast<long long>(q.extent(0)) * heads_q * q_tiles * splits;
     if constexpr (Seqs::packed) league = static_cast<long long>(heads_q) * seqs.total_tiles;
@@ -788,6 +839,15 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
           dropout.template scale_key_major<ops>(b, h, q0 + r0, n, k0, cb, ce, st + r0, ldq);
         });
       }
+      // V's pair words from the launch (v_pairs) pair an even key with the next: the pair
+      // products then start at the even key c0 <= cb, whose row of P^T is 0 when c0 < cb (a
+      // key no row of the tile sees, as P is 0 for the keys a row does not see inside [cb, ce)).
+      const bool whole_v = pair_mode && v_pairs.data() != nullptr;
+      const int c0 = whole_v ? cb - cb % 2 : cb;
+      if (c0 < cb)
+        Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr), [&](int r) {
+          st[static_cast<std::ptrdiff_t>(c0) * ldq + r] = acc_t(0);
+        });
       team.team_barrier();
       if constexpr (Rule::softmax)
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
@@ -798,24 +858,28 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
         });
       if (pair_mode) {  // P rounded to bfloat16 once, as FlashAttention-2 rounds it to 16 bits
         if constexpr (pairs_type) {
-          const acc_t* pt = st + static_cast<std::ptrdiff_t>(cb) * ldq;
+          const acc_t* pt = st + static_cast<std::ptrdiff_t>(c0) * ldq;
           if (p_rows)
-            ops::pack_bf16x2_columns(team, pt, ldq, ce - cb, nr, pp, ldp);
+            ops::pack_bf16x2_columns(team, pt, ldq, ce - c0, nr, pp, ldp);
           else
-            ops::pack_bf16x2_rows(team, pt, ldq, ce - cb, nr, pp, ldq);
-          ops::interleave_bf16x2_rows(team, &v(b, hk, k0 + cb, 0), v.stride(2), ce - cb, Dv, vp,
-                                      ldo);
+            ops::pack_bf16x2_rows(team, pt, ldq, ce - c0, nr, pp, ldq);
+          const std::uint32_t* vw = static_cast<const std::uint32_t*>(vp);
+          if (whole_v)
+            vw = &v_pairs(
+                (static_cast<std::size_t>(b) * v.extent(1) + hk) * key_pairs + (k0 + c0) / 2, 0);
+          else
+            ops::interleave_bf16x2_rows(team, &v(b, hk, k0 + cb, 0), v.stride(2), ce - cb, Dv, vp,
+                                        ldo);
           team.team_barrier();
-          // Pair words from cb: a group's keys [a, z) widened to whole pairs (P is 0 in the
-          // extra key). Not on AMX tiles (p_rows), which take 16 rows at a time.
+          // Pair words from c0: a group's keys [a, z) widened to whole pairs (P is 0 in the
+          // extra keys). Not on AMX tiles (p_rows), which take 16 rows at a time.
           visible_row_groups(
               edge && !p_rows, q0, nr, k0, cb, ce, [&](int r0, int rn, int a, int z) {
-                const int w0 = (a - cb) / 2, w1 = (z - cb + 1) / 2;
+                const int w0 = (a - c0) / 2, w1 = (z - c0 + 1) / 2;
                 const std::ptrdiff_t at =
                     p_rows ? std::ptrdiff_t(r0) * ldp + w0 : std::ptrdiff_t(w0) * ldq + r0;
                 ops::gemm_bf16x2(team, rn, Dv, w1 - w0, static_cast<const std::uint32_t*>(pp) + at,
-                                 p_rows ? ldp : 1, p_rows ? 1 : ldq,
-                                 static_cast<const std::uint32_t*>(vp) + std::ptrdiff_t(w0) * ldo,
+                                 p_rows ? ldp : 1, p_rows ? 1 : ldq, vw + std::ptrdiff_t(w0) * ldo,
                                  ldo, os + static_cast<std::ptrdiff_t>(r0) * ldo, ldo, 1.0f, true);
               });
         }
