@@ -290,7 +290,9 @@ def run_rounds(a, env, pin, bench_path, ort_path, rounds_path, with_ort):
     interleaved per (D, causal, N) case, a.rounds times (ONNX Runtime first in odd rounds).
     Writes the medians over the rounds as run_bench and run_ort write theirs, and every round's
     rates, by round, to rounds_path."""
-    per_round = []  # {"round", "key": [impl, pass, type, N, D, causal], "flops_per_s"}
+    # {"round", "key": [impl, pass, type, N, D, causal], "flops_per_s"}; the FMA probe run
+    # with each case as impl "fma", pass "peak" (BM_fma_peak<type> read by the same pattern).
+    per_round = []
     benches, orts = {}, {}  # name -> Google Benchmark entries; ORT case -> results
     context = None
     with tempfile.TemporaryDirectory() as tmp:
@@ -314,9 +316,6 @@ def run_rounds(a, env, pin, bench_path, ort_path, rounds_path, with_ort):
                         m = re.match(r"BM_(\w+?)_(\w+)<(\w+)>/", b["name"])
                         if m and "FLOP/s" in b:
                             per_round.append({"round": r, "key": [m[1], m[2], m[3], n, d, c],
-                                              "flops_per_s": b["FLOP/s"]})
-                        elif b["name"].startswith("BM_fma_peak") and "FLOP/s" in b:
-                            per_round.append({"round": r, "key": [b["name"], n, d, c],
                                               "flops_per_s": b["FLOP/s"]})
 
                 def ort_side():
