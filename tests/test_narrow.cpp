@@ -226,8 +226,8 @@ TYPED_TEST(NarrowTest, FullyMaskedRows) {
 TEST(NarrowPairs, Bf16MatchesFloatOnTheSameValues) {
   // (D, Dv): equal, and v's head dim of its own (an odd one leaves the pair products).
   // Masks: none, causal, and windows of 37 and 38 keys to the left, one of which puts the first
-  // key a query tile sees on an odd key (the pair products then start a key early, on a row of
-  // P set to 0).
+  // key a query tile sees on an odd key (such tiles interleave V_j themselves; the others read
+  // V's pair words made once per call).
   for (auto [d, dv] : {std::pair{64, 64}, {128, 128}, {40, 40}, {64, 32}, {32, 96}, {64, 41}})
     for (int mode : {0, 1, 2, 3}) {
       const Shape s{1, 2, 1, 150, 203, d, dv};
@@ -247,6 +247,40 @@ TEST(NarrowPairs, Bf16MatchesFloatOnTheSameValues) {
         worst = std::max(worst, std::abs(narrow.o.data()[e] - wide.o.data()[e]));
       EXPECT_LE(worst, 3 * std::ldexp(vmax, -9));
     }
+}
+
+// Keys that no query sees may hold anything, NaN included (a cache's unwritten rows): the
+// output is the same bits as with zeros there. The pair products pair keys two by two, so a key
+// no row sees next to one a row sees must not enter a pair (P is 0 there, but 0 x NaN is NaN):
+// the hidden keys end at an odd key (a window: keys 0..14 hidden, the first tile's first
+// visible key odd) or start at one (top-left causal over 151 queries: keys 151.. hidden).
+TEST(NarrowPairs, KeysNoQuerySeesMayHoldNaN) {
+  for (int mode : {0, 1}) {
+    const Shape s{1, 2, 1, 151, 203, 64};
+    SCOPED_TRACE(::testing::Message() << s << (mode ? " top-left causal" : " window 37"));
+    kfa::Params p;
+    if (mode == 0) p.window_left = 37;  // bottom-right: query i sees keys i + 15 .. i + 52
+    if (mode == 1) {
+      p.causal = true;
+      p.align = kfa::Align::top_left;  // query i sees keys 0 .. i
+    }
+    const auto hidden = [&](int j) { return mode == 0 ? j < 15 : j >= 151; };
+    Problem with_nan(s, 21), with_zero(s, 21);
+    with_nan.rounded<bf16>();
+    with_zero.rounded<bf16>();
+    for (int h = 0; h < s.heads_k; ++h)
+      for (int j = 0; j < s.seqlen_k; ++j)
+        for (int d = 0; d < s.head_dim; ++d)
+          if (hidden(j)) {
+            with_nan.k(0, h, j, d) = with_nan.v(0, h, j, d) = std::nan("");
+            with_zero.k(0, h, j, d) = with_zero.v(0, h, j, d) = 0.0;
+          }
+    const auto a = run_forward<bf16>(with_nan, p), b = run_forward<bf16>(with_zero, p);
+    int differ = 0;
+    for (std::size_t e = 0; e < a.o.span(); ++e)
+      differ += !(a.o.data()[e] == b.o.data()[e]);  // NaN counts as different
+    EXPECT_EQ(differ, 0);
+  }
 }
 
 // The environment's choice of the bf16 path (KFA_HOST_BF16_PAIRS, host::bf16x2_pays) is the

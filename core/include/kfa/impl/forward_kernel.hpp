@@ -90,12 +90,14 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       backends::is_bfloat16<typename K::non_const_value_type>::value &&
       backends::is_bfloat16<typename V::non_const_value_type>::value;
   bool pairs = false;
-  // With pairs, V's rows as pair words once per launch (pair_v: keys 2w and 2w + 1 of the
-  // view in word row w of their (batch, kv head), ldv words a row) rather than per query tile
-  // and key tile: the per-tile interleave cost 6-7 % of a bf16 forward on AVX-512
-  // (perf/results/2026-12-07-zen5-v-pairs.md). Lent by launch where whole_v_pairs; empty
-  // otherwise (packed sequences: a sequence may start at an odd key), and the sweep then
-  // interleaves V_j into its scratch per tile.
+  // With pairs, V's rows as pair words once per launch (PairV: keys 2w and 2w + 1 of the view
+  // in word row w of their (batch, kv head), ldv words a row) rather than per query tile and
+  // key tile: the per-tile interleave cost 6-7 % of a bf16 forward on AVX-512
+  // (perf/results/2026-12-07-zen5-v-pairs.md). Lent by launch where whole_v_pairs: padded
+  // batches (a packed sequence may start on an odd key) whose query tiles read each key twice
+  // or more on average (a window over a long cache, or a single query row, would interleave
+  // keys no tile reads). A tile takes them where they pair its keys as its own interleave
+  // does (sweep_key_major), so the results do not depend on the choice.
   using pairs_view =
       Kokkos::View<std::uint32_t**, Kokkos::LayoutRight, typename ExecSpace::memory_space>;
   pairs_view v_pairs;
@@ -158,6 +160,15 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
             k.stride(2) % 2 == 0 && v.stride(2) % 2 == 0 && k.stride(2) / 2 <= 2147483647;
     whole_v_pairs = pairs && !Seqs::packed && Bc % 2 == 0;  // key tiles start on even keys
     key_pairs = (seqlen_k + 1) / 2;
+    if (whole_v_pairs) {  // the keys the query tiles read (the interval mask's), per kv head
+      long long read = 0;
+      for (int q0 = 0; q0 < seqlen_q; q0 += Br) {
+        const int nr = seqlen_q - q0 < Br ? seqlen_q - q0 : Br;
+        const int lo = mask.lo(q0), hi = mask.hi(q0 + nr - 1) + 1;
+        if (hi > lo) read += hi - lo;
+      }
+      whole_v_pairs = read * group >= 2LL * seqlen_k;
+    }
     const int key_tiles = (seqlen_k + Bc - 1) / Bc;
     const long long teams = static_cast<long long>(q.extent(0)) * heads_q * q_tiles;
     splits = p.num_splits > 0 ? p.num_splits
@@ -224,7 +235,7 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
 
   void launch(const ExecSpace& space) const {
     if constexpr (pairs_type)
-      if (whole_v_pairs) {  // V as pair words on a temporary for this launch (pair_v)
+      if (whole_v_pairs) {  // V as pair words on a temporary for this launch (PairV)
         const Temporary<pairs_view, ExecSpace> memory(
             space, v.extent(0) * v.extent(1) * static_cast<std::size_t>(key_pairs),
             static_cast<std::size_t>(ldv));
@@ -257,9 +268,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   }
 
   /// One key tile of V's rows as pair words into v_pairs per team: league rank
-  /// (b * kv heads + hk) * key tiles + t. Every key of the view, those a key-padding term
-  /// hides included, as the per-tile interleave reads them (P is 0 there); an odd last key's
-  /// pair is completed with 0.
+  /// (b * kv heads + hk) * key tiles + t. Every key of the view; an odd last key's pair is
+  /// completed with 0, as the per-tile interleave completes an odd count.
   struct PairV {
     ForwardKernel fk;
     KOKKOS_FUNCTION void operator()(const member_t& team) const {
@@ -627,7 +637,8 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
     if constexpr (!Rule::softmax) mt = base::carve(scr, std::size_t(Bc) * ldq);
     // bfloat16 pair products (pairs): Q_i^T as pair words in qt, unscaled (the scale goes on
     // the product, so that Q is rounded to bfloat16 only once, by the caller); K_j read where
-    // it lies; P and V_j interleaved into pair words, pp and vp, per tile.
+    // it lies; P packed into pair words in pp per tile, V_j's pair words read from v_pairs or
+    // interleaved into vp per tile.
     void* pp = nullptr;
     void* vp = nullptr;
     if constexpr (pairs_type) {
@@ -839,15 +850,6 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
           dropout.template scale_key_major<ops>(b, h, q0 + r0, n, k0, cb, ce, st + r0, ldq);
         });
       }
-      // V's pair words from the launch (v_pairs) pair an even key with the next: the pair
-      // products then start at the even key c0 <= cb, whose row of P^T is 0 when c0 < cb (a
-      // key no row of the tile sees, as P is 0 for the keys a row does not see inside [cb, ce)).
-      const bool whole_v = pair_mode && v_pairs.data() != nullptr;
-      const int c0 = whole_v ? cb - cb % 2 : cb;
-      if (c0 < cb)
-        Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr), [&](int r) {
-          st[static_cast<std::ptrdiff_t>(c0) * ldq + r] = acc_t(0);
-        });
       team.team_barrier();
       if constexpr (Rule::softmax)
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
@@ -858,24 +860,30 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
         });
       if (pair_mode) {  // P rounded to bfloat16 once, as FlashAttention-2 rounds it to 16 bits
         if constexpr (pairs_type) {
-          const acc_t* pt = st + static_cast<std::ptrdiff_t>(c0) * ldq;
+          const acc_t* pt = st + static_cast<std::ptrdiff_t>(cb) * ldq;
           if (p_rows)
-            ops::pack_bf16x2_columns(team, pt, ldq, ce - c0, nr, pp, ldp);
+            ops::pack_bf16x2_columns(team, pt, ldq, ce - cb, nr, pp, ldp);
           else
-            ops::pack_bf16x2_rows(team, pt, ldq, ce - c0, nr, pp, ldq);
+            ops::pack_bf16x2_rows(team, pt, ldq, ce - cb, nr, pp, ldq);
+          // The launch's pair words (v_pairs: an even key of the view with the next) where they
+          // are the tile's own: from an even cb, and an odd count only where the tile's last
+          // key ends the view (the extra key is then the 0 the interleave pads with). Elsewhere
+          // they would put a key no row of the tile sees into a pair (P = 0 there, but
+          // 0 x Inf or NaN is NaN, and a cache's unwritten rows may hold either).
           const std::uint32_t* vw = static_cast<const std::uint32_t*>(vp);
-          if (whole_v)
+          if (v_pairs.data() != nullptr && cb % 2 == 0 &&
+              ((ce - cb) % 2 == 0 || k0 + ce == seqlen_k))
             vw = &v_pairs(
-                (static_cast<std::size_t>(b) * v.extent(1) + hk) * key_pairs + (k0 + c0) / 2, 0);
+                (static_cast<std::size_t>(b) * v.extent(1) + hk) * key_pairs + (k0 + cb) / 2, 0);
           else
             ops::interleave_bf16x2_rows(team, &v(b, hk, k0 + cb, 0), v.stride(2), ce - cb, Dv, vp,
                                         ldo);
           team.team_barrier();
-          // Pair words from c0: a group's keys [a, z) widened to whole pairs (P is 0 in the
-          // extra keys). Not on AMX tiles (p_rows), which take 16 rows at a time.
+          // Pair words from cb: a group's keys [a, z) widened to whole pairs (P is 0 in the
+          // extra key). Not on AMX tiles (p_rows), which take 16 rows at a time.
           visible_row_groups(
               edge && !p_rows, q0, nr, k0, cb, ce, [&](int r0, int rn, int a, int z) {
-                const int w0 = (a - c0) / 2, w1 = (z - c0 + 1) / 2;
+                const int w0 = (a - cb) / 2, w1 = (z - cb + 1) / 2;
                 const std::ptrdiff_t at =
                     p_rows ? std::ptrdiff_t(r0) * ldp + w0 : std::ptrdiff_t(w0) * ldq + r0;
                 ops::gemm_bf16x2(team, rn, Dv, w1 - w0, static_cast<const std::uint32_t*>(pp) + at,
