@@ -56,6 +56,7 @@ import os
 import re
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -541,10 +542,7 @@ class Results:
             rs.append(u / v)
         if not rs:
             return None
-        rs.sort()
-        mid = len(rs) // 2
-        med = rs[mid] if len(rs) % 2 else (rs[mid - 1] + rs[mid]) / 2
-        return med, rs[0], rs[-1]
+        return statistics.median(rs), min(rs), max(rs)
 
 
 def report(a, res, md_path, command, ort_why, plotted):

@@ -92,12 +92,12 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
   bool pairs = false;
   // With pairs, V's rows as pair words once per launch (PairV: keys 2w and 2w + 1 of the view
   // in word row w of their (batch, kv head), ldv words a row) rather than per query tile and
-  // key tile: the per-tile interleave cost 6-7 % of a bf16 forward on AVX-512
-  // (perf/results/2026-12-07-zen5-v-pairs.md). Lent by launch where whole_v_pairs: padded
-  // batches (a packed sequence may start on an odd key) whose query tiles read each key twice
-  // or more on average (a window over a long cache, or a single query row, would interleave
-  // keys no tile reads). A tile takes them where they pair its keys as its own interleave
-  // does (sweep_key_major), so the results do not depend on the choice.
+  // key tile: a build without the per-tile interleave ran a bf16 forward 1.06-1.07x faster on
+  // AVX-512, this pass 1.02-1.05x (perf/results/2026-12-07-zen5-v-pairs.md). Lent by launch where
+  // whole_v_pairs: padded batches (a packed sequence may start on an odd key) whose query tiles
+  // read each key twice or more on average (a window over a long cache, or a single query row,
+  // would interleave keys no tile reads). A tile takes them where they pair its keys as its own
+  // interleave does (sweep_key_major), so the results do not depend on the choice.
   using pairs_view =
       Kokkos::View<std::uint32_t**, Kokkos::LayoutRight, typename ExecSpace::memory_space>;
   pairs_view v_pairs;
