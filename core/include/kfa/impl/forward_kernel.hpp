@@ -740,6 +740,9 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       // until col_softmax_max makes them the factors.
       bool max_in_gemm = false;
       if constexpr (col_max_in_gemm) max_in_gemm = !edge && score.identity();
+      // S^T by the groups of query rows that see each key (visible_key_rows) where nothing
+      // reads S^T before the -inf of the hidden entries is written (no transform, no term).
+      const bool by_groups = edge && Rule::softmax && !staged_term && score.identity();
       if (pair_mode) {
         if constexpr (pairs_type) {
           const auto* kp = &k(b, hk, k0 + cb, 0);
@@ -750,8 +753,12 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
               ops::gemm_bf16x2_col_max(team, ce - cb, nr, D / 2, kp, ldkp, 1, qt, ldq, sp, ldq,
                                        score.scale, alpha);
           } else {
-            ops::gemm_bf16x2(team, ce - cb, nr, D / 2, kp, ldkp, 1, qt, ldq, sp, ldq, score.scale,
-                             false);
+            visible_key_rows(by_groups, q0, nr, k0, cb, ce, [&](int j0, int j1, int r0, int r1) {
+              ops::gemm_bf16x2(team, j1 - j0, r1 - r0, D / 2,
+                               kp + static_cast<std::ptrdiff_t>(j0 - cb) * k.stride(2), ldkp, 1,
+                               qt + r0, ldq, st + static_cast<std::ptrdiff_t>(j0) * ldq + r0, ldq,
+                               score.scale, false);
+            });
           }
         }
       } else if (max_in_gemm) {
@@ -759,8 +766,10 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
           ops::gemm_col_max(team, ce - cb, nr, D, kj + static_cast<std::ptrdiff_t>(cb) * ldk, ldk,
                             1, qt, ldq, st + static_cast<std::ptrdiff_t>(cb) * ldq, ldq, alpha);
       } else {
-        ops::gemm(team, ce - cb, nr, D, kj + static_cast<std::ptrdiff_t>(cb) * ldk, ldk, 1, qt, ldq,
-                  st + static_cast<std::ptrdiff_t>(cb) * ldq, ldq, false);
+        visible_key_rows(by_groups, q0, nr, k0, cb, ce, [&](int j0, int j1, int r0, int r1) {
+          ops::gemm(team, j1 - j0, r1 - r0, D, kj + static_cast<std::ptrdiff_t>(j0) * ldk, ldk, 1,
+                    qt + r0, ldq, st + static_cast<std::ptrdiff_t>(j0) * ldq + r0, ldq, false);
+        });
       }
       team.team_barrier();
       // x -> S (impl/score.hpp), and -inf where a row does not see a key of [cb, ce) (0 under
@@ -799,18 +808,31 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
         team.team_barrier();
       }
       if (edge_left) {
-        // Row r hides keys [cb, lo) and (hi, ce) of the tile: two runs written, the bounds
-        // computed once per row (per element, the test cost ~9 % of a causal forward at
-        // N = 1024 on one core). Runs that overlap (a row seeing nothing) write it twice.
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](int r) {
-          const int i = q0 + r, lo = mask.lo(i) - k0, hi = mask.hi(i) + 1 - k0;
-          const int a = lo < cb ? cb : (lo > ce ? ce : lo);
-          const int z = hi < cb ? cb : (hi > ce ? ce : hi);
-          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, cb, a),
-                               [&](int c) { st[c * ldq + r] = hidden; });
-          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, z, ce),
-                               [&](int c) { st[c * ldq + r] = hidden; });
-        });
+        // Key c of the tile is hidden from the rows whose interval ends before it and from those
+        // whose interval starts after it: mask.lo and mask.hi grow with the row, so these are a
+        // first and a last run of S^T's row c (unit stride), and both runs' bounds grow with c.
+        // Keys in chunks of 16: a bisection for the chunk's first key, then the bounds walked
+        // up (a bisection per key, with its unpredictable branches, cost more than it saved).
+        // Runs that overlap (rows seeing nothing) are written twice. Row by row instead, the
+        // runs went down S^T's columns one scalar store at a time.
+        constexpr int chunk = 16;
+        Kokkos::parallel_for(
+            Kokkos::TeamThreadRange(team, (ce - cb + chunk - 1) / chunk), [&](int n) {
+              const int c0 = cb + n * chunk, c1 = ce - c0 < chunk ? ce : c0 + chunk;
+              int ended = first_row(nr, [&](int r) { return mask.hi(q0 + r) >= k0 + c0; });
+              int later = first_row(nr, [&](int r) { return mask.lo(q0 + r) > k0 + c0; });
+              for (int c = c0; c < c1; ++c) {
+                while (ended < nr && mask.hi(q0 + ended) < k0 + c)
+                  ++ended;
+                while (later < nr && mask.lo(q0 + later) <= k0 + c)
+                  ++later;
+                acc_t* row = st + static_cast<std::ptrdiff_t>(c) * ldq;
+                Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, ended),
+                                     [&](int r) { row[r] = hidden; });
+                Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, later, nr),
+                                     [&](int r) { row[r] = hidden; });
+              }
+            });
         team.team_barrier();
       }
       if constexpr (!Rule::softmax) {
@@ -930,6 +952,68 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
       const int lo = mask.lo(q0 + r0) - k0, hi = mask.hi(q0 + r0 + rn - 1) + 1 - k0;
       const int a = lo > cb ? lo : cb, z = hi < ce ? hi : ce;
       if (a < z) f(r0, rn, a, z);
+    }
+  }
+
+  /// The first r of [0, n) where pred(r) holds, n if none; pred false then true over [0, n).
+  template <class Pred>
+  static KOKKOS_INLINE_FUNCTION int first_row(int n, const Pred& pred) {
+    int lo = 0, hi = n;
+    while (lo < hi) {
+      const int mid = lo + (hi - lo) / 2;
+      if (pred(mid))
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    return lo;
+  }
+
+  /// Query columns per group of S^T's product on a tile the mask's edge crosses
+  /// (TileOps::gemm_column_group; 0 where the backend has none: one product over the tile).
+  template <class Ops, class = void>
+  struct column_group_of : std::integral_constant<int, 0> {};
+  template <class Ops>
+  struct column_group_of<Ops, std::void_t<decltype(Ops::gemm_column_group)>>
+      : std::integral_constant<int, Ops::gemm_column_group> {};
+  static constexpr int column_group = column_group_of<ops>::value;
+
+  /// f(j0, j1, r0, r1) for the products of S^T = K_j Q_i^T on a tile: keys [j0, j1) of the key
+  /// tile (rows of S^T) with query rows [r0, r1) (its columns). Where the mask's edge crosses
+  /// the tile (`edge`), the query rows go in groups of column_group, and each key row is
+  /// computed only for the groups that have a row seeing it: a causal diagonal tile's S^T
+  /// loses the groups wholly above the diagonal (3/8 of it at 64 rows in groups of 16). The
+  /// entries left out are hidden from every row of their group, and the caller writes -inf
+  /// there as on every hidden entry. Otherwise keys [cb, ce) with all nr rows.
+  template <class F>
+  KOKKOS_INLINE_FUNCTION void visible_key_rows(bool edge, int q0, int nr, int k0, int cb, int ce,
+                                               const F& f) const {
+    constexpr int G = column_group;
+    if (!edge || G == 0 || nr <= G) {
+      f(cb, ce, 0, nr);
+      return;
+    }
+    const int groups = (nr + G - 1) / G;
+    const auto clip = [&](int x) { return x < cb ? cb : (x > ce ? ce : x); };
+    // Group g sees keys [first(g), end(g)) of the tile; both grow with g (mask.lo and mask.hi
+    // grow with the row), so the groups that see key j are a run [g_lo, g_hi], and the run
+    // changes only where j reaches end(g_lo) or first(g_hi + 1).
+    const auto first = [&](int g) { return clip(mask.lo(q0 + g * G) - k0); };
+    const auto end = [&](int g) {
+      const int last = (g + 1) * G < nr ? (g + 1) * G - 1 : nr - 1;
+      return clip(mask.hi(q0 + last) + 1 - k0);
+    };
+    int g_lo = 0, g_hi = -1;
+    for (int j = cb; j < ce;) {
+      while (g_lo < groups && end(g_lo) <= j)
+        ++g_lo;
+      while (g_hi + 1 < groups && first(g_hi + 1) <= j)
+        ++g_hi;
+      int t = ce;
+      if (g_lo < groups && end(g_lo) < t) t = end(g_lo);
+      if (g_hi + 1 < groups && first(g_hi + 1) < t) t = first(g_hi + 1);
+      if (g_lo <= g_hi) f(j, t, g_lo * G, (g_hi + 1) * G < nr ? (g_hi + 1) * G : nr);
+      j = t;
     }
   }
 

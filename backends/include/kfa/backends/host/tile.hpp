@@ -638,6 +638,11 @@ struct TileOps<
   /// rows see.
   static constexpr int gemm_row_group = 12;
 
+  /// Query columns per S^T = K_j Q_i^T product on tiles a mask's edge crosses: one vector of
+  /// Acc, gemm's narrowest column block. The forward computes each key row of such a tile
+  /// only for the groups of this many query columns that have a row seeing it.
+  static constexpr int gemm_column_group = host::lanes<Acc>;
+
   /// Whether gemm_bf16x2's pair products outrun the float ones on this CPU (host::bf16x2_pays;
   /// false where the build has no AVX-512 BF16).
   static bool bf16x2_pays() {
