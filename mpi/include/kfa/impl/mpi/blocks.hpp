@@ -11,6 +11,7 @@
 #include <kfa/impl/mask.hpp>
 #include <kfa/impl/mpi/comm.hpp>
 #include <kfa/impl/mpi/rules.hpp>
+#include <kfa/impl/workspace.hpp>
 #include <kfa/params.hpp>
 #include <kfa/seqpar.hpp>
 
@@ -30,6 +31,11 @@ template <class T, class Mem>
 using Tensor = Kokkos::View<T****, Kokkos::LayoutRight, Mem>;
 template <class T, class Mem>
 using Rows = Kokkos::View<T***, Kokkos::LayoutRight, Mem>;
+
+/// A pooled per-call temporary (core's workspace pool, kfa::impl::Temporary): no allocation
+/// and no page faults in steady state, contents undefined until written.
+template <class ViewType, class ExecSpace>
+using Temp = kfa::impl::Temporary<ViewType, ExecSpace>;
 
 /// The largest number of rows any rank owns.
 inline long long max_count(Layout layout, long long seqlen, int nranks) {
@@ -179,19 +185,23 @@ Columns<View, Rest...> columns_of(const View& v, const Rest&... rest) {
   return {v, columns_of(rest...)};
 }
 
-/// The rows of `first`, `rest`... ((B, H, rows[, D]) views of one batch, heads and row count),
-/// packed side by side as (rows, B, H, width) in the value type of `first`, for MPI (fenced).
-template <class ExecSpace, class First, class... Rest>
-Packed<typename First::non_const_value_type, typename ExecSpace::memory_space> pack_rows(
-    const ExecSpace& space, const char* label, const First& first, const Rest&... rest) {
+/// Values per (row, b, h) that pack_rows packs from these views (D for a (B, H, rows, D) view, 1
+/// for a (B, H, rows) one).
+template <class... Views>
+int packed_width(const Views&... views) {
+  return columns_of(views...).width();
+}
+
+/// The rows of `first`, `rest`... ((B, H, rows[, D]) views of one batch, heads and row count)
+/// into p, side by side as (rows, B, H, packed_width) in p's value type, for MPI (fenced).
+template <class ExecSpace, class P, class First, class... Rest>
+void pack_rows(const ExecSpace& space, const char* label, const P& p, const First& first,
+               const Rest&... rest) {
   const Columns<First, Rest...> cols = columns_of(first, rest...);
-  Packed<typename First::non_const_value_type, typename ExecSpace::memory_space> p(
-      std::string(label), first.extent(2), first.extent(0), first.extent(1), cols.width());
   for_each_row(
       space, label, first,
       KOKKOS_LAMBDA(int b, int h, int i) { cols.template copy<true>(p, b, h, i, 0); });
   space.fence();
-  return p;
 }
 
 /// The inverse of pack_rows: packed rows p into the views' rows, in the views' value types.

@@ -125,16 +125,14 @@ struct Channel {
 template <class T, class Mem>
 using Packed = Kokkos::View<T****, Kokkos::LayoutRight, Mem>;
 
-/// Every rank's packed rows, in rank order (MPI_Allgatherv; staged through the host). `rows`:
-/// each rank's row count.
+/// Every rank's packed rows into `all` ((sum of rows, B, H, W)), in rank order
+/// (MPI_Allgatherv; staged through the host where Mem is not host memory). `rows`: each rank's
+/// row count, `mine` this rank's (rows[rank], B, H, W).
 template <class T, class Mem>
-Packed<T, Mem> allgather_rows(const Packed<T, Mem>& mine, const std::vector<int>& rows,
-                              const SeqPar& sp) {
+void allgather_rows(const Packed<T, Mem>& mine, const Packed<T, Mem>& all,
+                    const std::vector<int>& rows, const SeqPar& sp) {
   MPI_Comm comm = sp.comm;
   const int P = int(rows.size());
-  long long total = 0;
-  for (int r : rows)
-    total += r;
   const int per_row = int(mine.extent(1) * mine.extent(2) * mine.extent(3));
   std::vector<int> counts(P), offs(P);
   for (int r = 0, off = 0; r < P; ++r) {
@@ -144,7 +142,7 @@ Packed<T, Mem> allgather_rows(const Packed<T, Mem>& mine, const std::vector<int>
   }
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
-  Packed<T, Mem> all("kfa::mpi::gathered", total, mine.extent(1), mine.extent(2), mine.extent(3));
+  // In host memory the mirrors are the views themselves, and the copies do nothing.
   auto host_mine = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), mine);
   auto host_all = Kokkos::create_mirror_view(all);
   {
@@ -153,19 +151,18 @@ Packed<T, Mem> allgather_rows(const Packed<T, Mem>& mine, const std::vector<int>
                    offs.data(), mpi_type<T>(), comm);
   }
   Kokkos::deep_copy(all, host_all);
-  return all;
 }
 
-/// Each rank's own rows of the reduction over ranks of `all` (every rank's packed rows, in
-/// rank order) with `op` (MPI_Reduce_scatter; staged through the host). With whole_rows the op
-/// sees rows of W values as one element (the combiner); otherwise single values (a sum, which
-/// MPI's built-in ops allow on the base type only).
+/// This rank's rows of the reduction over ranks of `all` (every rank's packed rows, in rank
+/// order) with `op`, into `mine` ((rows[rank], B, H, W); MPI_Reduce_scatter, staged through the
+/// host where Mem is not host memory). With whole_rows the op sees rows of W values as one
+/// element (the combiner); otherwise single values (a sum, which MPI's built-in ops allow on
+/// the base type only).
 template <class T, class Mem>
-Packed<T, Mem> reduce_scatter_rows(const Packed<T, Mem>& all, const std::vector<int>& rows,
-                                   MPI_Op op, bool whole_rows, const SeqPar& sp) {
+void reduce_scatter_rows(const Packed<T, Mem>& all, const Packed<T, Mem>& mine,
+                         const std::vector<int>& rows, MPI_Op op, bool whole_rows,
+                         const SeqPar& sp) {
   MPI_Comm comm = sp.comm;
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
   const int P = int(rows.size());
   const std::size_t B = all.extent(1), H = all.extent(2), W = all.extent(3);
   MPI_Datatype type = mpi_type<T>();
@@ -177,13 +174,13 @@ Packed<T, Mem> reduce_scatter_rows(const Packed<T, Mem>& all, const std::vector<
   for (int r = 0; r < P; ++r)
     counts[r] = rows[r] * int(B * H * (whole_rows ? 1 : W));
   auto host_all = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), all);
-  Packed<T, Kokkos::HostSpace> host_mine("kfa::mpi::mine", rows[rank], B, H, W);
+  auto host_mine = Kokkos::create_mirror_view(mine);
   {
     const Meter m(comm_sink(Kokkos::DefaultHostExecutionSpace(), sp));
     MPI_Reduce_scatter(host_all.data(), host_mine.data(), counts.data(), type, op, comm);
   }
   if (whole_rows) MPI_Type_free(&type);
-  return Kokkos::create_mirror_view_and_copy(Mem(), host_mine);
+  Kokkos::deep_copy(mine, host_mine);
 }
 
 /// x (a rank-4 view of float or double, any layout and space) summed elementwise over the

@@ -17,6 +17,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,14 +27,18 @@ namespace kfa::mpi::impl {
 /// of rank (rank - s) mod P, and the shard of step s + 1 arrives while step s computes.
 /// Messages of step s carry tag 2s; odd tags are left to the backward's accumulators. A pair
 /// buffer holds K (B, H, rows, D) then V (B, H, rows, Dv): v's head dim may differ from k's.
-template <class T, class Mem>
+/// Every buffer is pooled (kfa::impl::Temporary, held until the Shards ends): no allocation and
+/// no page faults in steady state.
+template <class T, class ExecSpace>
 class Shards {
  public:
+  using Mem = typename ExecSpace::memory_space;
   using tensor = typename Flat<T, Mem>::tensor;
 
-  template <class ExecSpace, class K, class V>
+  template <class K, class V>
   Shards(const ExecSpace& space, const K& k, const V& v, const SeqPar& sp, int rank, int nranks)
-      : sp_(sp),
+      : space_(space),
+        sp_(sp),
         rank_(rank),
         P_(nranks),
         B_(k.extent(0)),
@@ -41,7 +46,7 @@ class Shards {
         D_(k.extent(3)),
         Dv_(v.extent(3)),
         capacity_(B_ * H_ * std::size_t(max_count(sp.layout, sp.seqlen_k, nranks)) * (D_ + Dv_)),
-        kv_{buffer("kfa::mpi::kv0"), buffer("kfa::mpi::kv1")} {
+        kv_{buffer(), buffer()} {
     Kokkos::deep_copy(space, first(kv_[0], 0), k);
     Kokkos::deep_copy(space, second(kv_[0], 0), v);
   }
@@ -57,10 +62,10 @@ class Shards {
   /// Values in a [K, V] pair of step s's shard.
   std::size_t size(int s) const { return B_ * H_ * std::size_t(count(s)) * (D_ + Dv_); }
 
-  /// A buffer that holds a pair of any shard's size ([K, V] or [dK, dV]).
-  Flat<T, Mem> buffer(const char* label) const {
-    return {Kokkos::View<T*, Mem>(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), capacity_)};
+  /// A buffer that holds a pair of any shard's size ([K, V] or [dK, dV]), not initialised.
+  Flat<T, Mem> buffer() {
+    held_.push_back(std::make_unique<Temp<Kokkos::View<T*, Mem>, ExecSpace>>(space_, capacity_));
+    return {held_.back()->view()};
   }
   /// The halves of a pair buffer holding step s's shard (K or dK, V or dV), and the pair's
   /// values as one (B, H, rows, D + Dv) tensor, for elementwise work on both.
@@ -74,16 +79,16 @@ class Shards {
   tensor values(int s) const { return second(kv_[s % 2], s); }
 
   /// Posts the exchange that brings step s + 1's shard (after `space` is done with its buffer).
-  template <class ExecSpace>
-  void post(const ExecSpace& space, int s) {
+  template <class Space>
+  void post(const Space& space, int s) {
     if (s + 1 >= P_) return;
     space.fence();
     ch_.irecv(kv_[(s + 1) % 2].data, size(s + 1), prev(), 2 * s, sp_.comm, &req_[0]);
     ch_.isend(kv_[s % 2].data, size(s), next(), 2 * s, sp_.comm, &req_[1]);
   }
   /// Completes the exchange post(space, s) started.
-  template <class ExecSpace>
-  void wait(const ExecSpace& space, int s) {
+  template <class Space>
+  void wait(const Space& space, int s) {
     if (s + 1 >= P_) return;
     wait_all(space, sp_, 2, req_);
     ch_.finish_recv(kv_[(s + 1) % 2].data, size(s + 1));
@@ -92,9 +97,11 @@ class Shards {
  private:
   long long count(int s) const { return owned_count(sp_.layout, sp_.seqlen_k, source(s), P_); }
 
+  ExecSpace space_;
   const SeqPar& sp_;
   int rank_, P_;
   std::size_t B_, H_, D_, Dv_, capacity_;
+  std::vector<std::unique_ptr<Temp<Kokkos::View<T*, Mem>, ExecSpace>>> held_;  // before kv_
   Flat<T, Mem> kv_[2];
   Channel<T, Mem> ch_;
   MPI_Request req_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
@@ -117,9 +124,13 @@ struct Ring {
     using T = typename Q::non_const_value_type;
     using Mem = typename ExecSpace::memory_space;
     clear_result<R>(space, o, lse);
-    Shards<T, Mem> kv(space, k, v, sp, rank, P);
-    const Tensor<T, Mem> ob("kfa::mpi::ob", q.extent(0), q.extent(1), q.extent(2), o.extent(3));
-    const Rows<T, Mem> lb("kfa::mpi::lseb", q.extent(0), q.extent(1), q.extent(2));
+    Shards<T, ExecSpace> kv(space, k, v, sp, rank, P);
+    // Pooled (kfa::impl::Temporary); each block's forward writes its rows before the merge.
+    const Temp<Tensor<T, Mem>, ExecSpace> ob_t(space, q.extent(0), q.extent(1), q.extent(2),
+                                               o.extent(3));
+    const Temp<Rows<T, Mem>, ExecSpace> lb_t(space, q.extent(0), q.extent(1), q.extent(2));
+    const auto& ob = ob_t.view();
+    const auto& lb = lb_t.view();
     const std::vector<Segment> qrows = owned_rows(sp.layout, sp.seqlen_q, rank, P);
     for (int s = 0; s < P; ++s) {
       kv.post(space, s);
@@ -142,11 +153,11 @@ struct Ring {
                        const R& rule, const SeqPar& sp, int rank, int P) {
     using T = typename Q::non_const_value_type;
     using Mem = typename ExecSpace::memory_space;
-    Shards<T, Mem> kv(space, k, v, sp, rank, P);
+    Shards<T, ExecSpace> kv(space, k, v, sp, rank, P);
     // [dK, dV] of this step's block (two: the previous one may still be in flight), and the
     // accumulator coming in.
-    const Flat<T, Mem> acc[2] = {kv.buffer("kfa::mpi::acc0"), kv.buffer("kfa::mpi::acc1")};
-    const Flat<T, Mem> incoming = kv.buffer("kfa::mpi::acc_in");
+    const Flat<T, Mem> acc[2] = {kv.buffer(), kv.buffer()};
+    const Flat<T, Mem> incoming = kv.buffer();
     Channel<T, Mem> ch;
     MPI_Request sent = MPI_REQUEST_NULL;
     const std::vector<Segment> qrows = owned_rows(sp.layout, sp.seqlen_q, rank, P);

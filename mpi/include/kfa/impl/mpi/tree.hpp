@@ -18,12 +18,18 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <numeric>
 #include <vector>
 
 namespace kfa::mpi::impl {
 
 /// Mode::tree (see the file comment), with the interface of Ring.
 struct Tree {
+  /// The rows of every rank together.
+  static long long sum_of(const std::vector<int>& counts) {
+    return std::accumulate(counts.begin(), counts.end(), 0LL);
+  }
+
   /// Values in the largest message: every rank's gathered rows, [Q] forward (D) or its
   /// partials [LSE, O] (1 + Dv) and [Q, dO, LSE, delta] backward, per (row, batch, head).
   static double largest_message(const SeqPar& sp, int /*nranks*/, const Call& c) {
@@ -40,17 +46,28 @@ struct Tree {
     using Mem = typename ExecSpace::memory_space;
     const std::size_t B = q.extent(0), H = q.extent(1), D = q.extent(3), Dv = o.extent(3);
     const std::vector<int> counts = row_counts(sp.layout, sp.seqlen_q, P);
-    const auto all = allgather_rows(pack_rows(space, "kfa::mpi::pack_q", q), counts, sp);
-    const long long total = all.extent(0);
-    // All queries in the order of the ranks' rows, and their partials against the local keys.
-    const Tensor<T, Mem> qg("kfa::mpi::qg", B, H, total, D), og("kfa::mpi::og", B, H, total, Dv);
-    const Rows<T, Mem> lg("kfa::mpi::lg", B, H, total);
+    const long long total = sum_of(counts);
+    // Every buffer of the call pooled (Temp, kfa::impl::Temporary: no allocation and no page
+    // faults in steady state), each written before it is read.
+    const Temp<Packed<T, Mem>, ExecSpace> q_mine(space, q.extent(2), B, H, D),
+        q_all(space, total, B, H, D);
+    pack_rows(space, "kfa::mpi::pack_q", q_mine.view(), q);
+    allgather_rows(q_mine.view(), q_all.view(), counts, sp);
+    const auto& all = q_all.view();
+    // All queries in the order of the ranks' rows (written by the unpack), and their partials
+    // against the local keys (by clear_result, then each block's merge).
+    const Temp<Tensor<T, Mem>, ExecSpace> qg_t(space, B, H, total, D), og_t(space, B, H, total, Dv);
+    const Temp<Rows<T, Mem>, ExecSpace> lg_t(space, B, H, total);
+    const auto &qg = qg_t.view(), &og = og_t.view();
+    const auto& lg = lg_t.view();
     unpack_rows(space, "kfa::mpi::unpack_q", all, qg);
     clear_result<R>(space, og, lg);
     {
-      // One block result at a time, in scratch allocated once and cut at the block's rows.
-      const Tensor<T, Mem> ob("kfa::mpi::ob", B, H, total, Dv);
-      const Rows<T, Mem> lb("kfa::mpi::lb", B, H, total);
+      // One block result at a time, in scratch taken once and cut at the block's rows.
+      const Temp<Tensor<T, Mem>, ExecSpace> ob_t(space, B, H, total, Dv);
+      const Temp<Rows<T, Mem>, ExecSpace> lb_t(space, B, H, total);
+      const auto& ob = ob_t.view();
+      const auto& lb = lb_t.view();
       for_each_block(rule.masks(), sp, all_rows(sp.layout, sp.seqlen_q, P),
                      owned_rows(sp.layout, sp.seqlen_k, rank, P), [&](const Block& b) {
                        forward_block(space, rule, b, qg, k, v, ob, lb, og, lg);
@@ -58,9 +75,13 @@ struct Tree {
     }
     // Partials as rows [lse or r, O], reduced with the rule's join.
     const ScopedOp combine(&combine_op<R, T>);
-    const auto mine = reduce_scatter_rows(pack_rows(space, "kfa::mpi::pack_partial", lg, og),
-                                          counts, combine.get(), /*whole_rows=*/true, sp);
-    unpack_rows(space, "kfa::mpi::unpack_o", mine, lse, o);
+    const int W = packed_width(lg, og);
+    const Temp<Packed<T, Mem>, ExecSpace> part_all(space, total, B, H, W),
+        part_mine(space, counts[rank], B, H, W);
+    pack_rows(space, "kfa::mpi::pack_partial", part_all.view(), lg, og);
+    reduce_scatter_rows(part_all.view(), part_mine.view(), counts, combine.get(),
+                        /*whole_rows=*/true, sp);
+    unpack_rows(space, "kfa::mpi::unpack_o", part_mine.view(), lse, o);
   }
 
   template <class R, class ExecSpace, class Q, class K, class V, class DO, class Lse, class Delta,
@@ -73,14 +94,24 @@ struct Tree {
     using Mem = typename ExecSpace::memory_space;
     const std::size_t B = q.extent(0), H = q.extent(1), D = q.extent(3), Dv = dout.extent(3);
     const std::vector<int> counts = row_counts(sp.layout, sp.seqlen_q, P);
-    const auto all =
-        allgather_rows(pack_rows(space, "kfa::mpi::pack_rows", q, dout, lse, delta), counts, sp);
-    const long long total = all.extent(0);
-    const Tensor<T, Mem> qg("kfa::mpi::qg", B, H, total, D), dog("kfa::mpi::dog", B, H, total, Dv),
-        dqg("kfa::mpi::dqg", B, H, total, D);
-    const Rows<T, Mem> lg("kfa::mpi::lg", B, H, total);
-    const Rows<A, Mem> deltag("kfa::mpi::deltag", B, H, total);
+    const long long total = sum_of(counts);
+    // Pooled as in the forward. The unpack writes qg, dog, lg and deltag; dqg gathers the
+    // blocks' dQ by additions, so it is cleared.
+    const int W = packed_width(q, dout, lse, delta);
+    const Temp<Packed<T, Mem>, ExecSpace> rows_mine(space, q.extent(2), B, H, W),
+        rows_all(space, total, B, H, W);
+    pack_rows(space, "kfa::mpi::pack_rows", rows_mine.view(), q, dout, lse, delta);
+    allgather_rows(rows_mine.view(), rows_all.view(), counts, sp);
+    const auto& all = rows_all.view();
+    const Temp<Tensor<T, Mem>, ExecSpace> qg_t(space, B, H, total, D),
+        dog_t(space, B, H, total, Dv), dqg_t(space, B, H, total, D);
+    const Temp<Rows<T, Mem>, ExecSpace> lg_t(space, B, H, total);
+    const Temp<Rows<A, Mem>, ExecSpace> deltag_t(space, B, H, total);
+    const auto &qg = qg_t.view(), &dog = dog_t.view(), &dqg = dqg_t.view();
+    const auto& lg = lg_t.view();
+    const auto& deltag = deltag_t.view();
     unpack_rows(space, "kfa::mpi::unpack_rows", all, qg, dog, lg, deltag);
+    clear(space, dqg);
     clear(space, dk);
     clear(space, dv);
     for_each_block(rule.masks(), sp, all_rows(sp.layout, sp.seqlen_q, P),
@@ -89,9 +120,11 @@ struct Tree {
                    });
     // dQ of every query, summed over ranks into each rank's rows.
     const ScopedOp sum(rule.masks().deterministic ? &sum_op<T> : nullptr);
-    const auto mine = reduce_scatter_rows(pack_rows(space, "kfa::mpi::pack_dq", dqg), counts,
-                                          sum.get(), /*whole_rows=*/false, sp);
-    unpack_rows(space, "kfa::mpi::unpack_dq", mine, dq);
+    const Temp<Packed<T, Mem>, ExecSpace> dq_all(space, total, B, H, D),
+        dq_mine(space, counts[rank], B, H, D);
+    pack_rows(space, "kfa::mpi::pack_dq", dq_all.view(), dqg);
+    reduce_scatter_rows(dq_all.view(), dq_mine.view(), counts, sum.get(), /*whole_rows=*/false, sp);
+    unpack_rows(space, "kfa::mpi::unpack_dq", dq_mine.view(), dq);
   }
 };
 
