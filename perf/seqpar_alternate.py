@@ -11,9 +11,9 @@ binary runs the problem at 1 rank and then at 2 (B = 1, H = 1, D = 64, float, zi
 machine's speed moves 5-25 % within minutes; perf/seqpar_scaling.sh runs one build's cases one
 after another). Prints a Markdown table: each binary's median 1-rank and 2-rank time over the
 rounds, its efficiency T1 / (2 T2) as the median of the rounds' own ratios (and their range),
-the MPI share of the slower rank at 2 ranks (time inside MPI over the call, SeqPar::timings),
-and the second binary's 2-rank time over the first's. Needs the machine to itself: each rank
-takes a core.
+the larger of the two ranks' MPI shares at 2 ranks (time inside MPI over the call's time,
+SeqPar::timings), and the second binary's 2-rank time over the first's. Needs the machine to
+itself: each rank takes a core.
 """
 import argparse
 import json
@@ -59,7 +59,7 @@ def table(rows):
         case = (r["command"], r["seqlen_q"], r["causal"], r["mode"])
         times[(r["bin"], case, r["ranks"])].append(r["median_s"])
         shares[(r["bin"], case, r["ranks"])].append(
-            max(m / (c + m) for c, m in zip(r["compute_s"], r["comm_s"])))
+            max(m / (c + m) if c + m > 0 else 0.0 for c, m in zip(r["compute_s"], r["comm_s"])))
         by_round[(r["bin"], case, r["round"])][r["ranks"]] = r["median_s"]
     eff = defaultdict(list)
     for (b, case, _), t in by_round.items():

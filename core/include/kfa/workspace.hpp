@@ -22,9 +22,10 @@
 ///   instead (read once per process).
 /// The dense bias's gradient buffer (B x Hq x Nq x Nk, `kfa::masks::Bias` with dbias) is not
 /// pooled: it is allocated and freed per backward, as a buffer quadratic in the sequence length
-/// should not outlive its call. Nor are kfa::mpi's exchange buffers (shards and gathers) or
-/// those of kfa::nn and kfa::layer_norm; kfa::mpi's delta and the passes it runs on its blocks
-/// are.
+/// should not outlive its call. Nor are those of kfa::nn and kfa::layer_norm. kfa::mpi takes
+/// all of its per-call buffers from the pool (the ring's K/V and dK/dV shards and block results,
+/// the tree's gathered and packed rows and partials, delta, and the passes it runs on its
+/// blocks), except, on a device, the host copies that stage its messages.
 
 #include <kfa/impl/workspace.hpp>
 

@@ -1,8 +1,8 @@
 #pragma once
 /// \file impl/workspace.hpp
 /// The memory of kfa's per-call temporaries (the backward's delta and float dQ accumulator,
-/// the query pass's transposed K and V, split-KV's partials, the bf16 forward's V pair words),
-/// lent by a pool per memory space and kept between calls.
+/// the query pass's transposed K and V, split-KV's partials, the bf16 forward's V pair words,
+/// kfa::mpi's exchange buffers), lent by a pool per memory space and kept between calls.
 ///
 /// Why: Kokkos allocates a View with the memory space's allocator on every construction; on
 /// CUDA (Kokkos 4.6 without MALLOC_ASYNC) that is cudaMalloc, and freeing is cudaFree, which
