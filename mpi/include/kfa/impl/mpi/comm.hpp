@@ -5,6 +5,7 @@
 /// the tree mode's collectives on packed rows, the reduction operators, and the timing of MPI.
 
 #include <kfa/combine.hpp>
+#include <kfa/impl/workspace.hpp>
 #include <kfa/seqpar.hpp>
 
 #include <mpi.h>
@@ -154,15 +155,21 @@ void allgather_rows(const Packed<T, Mem>& mine, const Packed<T, Mem>& all,
 }
 
 /// This rank's rows of the reduction over ranks of `all` (every rank's packed rows, in rank
-/// order) with `op`, into `mine` ((rows[rank], B, H, W); MPI_Reduce_scatter, staged through the
-/// host where Mem is not host memory). With whole_rows the op sees rows of W values as one
-/// element (the combiner); otherwise single values (a sum, which MPI's built-in ops allow on
-/// the base type only).
+/// order) with `op`, into `mine` ((rows[rank], B, H, W)), staged through the host where Mem is
+/// not host memory. With whole_rows the op sees rows of W values as one element (the
+/// combiner); otherwise single values (a sum, which MPI's built-in ops allow on the base type
+/// only). Point to point rather than MPI_Reduce_scatter: each rank sends every other rank its
+/// rows and applies op to what it receives (MPI_Reduce_local) in rank order, b_0 op (b_1 op
+/// (... op b_{P-1})), the same on every run. Open MPI reduces a non-commutative op (the
+/// combiner) on one rank and scatters the result, which kept 12-29 % of a 2-rank tree forward
+/// inside MPI (perf/results/2026-12-07-seqpar-zen5.md); the receive buffers are pooled.
 template <class T, class Mem>
 void reduce_scatter_rows(const Packed<T, Mem>& all, const Packed<T, Mem>& mine,
                          const std::vector<int>& rows, MPI_Op op, bool whole_rows,
                          const SeqPar& sp) {
   MPI_Comm comm = sp.comm;
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
   const int P = int(rows.size());
   const std::size_t B = all.extent(1), H = all.extent(2), W = all.extent(3);
   MPI_Datatype type = mpi_type<T>();
@@ -170,14 +177,48 @@ void reduce_scatter_rows(const Packed<T, Mem>& all, const Packed<T, Mem>& mine,
     MPI_Type_contiguous(int(W), mpi_type<T>(), &type);
     MPI_Type_commit(&type);
   }
-  std::vector<int> counts(P);
+  // Elements (of `type`) and values per row of the packed layout, and each rank's first row.
+  const std::size_t per_row = B * H * (whole_rows ? 1 : W), values_per_row = B * H * W;
+  std::vector<std::size_t> first(P + 1, 0);
   for (int r = 0; r < P; ++r)
-    counts[r] = rows[r] * int(B * H * (whole_rows ? 1 : W));
+    first[r + 1] = first[r] + std::size_t(rows[r]);
   auto host_all = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), all);
   auto host_mine = Kokkos::create_mirror_view(mine);
+  const std::size_t n = std::size_t(rows[rank]) * values_per_row;  // values of this rank's rows
+  using HostBuffer = Kokkos::View<T*, Kokkos::HostSpace>;
+  const kfa::impl::Temporary<HostBuffer, Kokkos::DefaultHostExecutionSpace> received(
+      Kokkos::DefaultHostExecutionSpace(), n * std::size_t(P > 1 ? P - 1 : 0));
   {
     const Meter m(comm_sink(Kokkos::DefaultHostExecutionSpace(), sp));
-    MPI_Reduce_scatter(host_all.data(), host_mine.data(), counts.data(), type, op, comm);
+    constexpr int tag = 30011;  // apart from the ring's tags (2 s and 2 s + 1 for step s)
+    std::vector<MPI_Request> req;
+    req.reserve(2 * std::size_t(P));
+    // Slot of rank s's rows in `received`: ranks other than this one, in rank order.
+    const auto slot = [&](int s) {
+      return received.view().data() + n * std::size_t(s < rank ? s : s - 1);
+    };
+    for (int s = 0; s < P; ++s) {
+      if (s == rank || rows[rank] == 0) continue;
+      req.emplace_back();
+      MPI_Irecv(slot(s), int(std::size_t(rows[rank]) * per_row), type, s, tag, comm, &req.back());
+    }
+    for (int s = 0; s < P; ++s) {
+      if (s == rank || rows[s] == 0) continue;
+      req.emplace_back();
+      MPI_Isend(host_all.data() + first[s] * values_per_row, int(std::size_t(rows[s]) * per_row),
+                type, s, tag, comm, &req.back());
+    }
+    MPI_Waitall(int(req.size()), req.data(), MPI_STATUSES_IGNORE);
+    // b_0 op (b_1 op (... op b_{P-1})): MPI_Reduce_local(in, inout) makes inout = in op inout.
+    const auto block = [&](int s) -> const T* {
+      return s == rank ? host_all.data() + first[rank] * values_per_row : slot(s);
+    };
+    if (n > 0) {
+      std::copy(block(P - 1), block(P - 1) + n, host_mine.data());
+      for (int s = P - 2; s >= 0; --s)
+        MPI_Reduce_local(block(s), host_mine.data(), int(std::size_t(rows[rank]) * per_row), type,
+                         op);
+    }
   }
   if (whole_rows) MPI_Type_free(&type);
   Kokkos::deep_copy(mine, host_mine);
