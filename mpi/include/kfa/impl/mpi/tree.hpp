@@ -1,13 +1,14 @@
 #pragma once
 /// \file impl/mpi/tree.hpp
 /// Mode::tree. Every rank gathers all queries (MPI_Allgatherv), computes their partials against
-/// its own key shard, and the partials meet in MPI_Reduce_scatter with a user-defined,
-/// non-commutative MPI_Op that applies the rule's join (rules.hpp) in rank order (so the result
-/// is the same on every run), leaving each rank its own rows of O and their global LSE (or r).
+/// its own key shard, and the partials meet in a reduce-scatter (reduce_scatter_rows: point to
+/// point, then MPI_Reduce_local) with a user-defined, non-commutative MPI_Op that applies the
+/// rule's join (rules.hpp) in rank order (so the result is the same on every run), leaving each
+/// rank its own rows of O and their global LSE (or r).
 /// Chosen over an MPI_Allreduce because each rank needs only its rows: a reduce-scatter moves N (D
 /// + 1) values per rank instead of twice that. The backward gathers the rows [Q, dO, LSE, delta]
-/// likewise, computes dK/dV of its shard completely and reduces dQ by a reduce-scatter (a sum; in
-/// rank order under params.deterministic).
+/// likewise, computes dK/dV of its shard completely and reduces dQ by a reduce-scatter (a sum, in
+/// rank order).
 
 #include <kfa/backends/portability.hpp>
 #include <kfa/impl/mpi/blocks.hpp>
