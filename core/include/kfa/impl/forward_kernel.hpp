@@ -1009,9 +1009,9 @@ struct ForwardKernel : TeamKernel<ExecSpace, typename Q::non_const_value_type> {
         ++g_lo;
       while (g_hi + 1 < groups && first(g_hi + 1) <= j)
         ++g_hi;
-      int t = ce;
-      if (g_lo < groups && end(g_lo) < t) t = end(g_lo);
-      if (g_hi + 1 < groups && first(g_hi + 1) < t) t = first(g_hi + 1);
+      const int leaves = g_lo < groups ? end(g_lo) : ce;
+      const int enters = g_hi + 1 < groups ? first(g_hi + 1) : ce;
+      const int t = leaves < enters ? leaves : enters;
       if (g_lo <= g_hi) f(j, t, g_lo * G, (g_hi + 1) * G < nr ? (g_hi + 1) * G : nr);
       j = t;
     }

@@ -197,8 +197,8 @@ void reduce_scatter_rows(const Packed<T, Mem>& all, const Packed<T, Mem>& mine,
     const auto slot = [&](int s) {
       return received.view().data() + n * std::size_t(s < rank ? s : s - 1);
     };
-    for (int s = 0; s < P; ++s) {
-      if (s == rank || rows[rank] == 0) continue;
+    for (int s = 0; s < P && rows[rank] > 0; ++s) {  // as the senders' test below
+      if (s == rank) continue;
       req.emplace_back();
       MPI_Irecv(slot(s), int(std::size_t(rows[rank]) * per_row), type, s, tag, comm, &req.back());
     }

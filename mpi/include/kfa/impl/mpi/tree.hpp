@@ -19,18 +19,12 @@
 
 #include <Kokkos_Core.hpp>
 
-#include <numeric>
 #include <vector>
 
 namespace kfa::mpi::impl {
 
 /// Mode::tree (see the file comment), with the interface of Ring.
 struct Tree {
-  /// The rows of every rank together.
-  static long long sum_of(const std::vector<int>& counts) {
-    return std::accumulate(counts.begin(), counts.end(), 0LL);
-  }
-
   /// Values in the largest message: every rank's gathered rows, [Q] forward (D) or its
   /// partials [LSE, O] (1 + Dv) and [Q, dO, LSE, delta] backward, per (row, batch, head).
   static double largest_message(const SeqPar& sp, int /*nranks*/, const Call& c) {
@@ -47,7 +41,7 @@ struct Tree {
     using Mem = typename ExecSpace::memory_space;
     const std::size_t B = q.extent(0), H = q.extent(1), D = q.extent(3), Dv = o.extent(3);
     const std::vector<int> counts = row_counts(sp.layout, sp.seqlen_q, P);
-    const long long total = sum_of(counts);
+    const long long total = sp.seqlen_q;  // the ranks' rows partition the sequence
     // Every buffer of the call pooled (Temp, kfa::impl::Temporary: no allocation and no page
     // faults in steady state), each written before it is read.
     const Temp<Packed<T, Mem>, ExecSpace> q_mine(space, q.extent(2), B, H, D),
@@ -95,7 +89,7 @@ struct Tree {
     using Mem = typename ExecSpace::memory_space;
     const std::size_t B = q.extent(0), H = q.extent(1), D = q.extent(3), Dv = dout.extent(3);
     const std::vector<int> counts = row_counts(sp.layout, sp.seqlen_q, P);
-    const long long total = sum_of(counts);
+    const long long total = sp.seqlen_q;  // the ranks' rows partition the sequence
     // Pooled as in the forward. The unpack writes qg, dog, lg and deltag; dqg gathers the
     // blocks' dQ by additions, so it is cleared.
     const int W = packed_width(q, dout, lse, delta);
